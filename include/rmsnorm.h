@@ -1,0 +1,196 @@
+/* rmsnorm.h - the one public header of librmsnorm.
+ *
+ * RMSNorm (Zhang & Sennrich, 2019) and LayerNorm over the last axis of a
+ * row-major tensor viewed as `rows x d`, forward and backward, in fp32, fp16,
+ * bf16 and fp64 storage. Every function returns an rmsnorm_status; none aborts,
+ * exits or prints. On any status other than RMSNORM_OK nothing was written.
+ */
+#ifndef RMSNORM_H
+#define RMSNORM_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RMSNORM_VERSION_MAJOR 0
+#define RMSNORM_VERSION_MINOR 1
+#define RMSNORM_VERSION_PATCH 0
+#define RMSNORM_VERSION_STRING "0.1.0"
+/* MAJOR*10000 + MINOR*100 + PATCH, comparable with rmsnorm_version_number(). */
+#define RMSNORM_VERSION_NUMBER \
+  (RMSNORM_VERSION_MAJOR * 10000 + RMSNORM_VERSION_MINOR * 100 + RMSNORM_VERSION_PATCH)
+
+#if defined(RMSNORM_STATIC_DEFINE)
+#define RMSNORM_API
+#elif defined(_WIN32)
+#ifdef RMSNORM_BUILDING
+#define RMSNORM_API __declspec(dllexport)
+#else
+#define RMSNORM_API __declspec(dllimport)
+#endif
+#else
+#define RMSNORM_API __attribute__((visibility("default")))
+#endif
+
+/* Status codes. The values are pinned: they never change between versions. */
+typedef enum rmsnorm_status {
+  RMSNORM_OK = 0,
+  RMSNORM_ERROR_NULL_POINTER = 1,  /* a required pointer (context, config, buffer) is NULL */
+  RMSNORM_ERROR_BAD_SIZE = 2,      /* d == 0, or the rows x stride extent overflows size_t */
+  RMSNORM_ERROR_BAD_STRIDE = 3,    /* a row stride smaller than d */
+  RMSNORM_ERROR_BAD_EPS = 4,       /* eps negative, NaN or infinite */
+  RMSNORM_ERROR_BAD_PARTIAL = 5,   /* partial fraction p outside (0, 1], or p < 1 for LayerNorm */
+  RMSNORM_ERROR_BAD_DTYPE = 6,     /* unknown dtype, or a param dtype neither fp32 nor the data's */
+  RMSNORM_ERROR_BAD_FLAGS = 7,     /* unknown flag bits, or a flag the operation does not take */
+  RMSNORM_ERROR_OVERLAP = 8,       /* an output overlaps an input or another output (and is not
+                                      the exact in-place view the operation allows) */
+  RMSNORM_ERROR_OUT_OF_MEMORY = 9, /* scratch memory could not be allocated */
+  RMSNORM_ERROR_BAD_ARGUMENT = 10  /* any other invalid argument (see the function's contract) */
+} rmsnorm_status;
+
+/* Storage types. fp16 is IEEE binary16, bf16 the top half of an IEEE binary32;
+ * both are passed as uint16_t bit patterns. */
+typedef enum rmsnorm_dtype {
+  RMSNORM_F32 = 0,
+  RMSNORM_F16 = 1,
+  RMSNORM_BF16 = 2,
+  RMSNORM_F64 = 3
+} rmsnorm_dtype;
+
+/* Flags for rmsnorm_config.flags (bitwise OR). */
+enum {
+  /* RMSNorm only: r = 1/(sqrt(mean(x^2)) + eps) (the original authors' code)
+   * instead of r = 1/sqrt(mean(x^2) + eps) (PyTorch's form, the default). */
+  RMSNORM_FLAG_EPS_OUTSIDE = 1u << 0,
+  /* The weight is an offset from one: y = x*r*(1 + g) + b (Gemma). */
+  RMSNORM_FLAG_WEIGHT_OFFSET = 1u << 1,
+  /* fp16/bf16 data: round the normalized value to the data dtype before the
+   * weight is applied, then round again (HF-Llama's order). Without it the
+   * result is computed in fp32 and rounded once. No effect for fp32/fp64; the
+   * backward treats that rounding as the identity. */
+  RMSNORM_FLAG_ROUND_BEFORE_WEIGHT = 1u << 2,
+  /* Backward: add dweight/dbias into what the caller holds instead of
+   * overwriting it (gradient accumulation across micro-batches). */
+  RMSNORM_FLAG_ACCUMULATE = 1u << 3
+};
+
+/* What one call computes, beyond shapes and buffers. Fill it with
+ * rmsnorm_config_init(), then change what differs. */
+typedef struct rmsnorm_config {
+  rmsnorm_dtype dtype;       /* storage of x, y, dy, dx */
+  rmsnorm_dtype param_dtype; /* storage of weight, bias, dweight, dbias: RMSNORM_F32 or dtype */
+  double eps;                /* >= 0 and finite */
+  double partial;            /* pRMSNorm: statistic over the first ceil(partial*d) elements;
+                                in (0, 1]; 1 is plain RMSNorm. LayerNorm requires 1. */
+  unsigned flags;            /* RMSNORM_FLAG_* */
+} rmsnorm_config;
+
+/* Opaque context: owns scratch memory (so calls do not allocate once warm).
+ * A context may be shared between threads; calls on one context serialize.
+ * Use one context per thread for concurrent calls. */
+typedef struct rmsnorm_context rmsnorm_context;
+
+/* @return the version as RMSNORM_VERSION_NUMBER of the library in use. */
+RMSNORM_API unsigned rmsnorm_version_number(void);
+/* @return the version string of the library in use, e.g. "0.1.0". */
+RMSNORM_API const char *rmsnorm_version_string(void);
+/* @return a one-line English message for a status (never NULL; unknown codes
+ * give "unknown status"). */
+RMSNORM_API const char *rmsnorm_status_message(rmsnorm_status status);
+/* @return the enumerator name of a status, e.g. "RMSNORM_ERROR_BAD_EPS". */
+RMSNORM_API const char *rmsnorm_status_name(rmsnorm_status status);
+
+/* Creates a context. @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER (ctx NULL),
+ * RMSNORM_ERROR_OUT_OF_MEMORY. */
+RMSNORM_API rmsnorm_status rmsnorm_context_create(rmsnorm_context **ctx);
+/* Frees a context and its scratch; NULL is accepted and does nothing. */
+RMSNORM_API void rmsnorm_context_free(rmsnorm_context *ctx);
+
+/* The eps torch uses when eps is None: the machine epsilon of the computation
+ * type, 2^-23 (float32) for fp32, fp16 and bf16 data, 2^-52 for fp64.
+ * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_DTYPE. */
+RMSNORM_API rmsnorm_status rmsnorm_default_eps(rmsnorm_dtype dtype, double *eps);
+
+/* Fills *cfg with: dtype, param_dtype = dtype, eps = rmsnorm_default_eps(dtype),
+ * partial = 1, flags = 0.
+ * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_DTYPE. */
+RMSNORM_API rmsnorm_status rmsnorm_config_init(rmsnorm_config *cfg, rmsnorm_dtype dtype);
+
+/* Buffers, for all four operations:
+ *   x, y, dy, dx: rows x d elements of cfg->dtype, row i starting at
+ *                 ptr + i*ld (ld in elements, >= d). Any alignment.
+ *   weight, bias, dweight, dbias: d elements of cfg->param_dtype, or NULL.
+ *   mean, rstd:   one value per row, float for fp32/fp16/bf16 data and
+ *                 double for fp64 data, or NULL.
+ * rows == 0 succeeds and touches nothing (NULL buffers are then accepted).
+ * In place: y may be x, and dx may be dy or x, with the same ld. Any other
+ * overlap between an output and another buffer is RMSNORM_ERROR_OVERLAP. */
+
+/* RMSNorm forward, per row:
+ *   k    = ceil(partial * d)            (computed in double; k = d when partial = 1)
+ *   ms   = (1/k) * sum_{j<k} x_j^2
+ *   r    = 1/sqrt(ms + eps)             or 1/(sqrt(ms) + eps) with RMSNORM_FLAG_EPS_OUTSIDE
+ *   y_j  = x_j * r * w_j + b_j          for all j < d
+ * with w_j = g_j, 1 + g_j (RMSNORM_FLAG_WEIGHT_OFFSET) or 1 (weight NULL), and
+ * b_j = bias_j or 0. When ms + eps (or sqrt(ms) + eps) is 0, that is a row of
+ * zeros with eps = 0, r is taken as 0 so the row gives b, not NaN.
+ * rstd (optional) receives r; it may lose range for rows whose r lies outside
+ * float's normal range, which the backward detects and recomputes.
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                           size_t rows, size_t d,
+                                           const void *x, size_t ldx,
+                                           const void *weight, const void *bias,
+                                           void *y, size_t ldy, void *rstd);
+
+/* RMSNorm backward. Given x, dy, the weight (NULL for none) and optionally the
+ * rstd saved by the forward (NULL: recomputed from x), writes dx and, when
+ * non-NULL, dweight = sum over rows of dy_j * x_j * r and dbias = sum over rows
+ * of dy_j (overwritten, or added to with RMSNORM_FLAG_ACCUMULATE). dweight is
+ * the gradient of g in both weight modes. The formulas are derived in
+ * src/ref/norm_ref.inc.
+ * @return RMSNORM_OK or an error status (nothing written). dweight with a NULL
+ * weight is RMSNORM_ERROR_BAD_ARGUMENT. */
+RMSNORM_API rmsnorm_status rmsnorm_backward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                            size_t rows, size_t d,
+                                            const void *x, size_t ldx,
+                                            const void *dy, size_t lddy,
+                                            const void *weight, const void *rstd,
+                                            void *dx, size_t lddx,
+                                            void *dweight, void *dbias);
+
+/* LayerNorm forward, per row: mean = (1/d) sum x_j, var = (1/d) sum (x_j - mean)^2
+ * (biased, as torch), rstd = 1/sqrt(var + eps), y_j = (x_j - mean) * rstd * w_j + b_j.
+ * Takes RMSNORM_FLAG_WEIGHT_OFFSET and RMSNORM_FLAG_ROUND_BEFORE_WEIGHT;
+ * RMSNORM_FLAG_EPS_OUTSIDE is RMSNORM_ERROR_BAD_FLAGS and partial != 1 is
+ * RMSNORM_ERROR_BAD_PARTIAL. mean and rstd are optional outputs.
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_layernorm_forward(rmsnorm_context *ctx,
+                                                     const rmsnorm_config *cfg,
+                                                     size_t rows, size_t d,
+                                                     const void *x, size_t ldx,
+                                                     const void *weight, const void *bias,
+                                                     void *y, size_t ldy,
+                                                     void *mean, void *rstd);
+
+/* LayerNorm backward: dx, and optionally dweight = sum dy_j * xhat_j and
+ * dbias = sum dy_j. The saved mean and rstd are used when both are non-NULL,
+ * otherwise both are recomputed from x.
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_layernorm_backward(rmsnorm_context *ctx,
+                                                      const rmsnorm_config *cfg,
+                                                      size_t rows, size_t d,
+                                                      const void *x, size_t ldx,
+                                                      const void *dy, size_t lddy,
+                                                      const void *weight,
+                                                      const void *mean, const void *rstd,
+                                                      void *dx, size_t lddx,
+                                                      void *dweight, void *dbias);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RMSNORM_H */

@@ -1,0 +1,69 @@
+/* convert.h - fp16 and bf16 <-> fp32 in portable C: round to nearest even,
+ * NaNs kept quiet (and their sign), overflow to infinity. The SIMD kernels'
+ * hardware conversions give the same bits. */
+#ifndef RMSNORM_CONVERT_H
+#define RMSNORM_CONVERT_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline uint32_t rn_f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static inline float rn_bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static inline float rn_bf16_to_f32(uint16_t h) { return rn_bits_f32((uint32_t)h << 16); }
+
+static inline uint16_t rn_f32_to_bf16(float f) {
+  uint32_t u = rn_f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and payload top, force quiet */
+    return (uint16_t)((u >> 16) | 0x0040u);
+  /* round to nearest even on the 16 dropped bits; carries into the exponent
+   * give the right result, up to infinity */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline float rn_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  if (exp == 0x1fu) /* inf or NaN (quiet bit set, as hardware does) */
+    return rn_bits_f32(sign | 0x7f800000u | (man << 13) | (man ? 0x00400000u : 0u));
+  if (exp == 0) {
+    if (man == 0) return rn_bits_f32(sign);
+    /* subnormal: man * 2^-24, exact in fp32 */
+    float v = (float)man * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  return rn_bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+static inline uint16_t rn_f32_to_f16(float f) {
+  uint32_t u = rn_f32_bits(f);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) /* NaN: quiet, keep top payload bits */
+    return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) /* >= 65520 rounds to infinity */
+    return (uint16_t)(sign | 0x7c00u);
+  if (a < 0x38800000u) { /* below 2^-14: subnormal or zero in fp16 */
+    /* value / 2^-24 rounded to nearest even: adding 0.5 (2^-1 in these units)
+     * in fp32 does the rounding for us, exactly */
+    float v = rn_bits_f32(a) + 0.5f;
+    return (uint16_t)(sign | (uint16_t)(rn_f32_bits(v) - rn_f32_bits(0.5f)));
+  }
+  /* normal: rebias exponent, round 13 dropped bits to nearest even */
+  uint32_t m = a - (112u << 23);
+  m += 0xfffu + ((m >> 13) & 1u);
+  return (uint16_t)(sign | (m >> 13));
+}
+
+#endif

@@ -1,0 +1,64 @@
+/* dtype.h - element-wise access to any storage dtype through double, for the
+ * code paths where speed does not matter (weight conversion, the rescue path,
+ * gradient reductions). Kernels use typed loads instead. */
+#ifndef RMSNORM_DTYPE_H
+#define RMSNORM_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "convert.h"
+#include "rmsnorm.h"
+
+static inline int rn_dtype_valid(int dt) { return dt >= RMSNORM_F32 && dt <= RMSNORM_F64; }
+
+static inline size_t rn_dtype_size(rmsnorm_dtype dt) {
+  return dt == RMSNORM_F64 ? 8 : dt == RMSNORM_F32 ? 4 : 2;
+}
+
+/* Compute ("acc") type of a data dtype: double for fp64, float otherwise. */
+static inline int rn_acc_is_f64(rmsnorm_dtype dt) { return dt == RMSNORM_F64; }
+static inline size_t rn_acc_size(rmsnorm_dtype dt) { return dt == RMSNORM_F64 ? 8 : 4; }
+
+static inline double rn_load(const void *p, rmsnorm_dtype dt, size_t i) {
+  switch (dt) {
+    case RMSNORM_F32: return ((const float *)p)[i];
+    case RMSNORM_F16: return rn_f16_to_f32(((const uint16_t *)p)[i]);
+    case RMSNORM_BF16: return rn_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const double *)p)[i];
+  }
+}
+
+/* Stores v rounded to dt (fp16/bf16 via float: at most one fp16/bf16 ulp off
+ * the direct rounding, only on exact ties of the first rounding). */
+static inline void rn_store(void *p, rmsnorm_dtype dt, size_t i, double v) {
+  switch (dt) {
+    case RMSNORM_F32: ((float *)p)[i] = (float)v; break;
+    case RMSNORM_F16: ((uint16_t *)p)[i] = rn_f32_to_f16((float)v); break;
+    case RMSNORM_BF16: ((uint16_t *)p)[i] = rn_f32_to_bf16((float)v); break;
+    default: ((double *)p)[i] = v; break;
+  }
+}
+
+/* Rounds v to the data dtype and back (the ROUND_BEFORE_WEIGHT step). */
+static inline double rn_round_to(rmsnorm_dtype dt, double v) {
+  switch (dt) {
+    case RMSNORM_F32: return (float)v;
+    case RMSNORM_F16: return rn_f16_to_f32(rn_f32_to_f16((float)v));
+    case RMSNORM_BF16: return rn_bf16_to_f32(rn_f32_to_bf16((float)v));
+    default: return v;
+  }
+}
+
+/* Per-row stats and gradient partials are stored in the acc type. */
+static inline double rn_load_acc(const void *p, int f64, size_t i) {
+  return f64 ? ((const double *)p)[i] : ((const float *)p)[i];
+}
+static inline void rn_store_acc(void *p, int f64, size_t i, double v) {
+  if (f64)
+    ((double *)p)[i] = v;
+  else
+    ((float *)p)[i] = (float)v;
+}
+
+#endif

@@ -1,0 +1,83 @@
+/* kernels.h - the internal contract between the API layer (src/api.c) and the
+ * row kernels of every ISA. The API validates, converts the weight and bias to
+ * the compute type, and splits rows; a kernel only computes, and trusts its
+ * arguments (it may assert). */
+#ifndef RMSNORM_KERNELS_H
+#define RMSNORM_KERNELS_H
+
+#include <stddef.h>
+
+#include "rmsnorm.h"
+
+#define RN_NUM_DTYPES 4
+
+/* Rows of one backward chunk: dweight/dbias partial sums are kept per chunk
+ * of this many rows and added in chunk order, so the result does not depend on
+ * how rows are split (across threads or otherwise). */
+#define RN_BACKWARD_CHUNK_ROWS 64
+
+/* The blocked row sums: element j of a row goes to lane j % LANES of block
+ * j / BLOCK; a block's lanes accumulate in the compute type, finished blocks
+ * are added into double lanes, and those are combined by halving (lane i +=
+ * lane i + half). SIMD kernels keep this order, so every ISA gives the same
+ * bits. */
+#define RN_LANES_F32 32
+#define RN_BLOCK_F32 (RN_LANES_F32 * 16)
+#define RN_LANES_F64 16
+#define RN_BLOCK_F64 (RN_LANES_F64 * 16)
+
+typedef enum rn_norm { RN_RMSNORM = 0, RN_LAYERNORM = 1 } rn_norm;
+
+/* Forward over rows [row_begin, row_end). Compute type: float for fp32, fp16
+ * and bf16 data, double for fp64 data ("acc" below). */
+typedef struct rn_forward_args {
+  rn_norm norm;
+  rmsnorm_dtype dtype; /* storage of x and y */
+  size_t d;            /* row length */
+  size_t k;            /* elements in the statistic: ceil(p*d) for pRMSNorm, else d */
+  const void *x;       /* x: (rows, ldx) of the data dtype */
+  size_t ldx;
+  void *y;             /* y: (rows, ldy), may equal x */
+  size_t ldy;
+  const void *w;       /* w: (d,) acc, the effective gain (1+g folded in), or NULL */
+  const void *b;       /* b: (d,) acc, or NULL */
+  double eps;
+  unsigned flags;      /* RMSNORM_FLAG_EPS_OUTSIDE, RMSNORM_FLAG_ROUND_BEFORE_WEIGHT */
+  void *mean;          /* mean: (rows,) acc, LayerNorm only, or NULL */
+  void *rstd;          /* rstd: (rows,) acc, or NULL */
+} rn_forward_args;
+
+/* Backward over rows [row_begin, row_end), adding this block's dweight/dbias
+ * contributions into dw_part/db_part ((d,) acc, zeroed by the caller, or NULL). */
+typedef struct rn_backward_args {
+  rn_norm norm;
+  rmsnorm_dtype dtype; /* storage of x, dy and dx */
+  size_t d, k;
+  const void *x;       /* x: (rows, ldx) */
+  size_t ldx;
+  const void *dy;      /* dy: (rows, lddy) */
+  size_t lddy;
+  void *dx;            /* dx: (rows, lddx), may equal dy or x */
+  size_t lddx;
+  const void *w;       /* w: (d,) acc effective gain, or NULL */
+  double eps;
+  unsigned flags;
+  const void *mean;    /* saved stats (rows,) acc; used only when both are present */
+  const void *rstd;    /*   (RMSNorm: rstd alone) */
+} rn_backward_args;
+
+typedef void (*rn_forward_fn)(const rn_forward_args *a, size_t row_begin, size_t row_end);
+typedef void (*rn_backward_fn)(const rn_backward_args *a, size_t row_begin, size_t row_end,
+                               void *dw_part, void *db_part);
+
+/* One ISA's kernels, indexed by rmsnorm_dtype. */
+typedef struct rn_kernel_set {
+  const char *name;
+  rn_forward_fn forward[RN_NUM_DTYPES];
+  rn_backward_fn backward[RN_NUM_DTYPES];
+} rn_kernel_set;
+
+/* The scalar reference: the spec every other set is tested against. */
+extern const rn_kernel_set rn_kernels_ref;
+
+#endif

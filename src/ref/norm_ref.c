@@ -1,0 +1,75 @@
+/* norm_ref.c - instantiates the scalar reference kernels (norm_ref.inc) for
+ * fp32, fp16, bf16 (float compute) and fp64 (double compute). Plain C11 with
+ * no ISA flags: the portable path and the spec for every other kernel set. */
+#include <math.h>
+#include <stdint.h>
+
+#include "../convert.h"
+#include "../kernels.h"
+#include "../rescue.h"
+#include "../rowmath.h"
+
+#define RN_FMA fmaf
+#define RN_A float
+#define RN_F64 0
+#define RN_LANES RN_LANES_F32
+#define RN_BLOCK RN_BLOCK_F32
+
+#define RN_NAME(n) n##_f32
+#define RN_T float
+#define RN_LD(p, j) ((p)[j])
+#define RN_ST(p, j, v) ((p)[j] = (v))
+#define RN_RT(v) (v)
+#include "norm_ref.inc"
+#undef RN_NAME
+#undef RN_T
+#undef RN_LD
+#undef RN_ST
+#undef RN_RT
+
+#define RN_NAME(n) n##_f16
+#define RN_T uint16_t
+#define RN_LD(p, j) rn_f16_to_f32((p)[j])
+#define RN_ST(p, j, v) ((p)[j] = rn_f32_to_f16(v))
+#define RN_RT(v) rn_f16_to_f32(rn_f32_to_f16(v))
+#include "norm_ref.inc"
+#undef RN_NAME
+#undef RN_T
+#undef RN_LD
+#undef RN_ST
+#undef RN_RT
+
+#define RN_NAME(n) n##_bf16
+#define RN_T uint16_t
+#define RN_LD(p, j) rn_bf16_to_f32((p)[j])
+#define RN_ST(p, j, v) ((p)[j] = rn_f32_to_bf16(v))
+#define RN_RT(v) rn_bf16_to_f32(rn_f32_to_bf16(v))
+#include "norm_ref.inc"
+#undef RN_NAME
+#undef RN_T
+#undef RN_LD
+#undef RN_ST
+#undef RN_RT
+
+#undef RN_FMA
+#undef RN_A
+#undef RN_F64
+#undef RN_LANES
+#undef RN_BLOCK
+#define RN_FMA fma
+#define RN_A double
+#define RN_F64 1
+#define RN_LANES RN_LANES_F64
+#define RN_BLOCK RN_BLOCK_F64
+#define RN_NAME(n) n##_f64
+#define RN_T double
+#define RN_LD(p, j) ((p)[j])
+#define RN_ST(p, j, v) ((p)[j] = (v))
+#define RN_RT(v) (v)
+#include "norm_ref.inc"
+
+const rn_kernel_set rn_kernels_ref = {
+    "scalar",
+    {forward_f32, forward_f16, forward_bf16, forward_f64},
+    {backward_f32, backward_f16, backward_bf16, backward_f64},
+};

@@ -1,0 +1,64 @@
+/* rowmath.h - the per-row scalar arithmetic every kernel shares: from a row's
+ * lane sums to its statistics (mean, r) and backward coefficients, in double.
+ * One copy of this logic keeps all ISAs bit-identical; the kernels only
+ * produce the sums and apply the results element-wise. */
+#ifndef RMSNORM_ROWMATH_H
+#define RMSNORM_ROWMATH_H
+
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+
+#include "kernels.h"
+
+/* A row sum computed in the storage's compute type cannot be trusted when it
+ * overflowed, or when it is so small that squares may have underflowed while
+ * eps is too small to dominate. Such rows go to the double-precision rescue
+ * path (src/rescue.c). For float sums: squares >= 2^-126 are exact in range,
+ * so a sum >= 2^-100 has lost at most k*2^-149 to underflow, < 2^-23 relative
+ * for k <= 2^26. Zero rows with a real eps (>= 2^-70) never need the rescue. */
+static inline int rn_sum_untrusted(double s, double eps, int f64) {
+  if (!isfinite(s)) return 1;
+  if (f64) return s < 0x1p-960 && eps < 0x1p-930;
+  return s < 0x1p-100 && eps < 0x1p-70;
+}
+
+/* RMSNorm r from the sum of squares over k elements. A zero denominator
+ * (a zero row with eps = 0) gives r = 0, so the row maps to the bias. */
+static inline double rn_rms_r(double sumsq, size_t k, double eps, unsigned flags) {
+  double ms = sumsq / (double)k;
+  double den = (flags & RMSNORM_FLAG_EPS_OUTSIDE) ? sqrt(ms) + eps : sqrt(ms + eps);
+  return den > 0 ? 1.0 / den : 0.0;
+}
+
+/* LayerNorm rstd from the sum of squared deviations over d elements. */
+static inline double rn_ln_rstd(double sumsqdev, size_t d, double eps) {
+  double den = sqrt(sumsqdev / (double)d + eps);
+  return den > 0 ? 1.0 / den : 0.0;
+}
+
+/* Whether a saved per-row r can be used as is: r outside the normal range of
+ * the compute type (0, subnormal, inf, NaN) is recomputed from x instead. */
+static inline int rn_saved_r_usable(double r, int f64) {
+  return f64 ? (r >= DBL_MIN && r <= DBL_MAX) : (r >= FLT_MIN && r <= FLT_MAX);
+}
+
+/* RMSNorm backward coefficient c of dx_j = r * (gy_j - [j<k] xhat_j * c), from
+ * B = sum_j gy_j * xhat_j over the whole row and, for eps outside, the sum of
+ * squares over the first k elements (see the derivation in ref/norm_ref.inc). */
+static inline double rn_rms_backward_c(double B, double sumsq, double r, size_t k,
+                                       unsigned flags) {
+  if (!(flags & RMSNORM_FLAG_EPS_OUTSIDE)) return B / (double)k;
+  double rho = sqrt(sumsq / (double)k);
+  return rho > 0 ? B / ((double)k * rho * r) : 0.0;
+}
+
+/* ceil(p*d) in double, kept within [1, d]. */
+static inline size_t rn_partial_k(double p, size_t d) {
+  double kd = ceil(p * (double)d);
+  if (kd < 1) return 1;
+  if (kd >= (double)d) return d;
+  return (size_t)kd;
+}
+
+#endif

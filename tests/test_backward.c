@@ -1,0 +1,302 @@
+/* test_backward.c - RMSNorm and LayerNorm backward: dx, dweight, dbias
+ * against the long-double oracle for every dtype and variant, saved or
+ * recomputed statistics, accumulation, in place; special rows; and the fp64
+ * path against central finite differences of the library's own forward. */
+#include "oracle.h"
+#include "testutil.h"
+
+static rmsnorm_context *ctx;
+
+typedef struct bcase {
+  rmsnorm_dtype dt, pdt;
+  int layernorm;
+  size_t rows, d, ldx, lddy, lddx;
+  int weight; /* 0 none, 1 g, 2 offset */
+  int want_dw, want_db;
+  double eps;
+  int outside;
+  double partial;
+  int saved;   /* pass the forward's statistics */
+  int inplace; /* 0, 1: dx = dy, 2: dx = x */
+  int accumulate;
+  double scale;
+} bcase;
+
+static rmsnorm_config make_config(const bcase *c) {
+  rmsnorm_config cfg;
+  rmsnorm_config_init(&cfg, c->dt);
+  cfg.param_dtype = c->pdt;
+  cfg.eps = c->eps;
+  cfg.partial = c->partial;
+  cfg.flags = (c->outside ? RMSNORM_FLAG_EPS_OUTSIDE : 0) |
+              (c->weight == 2 ? RMSNORM_FLAG_WEIGHT_OFFSET : 0) |
+              (c->accumulate ? RMSNORM_FLAG_ACCUMULATE : 0);
+  return cfg;
+}
+
+/* relative tolerance of a stored result of dtype dt */
+static double tol_of(rmsnorm_dtype dt) {
+  return dt == RMSNORM_F32 ? 1e-5 : dt == RMSNORM_F64 ? 1e-12 : dt == RMSNORM_F16 ? 0x1p-10 : 0x1p-7;
+}
+
+static void run_case(const bcase *c, const double *x_override) {
+  char what[256];
+  snprintf(what, sizeof what,
+           "%s %s pdt=%s rows=%zu d=%zu w=%d dw=%d db=%d eps=%g out=%d p=%g saved=%d ip=%d acc=%d",
+           c->layernorm ? "LN" : "RMS", tu_dtype_name(c->dt), tu_dtype_name(c->pdt), c->rows,
+           c->d, c->weight, c->want_dw, c->want_db, c->eps, c->outside, c->partial, c->saved,
+           c->inplace, c->accumulate);
+  size_t rows = c->rows, d = c->d;
+  size_t lddx = c->inplace == 1 ? c->lddy : c->inplace == 2 ? c->ldx : c->lddx;
+  tu_tensor x = tu_alloc(c->dt, rows, d, c->ldx), dy = tu_alloc(c->dt, rows, d, c->lddy);
+  if (x_override) {
+    for (size_t i = 0; i < rows; i++)
+      for (size_t j = 0; j < d; j++) tu_set(&x, i, j, x_override[i * d + j]);
+  } else {
+    tu_fill_normal(&x, c->scale);
+  }
+  tu_fill_normal(&dy, 1.0);
+  tu_tensor w = tu_alloc(c->pdt, 1, d, d), dw = tu_alloc(c->pdt, 1, d, d),
+            db = tu_alloc(c->pdt, 1, d, d);
+  for (size_t j = 0; j < d; j++) {
+    tu_set(&w, 0, j, c->weight == 2 ? 0.1 * tu_normal() : 1 + 0.3 * tu_normal());
+    tu_set(&dw, 0, j, c->accumulate ? tu_normal() : 0);
+    tu_set(&db, 0, j, c->accumulate ? tu_normal() : 0);
+  }
+  size_t as = rn_acc_size(c->dt);
+  void *mean = malloc(rows * as), *rstd = malloc(rows * as);
+  rmsnorm_config cfg = make_config(c);
+  const void *wp = c->weight ? w.data : NULL;
+  if (c->saved) {
+    tu_tensor y = tu_alloc(c->dt, rows, d, d);
+    rmsnorm_status st =
+        c->layernorm ? rmsnorm_layernorm_forward(ctx, &cfg, rows, d, x.data, c->ldx, wp, NULL,
+                                                 y.data, d, mean, rstd)
+                     : rmsnorm_forward(ctx, &cfg, rows, d, x.data, c->ldx, wp, NULL, y.data, d,
+                                       rstd);
+    tu_check(st == RMSNORM_OK, "%s: forward status %s", what, rmsnorm_status_name(st));
+    tu_free(&y);
+  }
+
+  ld_t *xl = malloc(rows * d * sizeof(ld_t)), *dyl = malloc(rows * d * sizeof(ld_t));
+  ld_t *dxl = malloc(rows * d * sizeof(ld_t)), *wl = malloc(d * sizeof(ld_t));
+  ld_t *dwl = calloc(d, sizeof(ld_t)), *dbl = calloc(d, sizeof(ld_t));
+  for (size_t i = 0; i < rows; i++)
+    for (size_t j = 0; j < d; j++) {
+      xl[i * d + j] = tu_get(&x, i, j);
+      dyl[i * d + j] = tu_get(&dy, i, j);
+    }
+  for (size_t j = 0; j < d; j++) {
+    wl[j] = (c->weight == 2 ? 1 : 0) + (ld_t)tu_get(&w, 0, j);
+    dwl[j] = tu_get(&dw, 0, j);
+    dbl[j] = tu_get(&db, 0, j);
+  }
+
+  tu_tensor dx = c->inplace == 1 ? dy : c->inplace == 2 ? x : tu_alloc(c->dt, rows, d, lddx);
+  void *dwp = c->want_dw ? dw.data : NULL, *dbp = c->want_db ? db.data : NULL;
+  rmsnorm_status st =
+      c->layernorm
+          ? rmsnorm_layernorm_backward(ctx, &cfg, rows, d, x.data, c->ldx, dy.data, c->lddy, wp,
+                                       c->saved ? mean : NULL, c->saved ? rstd : NULL, dx.data,
+                                       lddx, dwp, dbp)
+          : rmsnorm_backward(ctx, &cfg, rows, d, x.data, c->ldx, dy.data, c->lddy, wp,
+                             c->saved ? rstd : NULL, dx.data, lddx, dwp, dbp);
+  tu_check(st == RMSNORM_OK, "%s: status %s", what, rmsnorm_status_name(st));
+
+  oracle_opts o = {c->layernorm, c->layernorm ? d : (size_t)ceil(c->partial * (double)d), c->eps,
+                   c->outside, 0, c->dt};
+  if (o.k > d) o.k = d;
+  for (size_t i = 0; i < rows; i++)
+    oracle_backward_row(xl + i * d, dyl + i * d, d, c->weight ? wl : NULL, &o, dxl + i * d,
+                        dwl, dbl);
+  if (st == RMSNORM_OK) {
+    /* dx is judged relative to its largest magnitude, or to that of its
+     * leading term r * gy where dx cancels (d = 1: y = sign(x)) */
+    ld_t mx = 0, mw = 0, mb = 0;
+    for (size_t i = 0; i < rows * d; i++) mx = fmaxl(mx, fabsl(dxl[i]));
+    for (size_t i = 0; i < rows; i++) {
+      ld_t m, r;
+      oracle_stats(xl + i * d, d, &o, &m, &r);
+      for (size_t j = 0; j < d; j++)
+        mx = fmaxl(mx, fabsl(r * dyl[i * d + j] * (c->weight ? wl[j] : 1)));
+    }
+    for (size_t j = 0; j < d; j++) mw = fmaxl(mw, fabsl(dwl[j])), mb = fmaxl(mb, fabsl(dbl[j]));
+    double ex = 0, ew = 0, eb = 0;
+    for (size_t i = 0; i < rows; i++)
+      for (size_t j = 0; j < d; j++) {
+        double want = (double)dxl[i * d + j], got = tu_get(&dx, i, j);
+        /* a gradient past the dtype's range must come out as that infinity */
+        double e = isinf(rn_round_to(c->dt, want))
+                       ? (got == rn_round_to(c->dt, want) ? 0 : INFINITY)
+                       : fabs(got - want) / (double)(mx > 0 ? mx : 1);
+        ex = isnan(e) || e > ex ? (isnan(e) ? INFINITY : e) : ex;
+      }
+    for (size_t j = 0; j < d; j++) {
+      double e1 = fabs(tu_get(&dw, 0, j) - (double)dwl[j]) / (double)(mw > 0 ? mw : 1);
+      double e2 = fabs(tu_get(&db, 0, j) - (double)dbl[j]) / (double)(mb > 0 ? mb : 1);
+      if (c->want_dw) ew = isnan(e1) ? INFINITY : fmax(ew, e1);
+      if (c->want_db) eb = isnan(e2) ? INFINITY : fmax(eb, e2);
+    }
+    tu_check(ex <= tol_of(c->dt), "%s: dx error %.3g", what, ex);
+    tu_check(ew <= tol_of(c->pdt), "%s: dweight error %.3g", what, ew);
+    tu_check(eb <= tol_of(c->pdt), "%s: dbias error %.3g", what, eb);
+  }
+  free(xl), free(dyl), free(dxl), free(wl), free(dwl), free(dbl), free(mean), free(rstd);
+  if (!c->inplace) tu_free(&dx);
+  tu_free(&x), tu_free(&dy), tu_free(&w), tu_free(&dw), tu_free(&db);
+}
+
+static void test_variant_grid(void) {
+  size_t n = 0;
+  for (int dt = 0; dt < 4; dt++)
+    for (int ln = 0; ln < 2; ln++)
+      for (int pd = 0; pd < 2; pd++)
+        for (int weight = 0; weight < 3; weight++)
+          for (int epsk = 0; epsk < 3; epsk++)
+            for (int part = 0; part < 2; part++)
+              for (int saved = 0; saved < 2; saved++) {
+                rmsnorm_dtype pdt = pd ? RMSNORM_F32 : (rmsnorm_dtype)dt;
+                if (pd && dt == RMSNORM_F32) continue;
+                if (ln && (epsk == 2 || part)) continue;
+                for (size_t d = 1; d <= 71; d++) {
+                  n++;
+                  bcase c = {(rmsnorm_dtype)dt, pdt, ln, n % 2 ? 3 : 70, d == 71 ? 127 : d, 0, 0, 0,
+                             weight, weight && n % 3 != 0, n % 4 != 1,
+                             epsk == 1 ? 0.0 : 1e-5, epsk == 2, part ? 0.37 : 1.0, saved,
+                             (int)(n % 5 == 0 ? 1 : n % 5 == 3 ? 2 : 0), n % 6 == 2, 1.0};
+                  c.ldx = c.d + (n % 3 == 1 ? 2 : 0);
+                  c.lddy = c.d + (n % 4 == 2 ? 5 : 0);
+                  c.lddx = c.d + (n % 7 == 1 ? 1 : 0);
+                  run_case(&c, NULL);
+                }
+              }
+}
+
+static void test_model_sizes(void) {
+  static const size_t sizes[] = {4095, 4096, 5120};
+  for (int dt = 0; dt < 4; dt++)
+    for (int ln = 0; ln < 2; ln++)
+      for (size_t s = 0; s < 3; s++)
+        for (int v = 0; v < 2; v++) {
+          size_t d = sizes[s];
+          bcase c = {(rmsnorm_dtype)dt, RMSNORM_F32, ln, 130, d, d, d + 1, d, 1, 1, 1, 1e-6,
+                     v && !ln, v && !ln ? 0.5 : 1.0, v, 0, 0, 1.0};
+          run_case(&c, NULL);
+        }
+  /* one long row, fp32 */
+  bcase c = {RMSNORM_F32, RMSNORM_F32, 0, 1, 1u << 20, 1u << 20, 1u << 20, 1u << 20, 1, 1, 1,
+             1e-5, 0, 1.0, 0, 0, 0, 2.0};
+  run_case(&c, NULL);
+  c.layernorm = 1;
+  run_case(&c, NULL);
+}
+
+/* Overflowing, underflowing and zero rows through the backward. */
+static void test_special_rows(void) {
+  const size_t d = 1000, rows = 3;
+  double *xv = malloc(rows * d * sizeof(double));
+  for (int dt = 0; dt < 4; dt++)
+    for (int ln = 0; ln < 2; ln++)
+      for (int kind = 0; kind < 3; kind++)
+        for (int saved = 0; saved < 2; saved++) {
+          double big = dt == RMSNORM_F64 ? 1e200 : dt == RMSNORM_F16 ? 2e3 : 1e30;
+          double tiny = dt == RMSNORM_F64 ? 1e-200 : dt == RMSNORM_F16 ? 1e-3 : 1e-30;
+          for (size_t i = 0; i < rows * d; i++) xv[i] = tu_normal();
+          for (size_t j = 0; j < d; j++) xv[d + j] *= kind == 0 ? big : kind == 1 ? tiny : 0.0;
+          bcase c = {(rmsnorm_dtype)dt, (rmsnorm_dtype)dt, ln, rows, d, d, d, d, 1, 1, 1,
+                     kind == 2 ? 1e-5 : 0.0, 0, 1.0, saved, 0, 0, 1.0};
+          run_case(&c, xv);
+          if (!ln) {
+            c.outside = 1;
+            run_case(&c, xv);
+          }
+        }
+  free(xv);
+}
+
+/* L(x, g, b) = sum dy * y through the library's fp64 forward. */
+static double fd_loss(const rmsnorm_config *cfg, int ln, size_t rows, size_t d, const double *x,
+                      const double *g, const double *b, const double *dy, double *y) {
+  rmsnorm_status st =
+      ln ? rmsnorm_layernorm_forward(ctx, cfg, rows, d, x, d, g, b, y, d, NULL, NULL)
+         : rmsnorm_forward(ctx, cfg, rows, d, x, d, g, b, y, d, NULL);
+  if (st != RMSNORM_OK) return NAN;
+  double s = 0;
+  for (size_t i = 0; i < rows * d; i++) s += dy[i] * y[i];
+  return s;
+}
+
+/* Central differences of one coordinate of v. */
+static double fd_partial(const rmsnorm_config *cfg, int ln, size_t rows, size_t d, double *x,
+                         double *g, double *b, const double *dy, double *y, double *v) {
+  double keep = *v, h = 1e-6 * fmax(1.0, fabs(keep));
+  *v = keep + h;
+  double lp = fd_loss(cfg, ln, rows, d, x, g, b, dy, y);
+  *v = keep - h;
+  double lm = fd_loss(cfg, ln, rows, d, x, g, b, dy, y);
+  *v = keep;
+  return (lp - lm) / (2 * h);
+}
+
+static void test_finite_differences(void) {
+  static const size_t sizes[] = {1, 2, 3, 5, 8, 17, 33};
+  for (int ln = 0; ln < 2; ln++)
+    for (int weight = 0; weight < 3; weight++)
+      for (int epsk = 0; epsk < 3; epsk++)
+        for (int part = 0; part < 2; part++)
+          for (size_t s = 0; s < 7; s++) {
+            if (ln && (epsk == 2 || part)) continue;
+            size_t rows = 2, d = sizes[s], n = rows * d;
+            rmsnorm_config cfg;
+            rmsnorm_config_init(&cfg, RMSNORM_F64);
+            cfg.eps = epsk == 1 ? 0.0 : 1e-3;
+            cfg.partial = part ? 0.5 : 1.0;
+            cfg.flags = (epsk == 2 ? RMSNORM_FLAG_EPS_OUTSIDE : 0) |
+                        (weight == 2 ? RMSNORM_FLAG_WEIGHT_OFFSET : 0);
+            double *x = malloc(n * 8), *dy = malloc(n * 8), *y = malloc(n * 8),
+                   *dx = malloc(n * 8);
+            double *g = malloc(d * 8), *b = malloc(d * 8), *dg = malloc(d * 8),
+                   *db = malloc(d * 8);
+            for (size_t i = 0; i < n; i++) x[i] = tu_normal(), dy[i] = tu_normal();
+            for (size_t j = 0; j < d; j++) g[j] = 1 + 0.5 * tu_normal(), b[j] = tu_normal();
+            double *gp = weight ? g : NULL;
+            rmsnorm_status st =
+                ln ? rmsnorm_layernorm_backward(ctx, &cfg, rows, d, x, d, dy, d, gp, NULL, NULL,
+                                                dx, d, weight ? dg : NULL, db)
+                   : rmsnorm_backward(ctx, &cfg, rows, d, x, d, dy, d, gp, NULL, dx, d,
+                                      weight ? dg : NULL, db);
+            tu_check(st == RMSNORM_OK, "fd: status");
+            /* judged against dx's largest magnitude or its leading term r*gy */
+            double worst = 0, scale = 1e-12, rstd[2];
+            if (ln)
+              rmsnorm_layernorm_forward(ctx, &cfg, rows, d, x, d, gp, b, y, d, NULL, rstd);
+            else
+              rmsnorm_forward(ctx, &cfg, rows, d, x, d, gp, b, y, d, rstd);
+            for (size_t i = 0; i < n; i++)
+              scale = fmax(scale, fmax(fabs(dx[i]), rstd[i / d] * fabs(dy[i] * (gp ? g[i % d] : 1))));
+            for (size_t i = 0; i < n; i++)
+              worst = fmax(worst, fabs(fd_partial(&cfg, ln, rows, d, x, gp, b, dy, y, &x[i]) -
+                                       dx[i]) / scale);
+            for (size_t j = 0; j < d; j++) {
+              if (weight)
+                worst = fmax(worst, fabs(fd_partial(&cfg, ln, rows, d, x, gp, b, dy, y, &g[j]) -
+                                         dg[j]) / fmax(1, fabs(dg[j])));
+              worst = fmax(worst, fabs(fd_partial(&cfg, ln, rows, d, x, gp, b, dy, y, &b[j]) -
+                                       db[j]) / fmax(1, fabs(db[j])));
+            }
+            tu_check(worst < 1e-6, "fd %s w=%d eps=%d p=%d d=%zu: error %.3g", ln ? "LN" : "RMS",
+                     weight, epsk, part, d, worst);
+            free(x), free(dy), free(y), free(dx), free(g), free(b), free(dg), free(db);
+          }
+}
+
+int main(void) {
+  tu_seed(2);
+  if (rmsnorm_context_create(&ctx) != RMSNORM_OK) return 2;
+  test_variant_grid();
+  test_model_sizes();
+  test_special_rows();
+  test_finite_differences();
+  rmsnorm_context_free(ctx);
+  return tu_finish("test_backward");
+}

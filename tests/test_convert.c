@@ -1,0 +1,70 @@
+/* test_convert.c - fp16/bf16 conversions against a slow, obviously correct
+ * rounding: exhaustive over every 16-bit pattern, and over a dense sweep of
+ * fp32 patterns including every tie. */
+#include "testutil.h"
+
+/* Value of an fp16 pattern, from the format's definition. */
+static double f16_value(uint16_t h) {
+  int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
+  double v = exp == 0 ? ldexp(man, -24) : exp == 31 ? (man ? NAN : INFINITY)
+                                                     : ldexp(1024 + man, exp - 25);
+  return sign ? -v : v;
+}
+
+/* Nearest (ties to even) pattern among finite patterns of a 16-bit format,
+ * by bisection on the ordered magnitudes; overflow as IEEE says. */
+static uint16_t slow_round(double v, int bf16) {
+  uint16_t sign = signbit(v) ? 0x8000 : 0;
+  double a = fabs(v);
+  uint16_t maxfin = bf16 ? 0x7f7f : 0x7bff;
+  double top = bf16 ? (double)rn_bf16_to_f32(maxfin) : f16_value(maxfin);
+  double ulp_top = bf16 ? ldexp(1, 127 - 7) : ldexp(1, 15 - 10);
+  if (a >= top + ulp_top / 2) return sign | (bf16 ? 0x7f80 : 0x7c00);
+  uint16_t lo = 0, hi = maxfin;
+  while (hi - lo > 1) {
+    uint16_t mid = (uint16_t)((lo + hi) / 2);
+    double m = bf16 ? (double)rn_bf16_to_f32(mid) : f16_value(mid);
+    if (m <= a) lo = mid; else hi = mid;
+  }
+  double vl = bf16 ? (double)rn_bf16_to_f32(lo) : f16_value(lo);
+  double vh = bf16 ? (double)rn_bf16_to_f32(hi) : f16_value(hi);
+  uint16_t r;
+  if (a - vl < vh - a) r = lo;
+  else if (a - vl > vh - a) r = hi;
+  else r = (lo & 1) ? hi : lo;
+  if (a == vl) r = lo;
+  return sign | r;
+}
+
+int main(void) {
+  /* fp16 -> fp32: every pattern */
+  for (uint32_t h = 0; h < 65536; h++) {
+    double want = f16_value((uint16_t)h), got = rn_f16_to_f32((uint16_t)h);
+    tu_check(isnan(want) ? isnan(got) : (got == want && signbit(got) == signbit(want)),
+             "f16 %04x -> %g want %g", h, got, want);
+  }
+  /* f32 -> f16/bf16: a sweep with a stride coprime to everything, plus all
+   * exact halfway points between 16-bit neighbours */
+  for (uint64_t u = 0; u < 0x100000000ull; u += 4099) {
+    float f = rn_bits_f32((uint32_t)u);
+    if (isnan(f)) {
+      tu_check((rn_f32_to_f16(f) & 0x7e00) == 0x7e00, "f16 NaN quiet %08x", (unsigned)u);
+      tu_check((rn_f32_to_bf16(f) & 0x7fc0) == 0x7fc0, "bf16 NaN quiet %08x", (unsigned)u);
+      continue;
+    }
+    tu_check(rn_f32_to_f16(f) == slow_round(f, 0), "f32 %08x -> f16 %04x want %04x",
+             (unsigned)u, rn_f32_to_f16(f), slow_round(f, 0));
+    tu_check(rn_f32_to_bf16(f) == slow_round(f, 1), "f32 %08x -> bf16 %04x want %04x",
+             (unsigned)u, rn_f32_to_bf16(f), slow_round(f, 1));
+  }
+  for (uint32_t h = 0; h < 0x7bff; h++) {
+    float mid = (float)((f16_value((uint16_t)h) + f16_value((uint16_t)(h + 1))) / 2);
+    tu_check(rn_f32_to_f16(mid) == slow_round(mid, 0), "f16 tie after %04x", h);
+    tu_check(rn_f32_to_f16(-mid) == slow_round(-mid, 0), "f16 tie after -%04x", h);
+  }
+  for (uint32_t h = 0; h < 0x7f7f; h++) {
+    float mid = (rn_bf16_to_f32((uint16_t)h) + rn_bf16_to_f32((uint16_t)(h + 1))) / 2;
+    tu_check(rn_f32_to_bf16(mid) == slow_round(mid, 1), "bf16 tie after %04x", h);
+  }
+  return tu_finish("test_convert");
+}

@@ -1,0 +1,201 @@
+/* test_errors.c - every invalid argument gets its own status and leaves every
+ * output untouched; the status, version and config helpers. */
+#include <float.h>
+
+#include "testutil.h"
+
+#define D 8
+#define ROWS 3
+#define LD 12 /* a wider stride some cases use */
+
+static rmsnorm_context *ctx;
+static float x[ROWS * LD], y[ROWS * LD], dy[ROWS * LD], dx[ROWS * LD];
+static float w[D], b[D], dw[D], db[D], rstd[ROWS], mean[ROWS];
+static float y0[ROWS * LD], dx0[ROWS * LD], dw0[D], db0[D], rstd0[ROWS], mean0[ROWS];
+
+static void reset(void) {
+  for (int i = 0; i < ROWS * LD; i++) x[i] = dy[i] = (float)(i % 7) - 3;
+  for (int i = 0; i < ROWS * LD; i++) y[i] = y0[i] = dx[i] = dx0[i] = 1234.5f;
+  for (int j = 0; j < D; j++) w[j] = 1, b[j] = 0, dw[j] = dw0[j] = db[j] = db0[j] = 777.f;
+  for (int i = 0; i < ROWS; i++) rstd[i] = rstd0[i] = mean[i] = mean0[i] = -5.f;
+}
+
+static int untouched(void) {
+  return !memcmp(y, y0, sizeof y) && !memcmp(dx, dx0, sizeof dx) && !memcmp(dw, dw0, sizeof dw) &&
+         !memcmp(db, db0, sizeof db) && !memcmp(rstd, rstd0, sizeof rstd) &&
+         !memcmp(mean, mean0, sizeof mean);
+}
+
+static void expect(rmsnorm_status got, rmsnorm_status want, const char *what, int line) {
+  tu_check(got == want, "line %d: %s: got %s want %s", line, what, rmsnorm_status_name(got),
+           rmsnorm_status_name(want));
+  if (want != RMSNORM_OK) tu_check(untouched(), "line %d: %s: an output was written", line, what);
+  reset();
+}
+
+#define EXPECT(call, want) expect((call), (want), #call, __LINE__)
+
+static rmsnorm_config cfg_f32(void) {
+  rmsnorm_config c;
+  rmsnorm_config_init(&c, RMSNORM_F32);
+  return c;
+}
+
+static void test_forward_errors(void) {
+  rmsnorm_config c = cfg_f32(), bad;
+  EXPECT(rmsnorm_forward(NULL, &c, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_NULL_POINTER);
+  EXPECT(rmsnorm_forward(ctx, NULL, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_NULL_POINTER);
+  EXPECT(rmsnorm_forward(ctx, &c, ROWS, D, NULL, D, w, b, y, D, rstd), RMSNORM_ERROR_NULL_POINTER);
+  EXPECT(rmsnorm_forward(ctx, &c, ROWS, D, x, D, w, b, NULL, D, rstd), RMSNORM_ERROR_NULL_POINTER);
+  EXPECT(rmsnorm_forward(ctx, &c, ROWS, 0, x, D, w, b, y, D, rstd), RMSNORM_ERROR_BAD_SIZE);
+  EXPECT(rmsnorm_forward(ctx, &c, ROWS, D, x, D - 1, w, b, y, D, rstd), RMSNORM_ERROR_BAD_STRIDE);
+  EXPECT(rmsnorm_forward(ctx, &c, ROWS, D, x, D, w, b, y, 3, rstd), RMSNORM_ERROR_BAD_STRIDE);
+  EXPECT(rmsnorm_forward(ctx, &c, SIZE_MAX / 4, D, x, 16, w, b, y, 16, rstd), RMSNORM_ERROR_BAD_SIZE);
+  EXPECT(rmsnorm_forward(ctx, &c, 3, D, x, SIZE_MAX / 2, w, b, y, D, rstd), RMSNORM_ERROR_BAD_SIZE);
+
+  const double bad_eps[] = {-1e-5, -0.0 - 1e-300, NAN, INFINITY, -INFINITY};
+  for (int i = 0; i < 5; i++) {
+    bad = c;
+    bad.eps = bad_eps[i];
+    EXPECT(rmsnorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_BAD_EPS);
+    EXPECT(rmsnorm_layernorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, mean, rstd),
+           RMSNORM_ERROR_BAD_EPS);
+  }
+  const double bad_p[] = {0.0, -0.5, 1.0000001, NAN, INFINITY};
+  for (int i = 0; i < 5; i++) {
+    bad = c;
+    bad.partial = bad_p[i];
+    EXPECT(rmsnorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_BAD_PARTIAL);
+  }
+  bad = c;
+  bad.partial = 0.5;
+  EXPECT(rmsnorm_layernorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, mean, rstd),
+         RMSNORM_ERROR_BAD_PARTIAL);
+  bad = c;
+  bad.dtype = (rmsnorm_dtype)7;
+  EXPECT(rmsnorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_BAD_DTYPE);
+  bad = c;
+  bad.dtype = (rmsnorm_dtype)-1;
+  EXPECT(rmsnorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_BAD_DTYPE);
+  bad = c;
+  bad.param_dtype = RMSNORM_F16; /* neither fp32 nor the data's dtype */
+  EXPECT(rmsnorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_BAD_DTYPE);
+  bad = c;
+  bad.flags = 1u << 12;
+  EXPECT(rmsnorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_BAD_FLAGS);
+  bad = c;
+  bad.flags = RMSNORM_FLAG_EPS_OUTSIDE;
+  EXPECT(rmsnorm_layernorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, mean, rstd),
+         RMSNORM_ERROR_BAD_FLAGS);
+
+  /* overlaps: only y == x with the same stride is in place */
+  EXPECT(rmsnorm_forward(ctx, &c, ROWS, D, y + 1, D, w, b, y, D, rstd), RMSNORM_ERROR_OVERLAP);
+  EXPECT(rmsnorm_forward(ctx, &c, 2, D, y, LD, w, b, y, D, rstd), RMSNORM_ERROR_OVERLAP);
+  EXPECT(rmsnorm_forward(ctx, &c, ROWS, D, x, D, w, b, y, D, y + 5), RMSNORM_ERROR_OVERLAP);
+  EXPECT(rmsnorm_forward(ctx, &c, ROWS, D, x, D, y + 2, b, y, D, rstd), RMSNORM_ERROR_OVERLAP);
+  EXPECT(rmsnorm_forward(ctx, &c, 1, D, x, D, w, b, y, D, x + 2), RMSNORM_ERROR_OVERLAP);
+  EXPECT(rmsnorm_forward(ctx, &c, ROWS, D, x, D, w, b, y, D, w), RMSNORM_ERROR_OVERLAP);
+  EXPECT(rmsnorm_layernorm_forward(ctx, &c, ROWS, D, x, D, w, b, y, D, rstd, rstd),
+         RMSNORM_ERROR_OVERLAP);
+
+  /* valid edge cases */
+  EXPECT(rmsnorm_forward(ctx, &c, 0, D, NULL, D, NULL, NULL, NULL, D, NULL), RMSNORM_OK);
+  tu_check(untouched(), "rows = 0 wrote something");
+  EXPECT(rmsnorm_forward(ctx, &c, ROWS, D, x, D, NULL, NULL, x, D, NULL), RMSNORM_OK);
+}
+
+static void test_backward_errors(void) {
+  rmsnorm_config c = cfg_f32(), bad;
+  EXPECT(rmsnorm_backward(NULL, &c, ROWS, D, x, D, dy, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_NULL_POINTER);
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, NULL, D, dy, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_NULL_POINTER);
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, x, D, NULL, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_NULL_POINTER);
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, x, D, dy, D, w, NULL, NULL, D, dw, db),
+         RMSNORM_ERROR_NULL_POINTER);
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, 0, x, D, dy, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_SIZE);
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, x, D, dy, 2, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_STRIDE);
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, x, D, dy, D, w, NULL, dx, 7, dw, db),
+         RMSNORM_ERROR_BAD_STRIDE);
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, x, D, dy, D, NULL, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_ARGUMENT);
+  bad = c;
+  bad.eps = NAN;
+  EXPECT(rmsnorm_backward(ctx, &bad, ROWS, D, x, D, dy, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_EPS);
+  bad = c;
+  bad.partial = 2;
+  EXPECT(rmsnorm_backward(ctx, &bad, ROWS, D, x, D, dy, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_PARTIAL);
+  bad = c;
+  bad.flags = 0x80000000u;
+  EXPECT(rmsnorm_backward(ctx, &bad, ROWS, D, x, D, dy, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_FLAGS);
+  bad = c;
+  bad.flags = RMSNORM_FLAG_EPS_OUTSIDE;
+  EXPECT(rmsnorm_layernorm_backward(ctx, &bad, ROWS, D, x, D, dy, D, w, NULL, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_FLAGS);
+  bad = c;
+  bad.param_dtype = RMSNORM_F64;
+  EXPECT(rmsnorm_backward(ctx, &bad, ROWS, D, x, D, dy, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_DTYPE);
+  /* overlaps */
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, x, D, dx + 1, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_OVERLAP);
+  EXPECT(rmsnorm_backward(ctx, &c, 2, D, x, D, dx, LD, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_OVERLAP);
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, x, D, dy, D, w, NULL, dx, D, dw, dw + 2),
+         RMSNORM_ERROR_OVERLAP);
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, x, D, dy, D, w, NULL, dx, D, w, db),
+         RMSNORM_ERROR_OVERLAP);
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, x, D, dy, D, w, dx, dx, D, dw, db),
+         RMSNORM_ERROR_OVERLAP);
+  EXPECT(rmsnorm_layernorm_backward(ctx, &c, ROWS, D, x, D, dy, D, w, dw, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_OVERLAP);
+  /* in place: dx may be dy or x with the same stride */
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, x, D, dy, D, w, NULL, dy, D, dw, db), RMSNORM_OK);
+  EXPECT(rmsnorm_backward(ctx, &c, ROWS, D, x, D, dy, D, w, NULL, x, D, dw, db), RMSNORM_OK);
+  EXPECT(rmsnorm_backward(ctx, &c, 0, D, NULL, D, NULL, D, NULL, NULL, NULL, D, NULL, NULL),
+         RMSNORM_OK);
+}
+
+static void test_helpers(void) {
+  double eps = -1;
+  tu_check(rmsnorm_default_eps(RMSNORM_F32, &eps) == RMSNORM_OK && eps == FLT_EPSILON, "eps f32");
+  tu_check(rmsnorm_default_eps(RMSNORM_F16, &eps) == RMSNORM_OK && eps == FLT_EPSILON, "eps f16");
+  tu_check(rmsnorm_default_eps(RMSNORM_BF16, &eps) == RMSNORM_OK && eps == FLT_EPSILON, "eps bf16");
+  tu_check(rmsnorm_default_eps(RMSNORM_F64, &eps) == RMSNORM_OK && eps == DBL_EPSILON, "eps f64");
+  tu_check(rmsnorm_default_eps((rmsnorm_dtype)9, &eps) == RMSNORM_ERROR_BAD_DTYPE, "eps bad dtype");
+  tu_check(rmsnorm_default_eps(RMSNORM_F32, NULL) == RMSNORM_ERROR_NULL_POINTER, "eps NULL");
+  rmsnorm_config c;
+  tu_check(rmsnorm_config_init(&c, RMSNORM_BF16) == RMSNORM_OK && c.dtype == RMSNORM_BF16 &&
+               c.param_dtype == RMSNORM_BF16 && c.eps == FLT_EPSILON && c.partial == 1 &&
+               c.flags == 0,
+           "config_init");
+  tu_check(rmsnorm_config_init(NULL, RMSNORM_F32) == RMSNORM_ERROR_NULL_POINTER, "config NULL");
+  tu_check(rmsnorm_config_init(&c, (rmsnorm_dtype)4) == RMSNORM_ERROR_BAD_DTYPE, "config dtype");
+  tu_check(rmsnorm_context_create(NULL) == RMSNORM_ERROR_NULL_POINTER, "create NULL");
+  rmsnorm_context_free(NULL);
+  for (int s = 0; s <= RMSNORM_ERROR_BAD_ARGUMENT; s++) {
+    const char *name = rmsnorm_status_name((rmsnorm_status)s);
+    tu_check(strncmp(name, "RMSNORM_", 8) == 0, "status %d name %s", s, name);
+    tu_check(strcmp(rmsnorm_status_message((rmsnorm_status)s), "unknown status") != 0,
+             "status %d message", s);
+  }
+  tu_check(strcmp(rmsnorm_status_message((rmsnorm_status)99), "unknown status") == 0, "unknown");
+  tu_check(rmsnorm_version_number() == RMSNORM_VERSION_NUMBER, "version number");
+  tu_check(strcmp(rmsnorm_version_string(), RMSNORM_VERSION_STRING) == 0, "version string");
+}
+
+int main(void) {
+  if (rmsnorm_context_create(&ctx) != RMSNORM_OK) return 2;
+  reset();
+  test_forward_errors();
+  test_backward_errors();
+  test_helpers();
+  rmsnorm_context_free(ctx);
+  return tu_finish("test_errors");
+}

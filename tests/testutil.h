@@ -1,0 +1,140 @@
+/* testutil.h - what every C test shares: a counter of checks, a seeded
+ * random source, and tensors of any dtype filled from doubles. */
+#ifndef RMSNORM_TESTUTIL_H
+#define RMSNORM_TESTUTIL_H
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convert.h"
+#include "dtype.h"
+#include "rmsnorm.h"
+
+static long tu_checks, tu_failures;
+
+/* Records one check; prints the first failures (not all: a broken kernel
+ * would print millions of lines). */
+static inline int tu_check(int ok, const char *fmt, ...) {
+  tu_checks++;
+  if (ok) return 1;
+  if (++tu_failures <= 30) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "FAIL: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+  }
+  return 0;
+}
+
+/* Prints the summary line and gives the exit status. */
+static inline int tu_finish(const char *name) {
+  printf("%s: %ld checks, %ld passed, %ld failed\n", name, tu_checks, tu_checks - tu_failures,
+         tu_failures);
+  return tu_failures ? 1 : 0;
+}
+
+#define TU_OK(call)                                                                   \
+  do {                                                                                \
+    rmsnorm_status st_ = (call);                                                      \
+    if (!tu_check(st_ == RMSNORM_OK, "%s:%d: %s -> %s", __FILE__, __LINE__, #call,    \
+                  rmsnorm_status_name(st_)))                                          \
+      return;                                                                         \
+  } while (0)
+
+/* splitmix64: small, seedable, good enough for test data */
+static uint64_t tu_state = 0x9e3779b97f4a7c15ull;
+static inline void tu_seed(uint64_t s) { tu_state = s * 0x9e3779b97f4a7c15ull + 1; }
+static inline uint64_t tu_next(void) {
+  uint64_t z = (tu_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static inline double tu_uniform(void) { return (double)(tu_next() >> 11) * 0x1p-53; }
+static inline double tu_normal(void) {
+  double u = tu_uniform(), v = tu_uniform();
+  return sqrt(-2.0 * log(u + 0x1p-60)) * cos(6.283185307179586 * v);
+}
+
+/* A rows x d tensor of dtype dt with row stride ld, plus a guard region
+ * after the last element (ASan catches over-reads of exact-size buffers,
+ * the guard catches over-writes in builds without it). */
+typedef struct tu_tensor {
+  rmsnorm_dtype dt;
+  size_t rows, d, ld;
+  void *data;
+  size_t bytes;
+} tu_tensor;
+
+static inline tu_tensor tu_alloc(rmsnorm_dtype dt, size_t rows, size_t d, size_t ld) {
+  tu_tensor t = {dt, rows, d, ld, NULL, 0};
+  t.bytes = ((rows ? rows - 1 : 0) * ld + d) * rn_dtype_size(dt);
+  t.data = malloc(t.bytes ? t.bytes : 1);
+  if (!t.data) {
+    fprintf(stderr, "out of memory\n");
+    exit(2);
+  }
+  memset(t.data, 0x7f, t.bytes); /* a visible pattern in the stride gaps */
+  return t;
+}
+
+static inline void tu_free(tu_tensor *t) {
+  free(t->data);
+  t->data = NULL;
+}
+
+static inline double tu_get(const tu_tensor *t, size_t i, size_t j) {
+  return rn_load(t->data, t->dt, i * t->ld + j);
+}
+
+static inline void tu_set(tu_tensor *t, size_t i, size_t j, double v) {
+  rn_store(t->data, t->dt, i * t->ld + j, v);
+}
+
+/* Fills with scale * N(0, 1) values rounded to the dtype. */
+static inline void tu_fill_normal(tu_tensor *t, double scale) {
+  for (size_t i = 0; i < t->rows; i++)
+    for (size_t j = 0; j < t->d; j++) tu_set(t, i, j, scale * tu_normal());
+}
+
+/* A value's position on the dtype's number line: the bit pattern read as
+ * sign and magnitude, so adjacent representable values differ by 1. */
+static inline int64_t tu_ordered(rmsnorm_dtype dt, double v) {
+  int64_t mag;
+  int neg;
+  if (dt == RMSNORM_F64) {
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    mag = (int64_t)(u & 0x7fffffffffffffffull);
+    neg = (int)(u >> 63);
+  } else if (dt == RMSNORM_F32) {
+    uint32_t u = rn_f32_bits((float)v);
+    mag = u & 0x7fffffffu;
+    neg = (int)(u >> 31);
+  } else {
+    uint16_t h = dt == RMSNORM_F16 ? rn_f32_to_f16((float)v) : rn_f32_to_bf16((float)v);
+    mag = h & 0x7fff;
+    neg = h >> 15;
+  }
+  return neg ? -mag : mag;
+}
+
+/* Distance in units in the last place of dt between a and b, both first
+ * rounded to dt. NaN is at distance 0 from NaN and infinitely far otherwise. */
+static inline double tu_ulps(rmsnorm_dtype dt, double a, double b) {
+  if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? 0 : INFINITY;
+  return fabs((double)tu_ordered(dt, a) - (double)tu_ordered(dt, b));
+}
+
+static inline const char *tu_dtype_name(rmsnorm_dtype dt) {
+  static const char *names[] = {"f32", "f16", "bf16", "f64"};
+  return rn_dtype_valid(dt) ? names[dt] : "?";
+}
+
+#endif
