@@ -8,6 +8,11 @@ CMAKE_FLAGS ?=
 
 .PHONY: all build run test test-c test-asan install clean
 
+# Parts of the project add their own targets and tests here (mk/*.mk):
+# each appends its test target to EXTRA_TESTS.
+EXTRA_TESTS :=
+-include $(sort $(wildcard mk/*.mk))
+
 all: build
 
 $(BUILD)/CMakeCache.txt:
@@ -19,7 +24,7 @@ build: $(BUILD)/CMakeCache.txt
 run: build
 	./$(BUILD)/examples/seed_example
 
-test: test-c test-asan
+test: test-c test-asan $(EXTRA_TESTS)
 
 test-c: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

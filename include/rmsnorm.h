@@ -47,7 +47,8 @@ typedef enum rmsnorm_status {
   RMSNORM_ERROR_OVERLAP = 8,       /* an output overlaps an input or another output (and is not
                                       the exact in-place view the operation allows) */
   RMSNORM_ERROR_OUT_OF_MEMORY = 9, /* scratch memory could not be allocated */
-  RMSNORM_ERROR_BAD_ARGUMENT = 10  /* any other invalid argument (see the function's contract) */
+  RMSNORM_ERROR_BAD_ARGUMENT = 10, /* any other invalid argument (see the function's contract) */
+  RMSNORM_ERROR_NOT_AVAILABLE = 11 /* not built in, or not supported by this CPU */
 } rmsnorm_status;
 
 /* Storage types. fp16 is IEEE binary16, bf16 the top half of an IEEE binary32;
@@ -102,11 +103,53 @@ RMSNORM_API const char *rmsnorm_status_message(rmsnorm_status status);
 /* @return the enumerator name of a status, e.g. "RMSNORM_ERROR_BAD_EPS". */
 RMSNORM_API const char *rmsnorm_status_name(rmsnorm_status status);
 
-/* Creates a context. @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER (ctx NULL),
+/* Creates a context: the kernel set chosen at run time (see rmsnorm_isa) and
+ * as many threads as online CPUs (started on first use, only for work large
+ * enough to gain). @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER (ctx NULL),
  * RMSNORM_ERROR_OUT_OF_MEMORY. */
 RMSNORM_API rmsnorm_status rmsnorm_context_create(rmsnorm_context **ctx);
-/* Frees a context and its scratch; NULL is accepted and does nothing. */
+/* Frees a context, its scratch and its threads; NULL is accepted. */
 RMSNORM_API void rmsnorm_context_free(rmsnorm_context *ctx);
+
+/* Kernel sets. AUTO is the best the CPU supports, unless the environment
+ * variable RMSNORM_ISA (scalar, avx2 or avx512) names a supported one. */
+typedef enum rmsnorm_isa {
+  RMSNORM_ISA_AUTO = 0,
+  RMSNORM_ISA_SCALAR = 1, /* the portable reference kernels */
+  RMSNORM_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
+  RMSNORM_ISA_AVX512 = 3  /* AVX-512 F/BW/VL (+ BF16 conversions when present) */
+} rmsnorm_isa;
+
+/* CPU features, as reported by rmsnorm_cpu_features (OS support checked). */
+enum {
+  RMSNORM_CPU_AVX2 = 1u << 0,
+  RMSNORM_CPU_FMA = 1u << 1,
+  RMSNORM_CPU_F16C = 1u << 2,
+  RMSNORM_CPU_AVX512F = 1u << 3,
+  RMSNORM_CPU_AVX512BW = 1u << 4,
+  RMSNORM_CPU_AVX512VL = 1u << 5,
+  RMSNORM_CPU_AVX512BF16 = 1u << 6
+};
+
+/* @return RMSNORM_OK and the features in *features, RMSNORM_ERROR_NULL_POINTER. */
+RMSNORM_API rmsnorm_status rmsnorm_cpu_features(unsigned *features);
+/* @return the name of a kernel set ("auto", "scalar", "avx2", "avx512"), or
+ * "unknown". */
+RMSNORM_API const char *rmsnorm_isa_name(rmsnorm_isa isa);
+/* Chooses the kernel set of a context; AUTO re-applies the run-time choice.
+ * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_ARGUMENT
+ * (unknown value), RMSNORM_ERROR_NOT_AVAILABLE (this CPU or build lacks it). */
+RMSNORM_API rmsnorm_status rmsnorm_context_set_isa(rmsnorm_context *ctx, rmsnorm_isa isa);
+/* The kernel set a context runs (never AUTO). @return RMSNORM_OK,
+ * RMSNORM_ERROR_NULL_POINTER. */
+RMSNORM_API rmsnorm_status rmsnorm_context_get_isa(const rmsnorm_context *ctx, rmsnorm_isa *isa);
+/* Sets the most threads a call may use (the caller's thread counts as one);
+ * 0 restores the default, the number of online CPUs. Results are bitwise the
+ * same for any thread count. @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER,
+ * RMSNORM_ERROR_BAD_ARGUMENT (negative or above 1024). */
+RMSNORM_API rmsnorm_status rmsnorm_context_set_threads(rmsnorm_context *ctx, int threads);
+/* @return RMSNORM_OK and the thread count in *threads, RMSNORM_ERROR_NULL_POINTER. */
+RMSNORM_API rmsnorm_status rmsnorm_context_get_threads(const rmsnorm_context *ctx, int *threads);
 
 /* The eps torch uses when eps is None: the machine epsilon of the computation
  * type, 2^-23 (float32) for fp32, fp16 and bf16 data, 2^-52 for fp64.

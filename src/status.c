@@ -17,6 +17,7 @@ const char *rmsnorm_status_name(rmsnorm_status status) {
     case RMSNORM_ERROR_OVERLAP: return "RMSNORM_ERROR_OVERLAP";
     case RMSNORM_ERROR_OUT_OF_MEMORY: return "RMSNORM_ERROR_OUT_OF_MEMORY";
     case RMSNORM_ERROR_BAD_ARGUMENT: return "RMSNORM_ERROR_BAD_ARGUMENT";
+    case RMSNORM_ERROR_NOT_AVAILABLE: return "RMSNORM_ERROR_NOT_AVAILABLE";
   }
   return "unknown status";
 }
@@ -38,6 +39,7 @@ const char *rmsnorm_status_message(rmsnorm_status status) {
     case RMSNORM_ERROR_OUT_OF_MEMORY: return "out of memory";
     case RMSNORM_ERROR_BAD_ARGUMENT:
       return "invalid argument (for example dweight requested without a weight)";
+    case RMSNORM_ERROR_NOT_AVAILABLE: return "not available in this build or on this CPU";
   }
   return "unknown status";
 }
