@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "context.h"
+#include "parallel.h"
 #include "dtype.h"
 #include "kernels.h"
 #include "rowmath.h"
@@ -125,6 +126,47 @@ static const void *param_as_acc(const rmsnorm_config *cfg, const void *p, int is
   return buf;
 }
 
+/* ---- splitting work across the context's threads ------------------------ */
+
+/* Below this many bytes moved per thread, waking a thread costs more than it
+ * saves (a decode row of 4096 stays on the caller's thread). */
+#define MIN_BYTES_PER_THREAD ((size_t)1 << 20)
+
+/* Threads worth using for `bytes` of traffic split into `units` pieces. */
+static int threads_for(const rmsnorm_context *ctx, size_t bytes, size_t units) {
+  size_t n = bytes / MIN_BYTES_PER_THREAD;
+  size_t most = (size_t)rn_context_threads(ctx);
+  if (n > most) n = most;
+  if (n > units) n = units;
+  return n < 1 ? 1 : (int)n;
+}
+
+/* Runs fn over `ntasks` tasks on the context's pool, or inline as one task
+ * when no pool is wanted or can be had. */
+static void run_tasks(rmsnorm_context *ctx, int ntasks, rn_task_fn fn, void *arg) {
+  rn_pool *pool = rn_context_pool(ctx, ntasks);
+  if (!pool) {
+    fn(arg, 0, 1);
+    return;
+  }
+  if (ntasks > rn_pool_threads(pool)) ntasks = rn_pool_threads(pool);
+  rn_pool_run(pool, ntasks, fn, arg);
+}
+
+/* Task t of n gets units [begin, end): contiguous, cache-friendly blocks. */
+static size_t split_begin(size_t units, int t, int n) { return units * (size_t)t / (size_t)n; }
+
+typedef struct forward_job {
+  rn_forward_fn kernel;
+  const rn_forward_args *args;
+  size_t rows;
+} forward_job;
+
+static void forward_task(void *p, int t, int n) {
+  const forward_job *job = p;
+  job->kernel(job->args, split_begin(job->rows, t, n), split_begin(job->rows, t + 1, n));
+}
+
 /* Scratch regions start on 64-byte boundaries. */
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
@@ -163,7 +205,8 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
                        param_as_acc(cfg, weight, 1, d, scratch),
                        param_as_acc(cfg, bias, 0, d, scratch + wcopy),
                        cfg->eps, cfg->flags, mean, rstd};
-  rn_context_kernels(ctx)->forward[cfg->dtype](&a, 0, rows);
+  forward_job job = {rn_context_kernels(ctx)->forward[cfg->dtype], &a, rows};
+  run_tasks(ctx, threads_for(ctx, rows * d * 2 * es, rows), forward_task, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
 }
@@ -183,19 +226,48 @@ rmsnorm_status rmsnorm_layernorm_forward(rmsnorm_context *ctx, const rmsnorm_con
 
 /* ---- backward ----------------------------------------------------------- */
 
-/* Writes (or adds) the dweight/dbias total: the chunk partials summed in
- * chunk order, in double, so the bits do not depend on how rows were split. */
-static void reduce_parts(const rmsnorm_config *cfg, const void *parts, size_t nchunks, size_t d,
-                         double *total, void *out) {
+typedef struct backward_job {
+  rn_backward_fn kernel;
+  const rn_backward_args *args;
+  const rmsnorm_config *cfg;
+  size_t rows, nchunks, d, acc_size;
+  char *dw_parts, *db_parts; /* (nchunks, d) acc partial sums, or NULL */
+  void *dweight, *dbias;
+} backward_job;
+
+/* Rows, one chunk at a time: each chunk's dweight/dbias terms go to its own
+ * partial, so the split between tasks cannot change a bit. */
+static void backward_rows_task(void *p, int t, int n) {
+  const backward_job *job = p;
+  size_t c1 = split_begin(job->nchunks, t + 1, n);
+  for (size_t c = split_begin(job->nchunks, t, n); c < c1; c++) {
+    size_t r0 = c * RN_BACKWARD_CHUNK_ROWS;
+    size_t r1 = r0 + RN_BACKWARD_CHUNK_ROWS < job->rows ? r0 + RN_BACKWARD_CHUNK_ROWS : job->rows;
+    size_t off = c * job->d * job->acc_size;
+    job->kernel(job->args, r0, r1, job->dw_parts ? job->dw_parts + off : NULL,
+                job->db_parts ? job->db_parts + off : NULL);
+  }
+}
+
+/* Writes (or adds) out[j] = sum over chunks of parts[c][j], summed in chunk
+ * order in double whatever the thread count, for columns [j0, j1). */
+static void reduce_parts(const backward_job *job, const char *parts, void *out, size_t j0,
+                         size_t j1) {
+  const rmsnorm_config *cfg = job->cfg;
   int f64 = rn_acc_is_f64(cfg->dtype);
-  for (size_t j = 0; j < d; j++) total[j] = 0;
-  for (size_t c = 0; c < nchunks; c++)
-    for (size_t j = 0; j < d; j++) total[j] += rn_load_acc(parts, f64, c * d + j);
-  for (size_t j = 0; j < d; j++) {
-    double v = total[j];
+  for (size_t j = j0; j < j1; j++) {
+    double v = 0;
+    for (size_t c = 0; c < job->nchunks; c++) v += rn_load_acc(parts, f64, c * job->d + j);
     if (cfg->flags & RMSNORM_FLAG_ACCUMULATE) v += rn_load(out, cfg->param_dtype, j);
     rn_store(out, cfg->param_dtype, j, v);
   }
+}
+
+static void backward_reduce_task(void *p, int t, int n) {
+  const backward_job *job = p;
+  size_t j0 = split_begin(job->d, t, n), j1 = split_begin(job->d, t + 1, n);
+  if (job->dweight) reduce_parts(job, job->dw_parts, job->dweight, j0, j1);
+  if (job->dbias) reduce_parts(job, job->db_parts, job->dbias, j0, j1);
 }
 
 static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
@@ -222,13 +294,13 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                vector_span(dweight, d, ps, 1),        vector_span(dbias, d, ps, 1)};
   if ((st = check_overlaps(s, 8, 2, 1, 0)) != RMSNORM_OK) return st;
 
-  /* scratch: [weight copy][dweight parts][dbias parts][double totals] */
+  /* scratch: [weight copy][dweight parts][dbias parts] */
   size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
   size_t nparts = (dweight != NULL) + (dbias != NULL);
   size_t wcopy = param_needs_copy(cfg, weight, 1) ? align64(d * as) : 0;
   if (nparts && nchunks > SIZE_MAX / 16 / d / (nparts + 1)) return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t part_bytes = align64(nchunks * d * as);
-  size_t bytes = wcopy + nparts * part_bytes + (nparts ? d * sizeof(double) : 0);
+  size_t bytes = wcopy + nparts * part_bytes;
   rn_context_lock(ctx);
   char *scratch = rn_context_scratch(ctx, bytes);
   if (!scratch && bytes) {
@@ -237,22 +309,17 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   }
   char *dw_parts = dweight ? scratch + wcopy : NULL;
   char *db_parts = dbias ? scratch + wcopy + (dweight ? part_bytes : 0) : NULL;
-  double *total = (double *)(void *)(scratch + wcopy + nparts * part_bytes);
   if (nparts) memset(scratch + wcopy, 0, nparts * part_bytes);
 
   rn_backward_args a = {norm, cfg->dtype, d, norm == RN_LAYERNORM ? d : rn_partial_k(cfg->partial, d),
                         x, ldx, dy, lddy, dx, lddx,
                         param_as_acc(cfg, weight, 1, d, scratch),
                         cfg->eps, cfg->flags, mean, rstd};
-  rn_backward_fn kernel = rn_context_kernels(ctx)->backward[cfg->dtype];
-  for (size_t c = 0; c < nchunks; c++) {
-    size_t r0 = c * RN_BACKWARD_CHUNK_ROWS;
-    size_t r1 = r0 + RN_BACKWARD_CHUNK_ROWS < rows ? r0 + RN_BACKWARD_CHUNK_ROWS : rows;
-    kernel(&a, r0, r1, dw_parts ? dw_parts + c * d * as : NULL,
-           db_parts ? db_parts + c * d * as : NULL);
-  }
-  if (dweight) reduce_parts(cfg, dw_parts, nchunks, d, total, dweight);
-  if (dbias) reduce_parts(cfg, db_parts, nchunks, d, total, dbias);
+  backward_job job = {rn_context_kernels(ctx)->backward[cfg->dtype], &a, cfg, rows, nchunks, d,
+                      as, dw_parts, db_parts, dweight, dbias};
+  run_tasks(ctx, threads_for(ctx, rows * d * 3 * es, nchunks), backward_rows_task, &job);
+  if (nparts)
+    run_tasks(ctx, threads_for(ctx, nparts * nchunks * d * as, d), backward_reduce_task, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
 }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "kernels.h"
+#include "parallel.h"
 #include "rmsnorm.h"
 
 void rn_context_lock(rmsnorm_context *ctx);
@@ -15,5 +16,11 @@ void rn_context_unlock(rmsnorm_context *ctx);
  * (the old scratch is kept). Call with the lock held. */
 void *rn_context_scratch(rmsnorm_context *ctx, size_t bytes);
 const rn_kernel_set *rn_context_kernels(const rmsnorm_context *ctx);
+/* The most threads a call may use. */
+int rn_context_threads(const rmsnorm_context *ctx);
+/* The context's pool when `wanted` > 1 threads are worth starting (created
+ * on first use with rn_context_threads() threads; may run fewer if the OS
+ * refused some), else NULL. Call with the lock held. */
+rn_pool *rn_context_pool(rmsnorm_context *ctx, int wanted);
 
 #endif
