@@ -141,6 +141,11 @@ static int threads_for(const rmsnorm_context *ctx, size_t bytes, size_t units) {
   return n < 1 ? 1 : (int)n;
 }
 
+/* Outputs this large are written with non-temporal stores where the kernel
+ * set has them: they would not stay in cache, and skipping the read-for-
+ * ownership saves a third of the traffic. */
+#define STREAM_BYTES ((size_t)16 << 20)
+
 /* Runs fn over `ntasks` tasks on the context's pool, or inline as one task
  * when no pool is wanted or can be had. */
 static void run_tasks(rmsnorm_context *ctx, int ntasks, rn_task_fn fn, void *arg) {
@@ -204,7 +209,8 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
                        x, ldx, y, ldy,
                        param_as_acc(cfg, weight, 1, d, scratch),
                        param_as_acc(cfg, bias, 0, d, scratch + wcopy),
-                       cfg->eps, cfg->flags, mean, rstd};
+                       cfg->eps, cfg->flags, mean, rstd,
+                       y != x && rows * d * es >= STREAM_BYTES};
   forward_job job = {rn_context_kernels(ctx)->forward[cfg->dtype], &a, rows};
   run_tasks(ctx, threads_for(ctx, rows * d * 2 * es, rows), forward_task, &job);
   rn_context_unlock(ctx);
@@ -314,7 +320,8 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   rn_backward_args a = {norm, cfg->dtype, d, norm == RN_LAYERNORM ? d : rn_partial_k(cfg->partial, d),
                         x, ldx, dy, lddy, dx, lddx,
                         param_as_acc(cfg, weight, 1, d, scratch),
-                        cfg->eps, cfg->flags, mean, rstd};
+                        cfg->eps, cfg->flags, mean, rstd,
+                        dx != dy && dx != x && rows * d * es >= STREAM_BYTES};
   backward_job job = {rn_context_kernels(ctx)->backward[cfg->dtype], &a, cfg, rows, nchunks, d,
                       as, dw_parts, db_parts, dweight, dbias};
   run_tasks(ctx, threads_for(ctx, rows * d * 3 * es, nchunks), backward_rows_task, &job);

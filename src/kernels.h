@@ -21,9 +21,9 @@
  * are added into double lanes, and those are combined by halving (lane i +=
  * lane i + half). SIMD kernels keep this order, so every ISA gives the same
  * bits. */
-#define RN_LANES_F32 32
+#define RN_LANES_F32 64
 #define RN_BLOCK_F32 (RN_LANES_F32 * 16)
-#define RN_LANES_F64 16
+#define RN_LANES_F64 32
 #define RN_BLOCK_F64 (RN_LANES_F64 * 16)
 
 typedef enum rn_norm { RN_RMSNORM = 0, RN_LAYERNORM = 1 } rn_norm;
@@ -45,6 +45,7 @@ typedef struct rn_forward_args {
   unsigned flags;      /* RMSNORM_FLAG_EPS_OUTSIDE, RMSNORM_FLAG_ROUND_BEFORE_WEIGHT */
   void *mean;          /* mean: (rows,) acc, LayerNorm only, or NULL */
   void *rstd;          /* rstd: (rows,) acc, or NULL */
+  int stream;          /* y is large and not x: kernels may store past the caches */
 } rn_forward_args;
 
 /* Backward over rows [row_begin, row_end), adding this block's dweight/dbias
@@ -64,6 +65,7 @@ typedef struct rn_backward_args {
   unsigned flags;
   const void *mean;    /* saved stats (rows,) acc; used only when both are present */
   const void *rstd;    /*   (RMSNorm: rstd alone) */
+  int stream;          /* dx is large and aliases nothing: may store past the caches */
 } rn_backward_args;
 
 typedef void (*rn_forward_fn)(const rn_forward_args *a, size_t row_begin, size_t row_end);

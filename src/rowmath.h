@@ -53,6 +53,14 @@ static inline double rn_rms_backward_c(double B, double sumsq, double r, size_t 
   return rho > 0 ? B / ((double)k * rho * r) : 0.0;
 }
 
+/* Combines a row's double lanes by halving: lane i += lane i + h for
+ * h = lanes/2, ..., 1 (the fixed order of every kernel set). */
+static inline double rn_halve_lanes(double *acc, size_t lanes) {
+  for (size_t h = lanes / 2; h >= 1; h /= 2)
+    for (size_t i = 0; i < h; i++) acc[i] += acc[i + h];
+  return acc[0];
+}
+
 /* ceil(p*d) in double, kept within [1, d]. */
 static inline size_t rn_partial_k(double p, size_t d) {
   double kd = ceil(p * (double)d);

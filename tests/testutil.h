@@ -34,8 +34,12 @@ static inline int tu_check(int ok, const char *fmt, ...) {
 
 /* Prints the summary line and gives the exit status. */
 static inline int tu_finish(const char *name) {
-  printf("%s: %ld checks, %ld passed, %ld failed\n", name, tu_checks, tu_checks - tu_failures,
-         tu_failures);
+  rmsnorm_context *c;
+  rmsnorm_isa isa = RMSNORM_ISA_AUTO;
+  if (rmsnorm_context_create(&c) == RMSNORM_OK) rmsnorm_context_get_isa(c, &isa);
+  rmsnorm_context_free(c);
+  printf("%s (default kernels: %s): %ld checks, %ld passed, %ld failed\n", name,
+         rmsnorm_isa_name(isa), tu_checks, tu_checks - tu_failures, tu_failures);
   return tu_failures ? 1 : 0;
 }
 

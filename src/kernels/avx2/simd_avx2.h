@@ -1,0 +1,144 @@
+/* simd_avx2.h - the vector vocabulary of norm_simd.inc for AVX2 + FMA +
+ * F16C: 8 floats or 4 doubles a vector. AVX2 has no masked 16-bit moves, so
+ * tails go through a small zero-filled buffer. */
+#ifndef RMSNORM_SIMD_AVX2_H
+#define RMSNORM_SIMD_AVX2_H
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define VF_W 8
+#define VD_W 4
+
+typedef __m256 vf;
+typedef __m256d vd;
+
+/* ---- float compute ---- */
+static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
+static inline vf vf_set1(float a) { return _mm256_set1_ps(a); }
+static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vf_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+static inline __m256i lanes_below(size_t n, int count) {
+  __m256i iota = count == 8 ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
+                            : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), iota);
+}
+static inline vf vf_zero_from(vf v, size_t n) {
+  return _mm256_and_ps(v, _mm256_castsi256_ps(lanes_below(n, 8)));
+}
+
+/* the two halves of a float vector, widened to double (exact) */
+static inline __m256d vf_cvt_lo(vf v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
+static inline __m256d vf_cvt_hi(vf v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+
+static inline vf vf_load_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline vf vf_loadn_f32(const float *p, size_t n) {
+  float buf[8] = {0};
+  memcpy(buf, p, n * sizeof *p);
+  return _mm256_loadu_ps(buf);
+}
+static inline void vf_store_f32(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline void vf_storen_f32(float *p, vf v, size_t n) {
+  float buf[8];
+  _mm256_storeu_ps(buf, v);
+  memcpy(p, buf, n * sizeof *p);
+}
+static inline void vf_stream_f32(float *p, vf v) { _mm256_stream_ps(p, v); }
+
+static inline __m128i f32_to_f16(vf v) {
+  return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+static inline vf vf_load_f16(const uint16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+static inline vf vf_loadn_f16(const uint16_t *p, size_t n) {
+  uint16_t buf[8] = {0};
+  memcpy(buf, p, n * sizeof *p);
+  return vf_load_f16(buf);
+}
+static inline void vf_store_f16(uint16_t *p, vf v) {
+  _mm_storeu_si128((__m128i *)(void *)p, f32_to_f16(v));
+}
+static inline void vf_storen_f16(uint16_t *p, vf v, size_t n) {
+  uint16_t buf[8];
+  vf_store_f16(buf, v);
+  memcpy(p, buf, n * sizeof *p);
+}
+static inline void vf_stream_f16(uint16_t *p, vf v) {
+  _mm_stream_si128((__m128i *)(void *)p, f32_to_f16(v));
+}
+static inline vf vf_round_f16(vf v) { return _mm256_cvtph_ps(f32_to_f16(v)); }
+
+static inline vf bf16_widen(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+/* round to nearest even on the dropped 16 bits; NaN keeps its top bits, made quiet */
+static inline __m128i f32_to_bf16(vf v) {
+  __m256i u = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  r = _mm256_blendv_epi8(r, q, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  /* 8 x 32 -> 8 x 16: pack within lanes, then gather the two low halves */
+  __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  return _mm256_castsi256_si128(packed);
+}
+static inline vf vf_load_bf16(const uint16_t *p) {
+  return bf16_widen(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+static inline vf vf_loadn_bf16(const uint16_t *p, size_t n) {
+  uint16_t buf[8] = {0};
+  memcpy(buf, p, n * sizeof *p);
+  return vf_load_bf16(buf);
+}
+static inline void vf_store_bf16(uint16_t *p, vf v) {
+  _mm_storeu_si128((__m128i *)(void *)p, f32_to_bf16(v));
+}
+static inline void vf_storen_bf16(uint16_t *p, vf v, size_t n) {
+  uint16_t buf[8];
+  vf_store_bf16(buf, v);
+  memcpy(p, buf, n * sizeof *p);
+}
+static inline void vf_stream_bf16(uint16_t *p, vf v) {
+  _mm_stream_si128((__m128i *)(void *)p, f32_to_bf16(v));
+}
+static inline vf vf_round_bf16(vf v) { return bf16_widen(f32_to_bf16(v)); }
+
+/* ---- double compute ---- */
+static inline vd vd_zero(void) { return _mm256_setzero_pd(); }
+static inline vd vd_set1(double a) { return _mm256_set1_pd(a); }
+static inline vd vd_add(vd a, vd b) { return _mm256_add_pd(a, b); }
+static inline vd vd_sub(vd a, vd b) { return _mm256_sub_pd(a, b); }
+static inline vd vd_mul(vd a, vd b) { return _mm256_mul_pd(a, b); }
+static inline vd vd_fma(vd a, vd b, vd c) { return _mm256_fmadd_pd(a, b, c); }
+static inline vd vd_fnma(vd a, vd b, vd c) { return _mm256_fnmadd_pd(a, b, c); }
+static inline vd vd_zero_from(vd v, size_t n) {
+  return _mm256_and_pd(v, _mm256_castsi256_pd(lanes_below(n, 4)));
+}
+/* lanes halved within one vector: lane i += lane i + h, h = 2, 1 */
+static inline double vd_halve(vd v) {
+  __m128d b = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(b, _mm_unpackhi_pd(b, b)));
+}
+static inline vd vd_load_f64(const double *p) { return _mm256_loadu_pd(p); }
+static inline vd vd_loadn_f64(const double *p, size_t n) {
+  double buf[4] = {0};
+  memcpy(buf, p, n * sizeof *p);
+  return _mm256_loadu_pd(buf);
+}
+static inline void vd_store_f64(double *p, vd v) { _mm256_storeu_pd(p, v); }
+static inline void vd_storen_f64(double *p, vd v, size_t n) {
+  double buf[4];
+  _mm256_storeu_pd(buf, v);
+  memcpy(p, buf, n * sizeof *p);
+}
+static inline void vd_stream_f64(double *p, vd v) { _mm256_stream_pd(p, v); }
+
+static inline void v_store_fence(void) { _mm_sfence(); }
+
+#endif

@@ -1,0 +1,115 @@
+/* simd_avx512.h - the vector vocabulary of norm_simd.inc for AVX-512
+ * (F/BW/VL + FMA + F16C): 16 floats or 8 doubles a vector, masked tails.
+ * bf16 is rounded with integer ops: VCVTNEPS2BF16 flushes subnormal inputs
+ * to zero, which would break bit-equality with the reference. */
+#ifndef RMSNORM_SIMD_AVX512_H
+#define RMSNORM_SIMD_AVX512_H
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define VF_W 16
+#define VD_W 8
+
+typedef __m512 vf;
+typedef __m512d vd;
+
+static inline __mmask16 m16(size_t n) { return (__mmask16)((1u << n) - 1u); }
+static inline __mmask8 m8(size_t n) { return (__mmask8)((1u << n) - 1u); }
+
+/* ---- float compute ---- */
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_set1(float a) { return _mm512_set1_ps(a); }
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vf_fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
+static inline vf vf_zero_from(vf v, size_t n) { return _mm512_maskz_mov_ps(m16(n), v); }
+
+/* the two halves of a float vector, widened to double (exact) */
+static inline __m512d vf_cvt_lo(vf v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+static inline __m512d vf_cvt_hi(vf v) {
+  return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+static inline vf vf_load_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline vf vf_loadn_f32(const float *p, size_t n) { return _mm512_maskz_loadu_ps(m16(n), p); }
+static inline void vf_store_f32(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline void vf_storen_f32(float *p, vf v, size_t n) { _mm512_mask_storeu_ps(p, m16(n), v); }
+static inline void vf_stream_f32(float *p, vf v) { _mm512_stream_ps(p, v); }
+
+static inline __m256i f32_to_f16(vf v) {
+  return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+static inline vf vf_load_f16(const uint16_t *p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
+static inline vf vf_loadn_f16(const uint16_t *p, size_t n) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m16(n), p));
+}
+static inline void vf_store_f16(uint16_t *p, vf v) {
+  _mm256_storeu_si256((__m256i *)(void *)p, f32_to_f16(v));
+}
+static inline void vf_storen_f16(uint16_t *p, vf v, size_t n) {
+  _mm256_mask_storeu_epi16(p, m16(n), f32_to_f16(v));
+}
+static inline void vf_stream_f16(uint16_t *p, vf v) {
+  _mm256_stream_si256((__m256i *)(void *)p, f32_to_f16(v));
+}
+static inline vf vf_round_f16(vf v) { return _mm512_cvtph_ps(f32_to_f16(v)); }
+
+static inline vf bf16_widen(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+/* round to nearest even on the dropped 16 bits; NaN keeps its top bits, made quiet */
+static inline __m256i f32_to_bf16(vf v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), q);
+  return _mm512_cvtepi32_epi16(r);
+}
+static inline vf vf_load_bf16(const uint16_t *p) {
+  return bf16_widen(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
+static inline vf vf_loadn_bf16(const uint16_t *p, size_t n) {
+  return bf16_widen(_mm256_maskz_loadu_epi16(m16(n), p));
+}
+static inline void vf_store_bf16(uint16_t *p, vf v) {
+  _mm256_storeu_si256((__m256i *)(void *)p, f32_to_bf16(v));
+}
+static inline void vf_storen_bf16(uint16_t *p, vf v, size_t n) {
+  _mm256_mask_storeu_epi16(p, m16(n), f32_to_bf16(v));
+}
+static inline void vf_stream_bf16(uint16_t *p, vf v) {
+  _mm256_stream_si256((__m256i *)(void *)p, f32_to_bf16(v));
+}
+static inline vf vf_round_bf16(vf v) { return bf16_widen(f32_to_bf16(v)); }
+
+/* ---- double compute ---- */
+static inline vd vd_zero(void) { return _mm512_setzero_pd(); }
+static inline vd vd_set1(double a) { return _mm512_set1_pd(a); }
+static inline vd vd_add(vd a, vd b) { return _mm512_add_pd(a, b); }
+static inline vd vd_sub(vd a, vd b) { return _mm512_sub_pd(a, b); }
+static inline vd vd_mul(vd a, vd b) { return _mm512_mul_pd(a, b); }
+static inline vd vd_fma(vd a, vd b, vd c) { return _mm512_fmadd_pd(a, b, c); }
+static inline vd vd_fnma(vd a, vd b, vd c) { return _mm512_fnmadd_pd(a, b, c); }
+static inline vd vd_zero_from(vd v, size_t n) { return _mm512_maskz_mov_pd(m8(n), v); }
+/* lanes halved within one vector: lane i += lane i + h, h = 4, 2, 1 */
+static inline double vd_halve(vd v) {
+  __m256d a = _mm256_add_pd(_mm512_castpd512_pd256(v), _mm512_extractf64x4_pd(v, 1));
+  __m128d b = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(b, _mm_unpackhi_pd(b, b)));
+}
+static inline vd vd_load_f64(const double *p) { return _mm512_loadu_pd(p); }
+static inline vd vd_loadn_f64(const double *p, size_t n) { return _mm512_maskz_loadu_pd(m8(n), p); }
+static inline void vd_store_f64(double *p, vd v) { _mm512_storeu_pd(p, v); }
+static inline void vd_storen_f64(double *p, vd v, size_t n) { _mm512_mask_storeu_pd(p, m8(n), v); }
+static inline void vd_stream_f64(double *p, vd v) { _mm512_stream_pd(p, v); }
+
+static inline void v_store_fence(void) { _mm_sfence(); }
+
+#endif

@@ -1,0 +1,169 @@
+/* test_isa.c - every kernel set this machine runs gives the same bits as the
+ * scalar reference, for every op, dtype and variant, on ragged d, odd
+ * strides, misaligned rows and in place; and results do not depend on the
+ * thread count. Together with the oracle tests (run on the default set),
+ * this holds every ISA to the numerics promises. */
+#include "testutil.h"
+
+typedef struct run_spec {
+  rmsnorm_dtype dt, pdt;
+  int layernorm, backward;
+  size_t rows, d, ld_in, ld_out;
+  int weight, bias, dw, db, saved, inplace;
+  unsigned flags;
+  double eps, partial;
+} run_spec;
+
+/* Runs one op on ctx with fixed inputs (seeded); returns the output bytes
+ * (y or dx, then stats or dweight/dbias) in a malloc'd buffer. */
+static unsigned char *run_once(rmsnorm_context *ctx, const run_spec *s, uint64_t seed,
+                               size_t *nbytes, rmsnorm_status *st) {
+  tu_seed(seed);
+  size_t rows = s->rows, d = s->d, es = rn_dtype_size(s->dt), as = rn_acc_size(s->dt);
+  tu_tensor x = tu_alloc(s->dt, rows, d, s->ld_in), dy = tu_alloc(s->dt, rows, d, s->ld_in);
+  tu_tensor out = tu_alloc(s->dt, rows, d, s->ld_out);
+  /* large tensors: uniform values, far cheaper to draw than normal ones */
+  for (size_t i = 0; i < rows; i++)
+    for (size_t j = 0; j < d; j++) {
+      tu_set(&x, i, j, rows * d > 100000 ? 4 * tu_uniform() - 2 : tu_normal());
+      tu_set(&dy, i, j, rows * d > 100000 ? 4 * tu_uniform() - 2 : tu_normal());
+    }
+  /* a few rows the fast path cannot trust, to cover the rescue path */
+  if (rows > 3)
+    for (size_t j = 0; j < d; j++) tu_set(&x, 2, j, s->dt == RMSNORM_F64 ? 1e200 : s->dt == RMSNORM_F16 ? 1000.0 : 1e30);
+  tu_tensor w = tu_alloc(s->pdt, 1, d, d), b = tu_alloc(s->pdt, 1, d, d);
+  tu_tensor dw = tu_alloc(s->pdt, 1, d, d), db = tu_alloc(s->pdt, 1, d, d);
+  for (size_t j = 0; j < d; j++) {
+    tu_set(&w, 0, j, 1 + 0.2 * tu_normal());
+    tu_set(&b, 0, j, tu_normal());
+    tu_set(&dw, 0, j, tu_normal());
+    tu_set(&db, 0, j, tu_normal());
+  }
+  void *mean = calloc(rows ? rows : 1, as), *rstd = calloc(rows ? rows : 1, as);
+  rmsnorm_config cfg;
+  rmsnorm_config_init(&cfg, s->dt);
+  cfg.param_dtype = s->pdt;
+  cfg.eps = s->eps;
+  cfg.partial = s->partial;
+  cfg.flags = s->flags;
+  void *wp = s->weight ? w.data : NULL, *bp = s->bias ? b.data : NULL;
+  void *o = s->inplace ? (s->backward ? dy.data : x.data) : out.data;
+  size_t ldo = s->inplace ? s->ld_in : s->ld_out;
+  if (!s->backward) {
+    *st = s->layernorm
+              ? rmsnorm_layernorm_forward(ctx, &cfg, rows, d, x.data, s->ld_in, wp, bp, o, ldo, mean, rstd)
+              : rmsnorm_forward(ctx, &cfg, rows, d, x.data, s->ld_in, wp, bp, o, ldo, rstd);
+  } else {
+    if (s->saved) {
+      tu_tensor y = tu_alloc(s->dt, rows, d, d);
+      *st = s->layernorm
+                ? rmsnorm_layernorm_forward(ctx, &cfg, rows, d, x.data, s->ld_in, wp, NULL, y.data, d, mean, rstd)
+                : rmsnorm_forward(ctx, &cfg, rows, d, x.data, s->ld_in, wp, NULL, y.data, d, rstd);
+      tu_free(&y);
+    }
+    void *dwp = s->dw && s->weight ? dw.data : NULL, *dbp = s->db ? db.data : NULL;
+    *st = s->layernorm
+              ? rmsnorm_layernorm_backward(ctx, &cfg, rows, d, x.data, s->ld_in, dy.data, s->ld_in, wp,
+                                           s->saved ? mean : NULL, s->saved ? rstd : NULL, o, ldo, dwp, dbp)
+              : rmsnorm_backward(ctx, &cfg, rows, d, x.data, s->ld_in, dy.data, s->ld_in, wp,
+                                 s->saved ? rstd : NULL, o, ldo, dwp, dbp);
+  }
+  /* collect: the output rows (not the gaps), then stats or gradients */
+  size_t pbytes = d * rn_dtype_size(s->pdt);
+  *nbytes = rows * d * es + 2 * rows * as + 2 * pbytes;
+  unsigned char *res = malloc(*nbytes ? *nbytes : 1), *p = res;
+  for (size_t i = 0; i < rows; i++, p += d * es)
+    memcpy(p, (unsigned char *)o + i * ldo * es, d * es);
+  memcpy(p, mean, rows * as), p += rows * as;
+  memcpy(p, rstd, rows * as), p += rows * as;
+  memcpy(p, dw.data, pbytes), p += pbytes;
+  memcpy(p, db.data, pbytes);
+  free(mean), free(rstd);
+  tu_free(&x), tu_free(&dy), tu_free(&out), tu_free(&w), tu_free(&b), tu_free(&dw), tu_free(&db);
+  return res;
+}
+
+static rmsnorm_context *ref_ctx, *ctxs[3];
+static int nctx;
+
+static void compare(const run_spec *s, uint64_t seed) {
+  size_t n_ref, n;
+  rmsnorm_status st_ref, st;
+  unsigned char *want = run_once(ref_ctx, s, seed, &n_ref, &st_ref);
+  tu_check(st_ref == RMSNORM_OK, "reference status %s", rmsnorm_status_name(st_ref));
+  for (int c = 0; c < nctx; c++) {
+    for (int threads = 1; threads <= 3; threads += 2) {
+      rmsnorm_context_set_threads(ctxs[c], threads);
+      unsigned char *got = run_once(ctxs[c], s, seed, &n, &st);
+      rmsnorm_isa isa;
+      rmsnorm_context_get_isa(ctxs[c], &isa);
+      size_t first = 0;
+      while (first < n && got[first] == want[first]) first++;
+      tu_check(st == RMSNORM_OK && n == n_ref && first == n,
+               "%s threads=%d: %s %s %s pdt=%s rows=%zu d=%zu flags=%u w=%d b=%d dw=%d db=%d "
+               "saved=%d ip=%d p=%g eps=%g: first differing byte %zu of %zu",
+               rmsnorm_isa_name(isa), threads, s->backward ? "backward" : "forward",
+               s->layernorm ? "LN" : "RMS", tu_dtype_name(s->dt), tu_dtype_name(s->pdt), s->rows,
+               s->d, s->flags, s->weight, s->bias, s->dw, s->db, s->saved, s->inplace,
+               s->partial, s->eps, first, n);
+      free(got);
+    }
+  }
+  free(want);
+}
+
+int main(void) {
+  static const rmsnorm_isa isas[] = {RMSNORM_ISA_AVX2, RMSNORM_ISA_AVX512};
+  if (rmsnorm_context_create(&ref_ctx) != RMSNORM_OK) return 2;
+  rmsnorm_context_set_isa(ref_ctx, RMSNORM_ISA_SCALAR);
+  rmsnorm_context_set_threads(ref_ctx, 1);
+  for (int i = 0; i < 2; i++) {
+    rmsnorm_context *c;
+    if (rmsnorm_context_create(&c) != RMSNORM_OK) return 2;
+    if (rmsnorm_context_set_isa(c, isas[i]) != RMSNORM_OK) {
+      printf("test_isa: %s not available here, not tested\n", rmsnorm_isa_name(isas[i]));
+      rmsnorm_context_free(c);
+      continue;
+    }
+    ctxs[nctx++] = c;
+  }
+  /* the reference also against itself across thread counts */
+  if (rmsnorm_context_create(&ctxs[nctx]) != RMSNORM_OK) return 2;
+  rmsnorm_context_set_isa(ctxs[nctx++], RMSNORM_ISA_SCALAR);
+
+  uint64_t seed = 100;
+  static const size_t small[] = {1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127, 129,
+                                 255, 1023, 1024, 1025, 2049};
+  for (int dt = 0; dt < 4; dt++)
+    for (int ln = 0; ln < 2; ln++)
+      for (int bw = 0; bw < 2; bw++)
+        for (size_t si = 0; si < sizeof small / sizeof *small; si++)
+          for (int v = 0; v < 4; v++, seed++) {
+            size_t d = small[si];
+            run_spec s = {(rmsnorm_dtype)dt, v & 1 ? RMSNORM_F32 : (rmsnorm_dtype)dt, ln, bw,
+                          5, d, d + (v >= 2 ? 3 : 0), d + (v == 1 ? 1 : 0),
+                          v != 3, v & 1, v != 2, v != 1, v & 2, v == 3, 0, 1e-5, 1.0};
+            if (!ln) {
+              s.flags |= v == 1 ? RMSNORM_FLAG_EPS_OUTSIDE : 0;
+              s.partial = v == 2 ? 0.4 : 1.0;
+            }
+            s.flags |= v == 2 ? RMSNORM_FLAG_WEIGHT_OFFSET : 0;
+            s.flags |= (v == 3 && !bw) ? RMSNORM_FLAG_ROUND_BEFORE_WEIGHT : 0;
+            s.flags |= (v == 1 && bw) ? RMSNORM_FLAG_ACCUMULATE : 0;
+            compare(&s, seed);
+          }
+  /* large: threads split rows and chunks; outputs of 16 MiB and more are
+   * streamed (fp32: 1100 x 4101 x 4 bytes) */
+  for (int dt = 0; dt < 4; dt++)
+    for (int ln = 0; ln < 2; ln++)
+      for (int bw = 0; bw < 2; bw++, seed++) {
+        size_t d = dt == RMSNORM_F64 ? 1000 : 4096 + 5;
+        size_t rows = dt == RMSNORM_F32 && ln == bw ? 1100 : 300;
+        run_spec s = {(rmsnorm_dtype)dt, RMSNORM_F32, ln, bw, rows, d, d, d + 1,
+                      1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0};
+        compare(&s, seed);
+      }
+  for (int c = 0; c < nctx; c++) rmsnorm_context_free(ctxs[c]);
+  rmsnorm_context_free(ref_ctx);
+  return tu_finish("test_isa");
+}
