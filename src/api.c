@@ -238,6 +238,7 @@ typedef struct backward_job {
   const rmsnorm_config *cfg;
   size_t rows, nchunks, d, acc_size;
   char *dw_parts, *db_parts; /* (nchunks, d) acc partial sums, or NULL */
+  double *total;             /* (d,) the reduction's running sums */
   void *dweight, *dbias;
 } backward_job;
 
@@ -260,12 +261,29 @@ static void backward_rows_task(void *p, int t, int n) {
 static void reduce_parts(const backward_job *job, const char *parts, void *out, size_t j0,
                          size_t j1) {
   const rmsnorm_config *cfg = job->cfg;
-  int f64 = rn_acc_is_f64(cfg->dtype);
-  for (size_t j = j0; j < j1; j++) {
-    double v = 0;
-    for (size_t c = 0; c < job->nchunks; c++) v += rn_load_acc(parts, f64, c * job->d + j);
-    if (cfg->flags & RMSNORM_FLAG_ACCUMULATE) v += rn_load(out, cfg->param_dtype, j);
-    rn_store(out, cfg->param_dtype, j, v);
+  size_t n = j1 - j0, d = job->d;
+  double *total = job->total + j0;
+  if (rn_acc_is_f64(cfg->dtype)) {
+    const double *p = (const double *)(const void *)parts + j0;
+    for (size_t j = 0; j < n; j++) total[j] = p[j];
+    for (size_t c = 1; c < job->nchunks; c++)
+      for (size_t j = 0; j < n; j++) total[j] += p[c * d + j];
+  } else {
+    const float *p = (const float *)(const void *)parts + j0;
+    for (size_t j = 0; j < n; j++) total[j] = p[j];
+    for (size_t c = 1; c < job->nchunks; c++)
+      for (size_t j = 0; j < n; j++) total[j] += p[c * d + j];
+  }
+  int acc = (cfg->flags & RMSNORM_FLAG_ACCUMULATE) != 0;
+  if (cfg->param_dtype == RMSNORM_F32) {
+    float *o = (float *)out + j0;
+    for (size_t j = 0; j < n; j++) o[j] = (float)(acc ? total[j] + o[j] : total[j]);
+  } else {
+    for (size_t j = j0; j < j1; j++) {
+      double v = total[j - j0];
+      if (acc) v += rn_load(out, cfg->param_dtype, j);
+      rn_store(out, cfg->param_dtype, j, v);
+    }
   }
 }
 
@@ -300,13 +318,13 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                vector_span(dweight, d, ps, 1),        vector_span(dbias, d, ps, 1)};
   if ((st = check_overlaps(s, 8, 2, 1, 0)) != RMSNORM_OK) return st;
 
-  /* scratch: [weight copy][dweight parts][dbias parts] */
+  /* scratch: [weight copy][dweight parts][dbias parts][totals] */
   size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
   size_t nparts = (dweight != NULL) + (dbias != NULL);
   size_t wcopy = param_needs_copy(cfg, weight, 1) ? align64(d * as) : 0;
   if (nparts && nchunks > SIZE_MAX / 16 / d / (nparts + 1)) return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t part_bytes = align64(nchunks * d * as);
-  size_t bytes = wcopy + nparts * part_bytes;
+  size_t bytes = wcopy + nparts * part_bytes + (nparts ? d * sizeof(double) : 0);
   rn_context_lock(ctx);
   char *scratch = rn_context_scratch(ctx, bytes);
   if (!scratch && bytes) {
@@ -323,7 +341,8 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                         cfg->eps, cfg->flags, mean, rstd,
                         dx != dy && dx != x && rows * d * es >= STREAM_BYTES};
   backward_job job = {rn_context_kernels(ctx)->backward[cfg->dtype], &a, cfg, rows, nchunks, d,
-                      as, dw_parts, db_parts, dweight, dbias};
+                      as, dw_parts, db_parts,
+                      (double *)(void *)(scratch + wcopy + nparts * part_bytes), dweight, dbias};
   run_tasks(ctx, threads_for(ctx, rows * d * 3 * es, nchunks), backward_rows_task, &job);
   if (nparts)
     run_tasks(ctx, threads_for(ctx, nparts * nchunks * d * as, d), backward_reduce_task, &job);

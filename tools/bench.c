@@ -1,0 +1,505 @@
+/* bench.c - `rmsnorm bench`: times every op, dtype and shape with one thread
+ * and with all threads, against memcpy of the same byte count and against the
+ * scalar reference, measured in the same run. Medians of many repetitions
+ * after a warm-up, on buffers allocated and touched once. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "rmsnorm.h"
+
+typedef enum op_kind { OP_RMS_FWD, OP_RMS_BWD, OP_LN_FWD, OP_LN_BWD, NUM_OPS } op_kind;
+static const char *const op_names[NUM_OPS] = {"rms_forward", "rms_backward", "ln_forward",
+                                              "ln_backward"};
+static const char *const dtype_names[4] = {"f32", "f16", "bf16", "f64"};
+
+typedef struct shape {
+  size_t rows, d;
+} shape;
+
+/* The issue's shapes: training and prefill batches, a decode step, QK-norm,
+ * one very long row. */
+static const shape default_shapes[] = {{4096, 4096}, {2048, 8192}, {512, 4096}, {16, 4096},
+                                       {1, 4096},    {8, 5120},    {65536, 128}, {1, 1048576}};
+#define MAX_SHAPES 32
+
+typedef struct options {
+  int quick, csv, json, threads, scalar;
+  unsigned dtypes; /* bit per rmsnorm_dtype */
+  shape shapes[MAX_SHAPES];
+  size_t nshapes;
+} options;
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* ---- memcpy baseline on a team of threads ------------------------------- */
+
+typedef struct team {
+  pthread_barrier_t start, done;
+  pthread_t *threads;
+  int n, stop;
+  char *dst;
+  const char *src;
+  size_t bytes;
+} team;
+
+typedef struct member {
+  team *t;
+  int index;
+} member;
+
+static void copy_share(team *t, int i) {
+  size_t b0 = t->bytes * (size_t)i / (size_t)t->n, b1 = t->bytes * (size_t)(i + 1) / (size_t)t->n;
+  memcpy(t->dst + b0, t->src + b0, b1 - b0);
+}
+
+static void *member_main(void *p) {
+  member m = *(member *)p;
+  free(p);
+  for (;;) {
+    pthread_barrier_wait(&m.t->start);
+    if (m.t->stop) return NULL;
+    copy_share(m.t, m.index);
+    pthread_barrier_wait(&m.t->done);
+  }
+}
+
+static int team_start(team *t, int n) {
+  memset(t, 0, sizeof *t);
+  t->n = n;
+  t->threads = calloc((size_t)n, sizeof(pthread_t));
+  if (!t->threads) return -1;
+  pthread_barrier_init(&t->start, NULL, (unsigned)n);
+  pthread_barrier_init(&t->done, NULL, (unsigned)n);
+  for (int i = 1; i < n; i++) {
+    member *m = malloc(sizeof *m);
+    if (!m) return -1;
+    m->t = t;
+    m->index = i;
+    if (pthread_create(&t->threads[i], NULL, member_main, m) != 0) return -1;
+  }
+  return 0;
+}
+
+static void team_copy(team *t) {
+  if (t->n > 1) pthread_barrier_wait(&t->start);
+  copy_share(t, 0);
+  if (t->n > 1) pthread_barrier_wait(&t->done);
+}
+
+static void team_stop(team *t) {
+  if (t->n > 1) {
+    t->stop = 1;
+    pthread_barrier_wait(&t->start);
+    for (int i = 1; i < t->n; i++) pthread_join(t->threads[i], NULL);
+  }
+  pthread_barrier_destroy(&t->start);
+  pthread_barrier_destroy(&t->done);
+  free(t->threads);
+}
+
+/* ---- what is timed --------------------------------------------------------- */
+
+typedef struct buffers {
+  void *x, *y, *dy, *dx, *mc_src, *mc_dst;
+  float *w, *dw, *db, *mean, *rstd;
+} buffers;
+
+typedef struct job {
+  rmsnorm_context *ctx;
+  rmsnorm_config cfg;
+  op_kind op;
+  shape s;
+  buffers *b;
+} job;
+
+static rmsnorm_status run_op(const job *j) {
+  size_t r = j->s.rows, d = j->s.d;
+  const buffers *b = j->b;
+  switch (j->op) {
+    case OP_RMS_FWD:
+      return rmsnorm_forward(j->ctx, &j->cfg, r, d, b->x, d, b->w, NULL, b->y, d, NULL);
+    case OP_RMS_BWD:
+      return rmsnorm_backward(j->ctx, &j->cfg, r, d, b->x, d, b->dy, d, b->w, NULL, b->dx, d,
+                              b->dw, NULL);
+    case OP_LN_FWD:
+      return rmsnorm_layernorm_forward(j->ctx, &j->cfg, r, d, b->x, d, b->w, NULL, b->y, d,
+                                       NULL, NULL);
+    default:
+      return rmsnorm_layernorm_backward(j->ctx, &j->cfg, r, d, b->x, d, b->dy, d, b->w, NULL,
+                                        NULL, b->dx, d, b->dw, NULL);
+  }
+}
+
+/* Repetitions: enough to fill about `budget` seconds, within [lo, hi]. */
+static int reps_for(double first, double budget, int lo, int hi) {
+  double n = first > 0 ? budget / first : hi;
+  return n < lo ? lo : n > hi ? hi : (int)n;
+}
+
+/* Median seconds of one call: two warm-up calls, then timed repetitions. */
+static double time_op(const job *j, double budget, int lo, int hi, rmsnorm_status *st) {
+  *st = run_op(j);
+  double t0 = now();
+  run_op(j);
+  int reps = reps_for(now() - t0, budget, lo, hi);
+  double *t = malloc((size_t)reps * sizeof *t);
+  for (int i = 0; i < reps; i++) {
+    double a = now();
+    run_op(j);
+    t[i] = now() - a;
+  }
+  qsort(t, (size_t)reps, sizeof *t, cmp_double);
+  double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+  free(t);
+  return med;
+}
+
+/* Best median memcpy bandwidth (bytes read + written per second) for a copy
+ * of `bytes`, over team sizes 1 and `threads`. */
+static double memcpy_bw(team *teams, int threads, buffers *b, size_t bytes, double budget,
+                        int lo, int hi) {
+  double best = 0;
+  for (int k = 0; k < 2; k++) {
+    team *t = &teams[k == 0 ? 0 : 1];
+    if (k == 1 && threads == 1) break;
+    t->dst = b->mc_dst;
+    t->src = b->mc_src;
+    t->bytes = bytes;
+    team_copy(t);
+    double t0 = now();
+    team_copy(t);
+    int reps = reps_for(now() - t0, budget, lo, hi);
+    double *ts = malloc((size_t)reps * sizeof *ts);
+    for (int i = 0; i < reps; i++) {
+      double a = now();
+      team_copy(t);
+      ts[i] = now() - a;
+    }
+    qsort(ts, (size_t)reps, sizeof *ts, cmp_double);
+    double med = reps % 2 ? ts[reps / 2] : 0.5 * (ts[reps / 2 - 1] + ts[reps / 2]);
+    free(ts);
+    double bw = 2.0 * (double)bytes / med;
+    if (bw > best) best = bw;
+  }
+  return best;
+}
+
+/* ---- results ---------------------------------------------------------------- */
+
+typedef struct result {
+  op_kind op;
+  int dtype, threads;
+  shape s;
+  double median, gbps, memcpy_gbps, scalar_median, ln_over_rms;
+} result;
+
+static void print_header(const options *o) {
+  if (o->csv)
+    printf("op,dtype,rows,d,threads,median_us,gbps,memcpy_gbps,pct_memcpy,speedup_vs_scalar,"
+           "ln_over_rms\n");
+  else if (o->json)
+    printf("[\n");
+  else
+    printf("%-13s %-5s %-12s %7s %11s %8s %8s %9s %7s\n", "op", "dtype", "shape", "threads",
+           "median_us", "GB/s", "%memcpy", "x_scalar", "ln/rms");
+}
+
+static void print_result(const options *o, const result *r, int first) {
+  double pct = 100.0 * r->gbps / r->memcpy_gbps;
+  double speedup = r->scalar_median > 0 ? r->scalar_median / r->median : NAN;
+  if (o->csv) {
+    printf("%s,%s,%zu,%zu,%d,%.3f,%.3f,%.3f,%.1f,", op_names[r->op], dtype_names[r->dtype],
+           r->s.rows, r->s.d, r->threads, r->median * 1e6, r->gbps, r->memcpy_gbps, pct);
+    if (isnan(speedup)) printf(","); else printf("%.2f,", speedup);
+    if (isnan(r->ln_over_rms)) printf("\n"); else printf("%.3f\n", r->ln_over_rms);
+  } else if (o->json) {
+    printf("%s  {\"op\": \"%s\", \"dtype\": \"%s\", \"rows\": %zu, \"d\": %zu, \"threads\": %d, "
+           "\"median_us\": %.3f, \"gbps\": %.3f, \"memcpy_gbps\": %.3f, \"pct_memcpy\": %.1f, "
+           "\"speedup_vs_scalar\": ",
+           first ? "" : ",\n", op_names[r->op], dtype_names[r->dtype], r->s.rows, r->s.d,
+           r->threads, r->median * 1e6, r->gbps, r->memcpy_gbps, pct);
+    if (isnan(speedup)) printf("null"); else printf("%.2f", speedup);
+    printf(", \"ln_over_rms\": ");
+    if (isnan(r->ln_over_rms)) printf("null}"); else printf("%.3f}", r->ln_over_rms);
+  } else {
+    char sh[32];
+    snprintf(sh, sizeof sh, "%zux%zu", r->s.rows, r->s.d);
+    printf("%-13s %-5s %-12s %7d %11.1f %8.1f %8.1f ", op_names[r->op], dtype_names[r->dtype], sh,
+           r->threads, r->median * 1e6, r->gbps, pct);
+    if (isnan(speedup)) printf("%9s ", "-"); else printf("%9.1f ", speedup);
+    if (isnan(r->ln_over_rms)) printf("%7s\n", "-"); else printf("%7.2f\n", r->ln_over_rms);
+  }
+  fflush(stdout);
+}
+
+/* ---- options ---------------------------------------------------------------- */
+
+static void usage(FILE *to) {
+  fprintf(to,
+          "usage: rmsnorm bench [--quick] [--csv | --json] [--threads N] [--dtype LIST]\n"
+          "                     [--shape RxD]... [--no-scalar]\n"
+          "\n"
+          "Times RMSNorm and LayerNorm, forward and backward, with 1 thread and with N\n"
+          "(default: online CPUs), each against memcpy of the same bytes and the scalar\n"
+          "reference kernels, measured in the same run. Median of many repetitions.\n"
+          "\n"
+          "  --quick        fewer repetitions (a short run)\n"
+          "  --csv, --json  machine-readable output\n"
+          "  --threads N    the 'all threads' count\n"
+          "  --dtype LIST   comma-separated from f32,f16,bf16,f64 or all (default f32,bf16,f16)\n"
+          "  --shape RxD    a shape to run (repeatable; default: the eight standard shapes)\n"
+          "  --no-scalar    skip the scalar reference (no speedup column)\n"
+          "\n"
+          "GB/s counts bytes read + written: x and y for forward; x, dy and dx for\n"
+          "backward, plus the weight. %%memcpy compares with memcpy of the same total.\n");
+}
+
+static int parse_dtypes(const char *s, unsigned *mask) {
+  *mask = 0;
+  char buf[64];
+  snprintf(buf, sizeof buf, "%s", s);
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    int found = 0;
+    if (!strcmp(tok, "all")) *mask |= 0xf, found = 1;
+    for (int i = 0; i < 4; i++)
+      if (!strcmp(tok, dtype_names[i])) *mask |= 1u << i, found = 1;
+    if (!found) return -1;
+  }
+  return *mask ? 0 : -1;
+}
+
+static int parse_options(int argc, char **argv, options *o) {
+  memset(o, 0, sizeof *o);
+  o->scalar = 1;
+  o->dtypes = (1u << RMSNORM_F32) | (1u << RMSNORM_BF16) | (1u << RMSNORM_F16);
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (rn_cli_is_help(a)) {
+      usage(stdout);
+      return 1;
+    } else if (!strcmp(a, "--quick")) {
+      o->quick = 1;
+    } else if (!strcmp(a, "--csv")) {
+      o->csv = 1;
+    } else if (!strcmp(a, "--json")) {
+      o->json = 1;
+    } else if (!strcmp(a, "--no-scalar")) {
+      o->scalar = 0;
+    } else if (!strcmp(a, "--threads") || !strcmp(a, "--dtype") || !strcmp(a, "--shape")) {
+      if (i + 1 >= argc) {
+        rn_cli_error("bench: %s needs a value", a);
+        return -1;
+      }
+      const char *v = argv[++i];
+      char *end;
+      if (!strcmp(a, "--threads")) {
+        long n = strtol(v, &end, 10);
+        if (*end || n < 1 || n > 1024) {
+          rn_cli_error("bench: --threads must be an integer in [1, 1024], not '%s'", v);
+          return -1;
+        }
+        o->threads = (int)n;
+      } else if (!strcmp(a, "--dtype")) {
+        if (parse_dtypes(v, &o->dtypes)) {
+          rn_cli_error("bench: --dtype takes f32, f16, bf16, f64 or all, not '%s'", v);
+          return -1;
+        }
+      } else {
+        unsigned long long r, d;
+        char x;
+        int n = 0;
+        if (sscanf(v, "%llu%c%llu%n", &r, &x, &d, &n) != 3 || (x != 'x' && x != 'X') ||
+            v[n] || r < 1 || d < 1 || r * d > (1ull << 31) || o->nshapes == MAX_SHAPES) {
+          rn_cli_error("bench: --shape takes ROWSxD with at most 2^31 elements, not '%s'", v);
+          return -1;
+        }
+        o->shapes[o->nshapes].rows = (size_t)r;
+        o->shapes[o->nshapes++].d = (size_t)d;
+      }
+    } else {
+      rn_cli_error("bench: unknown option '%s' (see rmsnorm bench --help)", a);
+      return -1;
+    }
+  }
+  if (o->csv && o->json) {
+    rn_cli_error("bench: choose one of --csv and --json");
+    return -1;
+  }
+  if (!o->nshapes) {
+    memcpy(o->shapes, default_shapes, sizeof default_shapes);
+    o->nshapes = sizeof default_shapes / sizeof *default_shapes;
+  }
+  return 0;
+}
+
+/* ---- the run ------------------------------------------------------------------ */
+
+static int alloc_buffers(buffers *b, const options *o) {
+  size_t most = 0, dmax = 0;
+  for (size_t i = 0; i < o->nshapes; i++) {
+    size_t n = o->shapes[i].rows * o->shapes[i].d;
+    if (n > most) most = n;
+    if (o->shapes[i].d > dmax) dmax = o->shapes[i].d;
+  }
+  size_t es = (o->dtypes & (1u << RMSNORM_F64)) ? 8 : (o->dtypes & 1u) ? 4 : 2;
+  size_t bytes = most * es, rows_most = 0;
+  for (size_t i = 0; i < o->nshapes; i++)
+    if (o->shapes[i].rows > rows_most) rows_most = o->shapes[i].rows;
+  memset(b, 0, sizeof *b);
+  b->x = malloc(bytes), b->y = malloc(bytes), b->dy = malloc(bytes), b->dx = malloc(bytes);
+  size_t mc = bytes * 3 / 2 + 8 * dmax + 64; /* the backward's byte count, halved */
+  b->mc_src = malloc(mc), b->mc_dst = malloc(mc);
+  b->w = malloc(dmax * 8), b->dw = malloc(dmax * 8), b->db = malloc(dmax * 8);
+  b->mean = malloc(rows_most * 8), b->rstd = malloc(rows_most * 8);
+  if (!b->x || !b->y || !b->dy || !b->dx || !b->mc_src || !b->mc_dst || !b->w || !b->dw ||
+      !b->db || !b->mean || !b->rstd)
+    return -1;
+  /* touch everything once: page faults stay out of the timings */
+  memset(b->y, 0, bytes), memset(b->dx, 0, bytes);
+  memset(b->mc_src, 1, mc), memset(b->mc_dst, 0, mc);
+  memset(b->dw, 0, dmax * 8), memset(b->db, 0, dmax * 8);
+  for (size_t j = 0; j < dmax; j++) b->w[j] = 1.0f + 0.001f * (float)(j % 97);
+  return 0;
+}
+
+/* Fills x and dy with values of dtype dt (a fixed pseudo-random pattern). */
+static void fill_inputs(buffers *b, int dt, size_t n) {
+  uint32_t s = 12345;
+  for (size_t i = 0; i < n; i++) {
+    s = s * 1664525u + 1013904223u;
+    float v = (float)((int)(s >> 9) - (1 << 22)) * 0x1p-21f; /* in [-2, 2) */
+    float g = v * 0.5f + 0.25f;
+    uint32_t u, ug;
+    memcpy(&u, &v, 4);
+    memcpy(&ug, &g, 4);
+    switch (dt) {
+      case RMSNORM_F32:
+        ((float *)b->x)[i] = v, ((float *)b->dy)[i] = g;
+        break;
+      case RMSNORM_F64:
+        ((double *)b->x)[i] = v, ((double *)b->dy)[i] = g;
+        break;
+      case RMSNORM_BF16: /* truncation is fine for test data */
+        ((uint16_t *)b->x)[i] = (uint16_t)(u >> 16), ((uint16_t *)b->dy)[i] = (uint16_t)(ug >> 16);
+        break;
+      default: { /* f16: small normal values, built exactly */
+        int m = (int)((s >> 9) & 0x3ff), e = 13 + (int)((s >> 20) & 3);
+        ((uint16_t *)b->x)[i] = (uint16_t)((s & 1) << 15 | e << 10 | m);
+        ((uint16_t *)b->dy)[i] = (uint16_t)((s & 2) << 14 | (e - 1) << 10 | m);
+      }
+    }
+  }
+}
+
+int rn_cli_bench(int argc, char **argv) {
+  options o;
+  int pr = parse_options(argc, argv, &o);
+  if (pr) return pr > 0 ? RN_EXIT_OK : RN_EXIT_USAGE;
+
+  rmsnorm_context *fast, *scalar;
+  if (rmsnorm_context_create(&fast) != RMSNORM_OK || rmsnorm_context_create(&scalar) != RMSNORM_OK) {
+    rn_cli_error("bench: cannot create a context");
+    return RN_EXIT_FAILURE;
+  }
+  rmsnorm_context_set_isa(scalar, RMSNORM_ISA_SCALAR);
+  int all = o.threads;
+  if (!all) rmsnorm_context_get_threads(fast, &all);
+  rmsnorm_isa isa;
+  rmsnorm_context_get_isa(fast, &isa);
+
+  buffers b;
+  if (alloc_buffers(&b, &o)) {
+    rn_cli_error("bench: out of memory for the largest shape");
+    return RN_EXIT_FAILURE;
+  }
+  team teams[2];
+  if (team_start(&teams[0], 1) || team_start(&teams[1], all)) {
+    rn_cli_error("bench: cannot start threads");
+    return RN_EXIT_FAILURE;
+  }
+  double budget = o.quick ? 0.05 : 0.3, sbudget = o.quick ? 0.02 : 0.15;
+  int lo = o.quick ? 3 : 7, hi = o.quick ? 20 : 200, slo = o.quick ? 1 : 3, shi = o.quick ? 3 : 10;
+  int interactive = isatty(2);
+  int ndt = 0;
+  for (int dt = 0; dt < 4; dt++) ndt += (o.dtypes >> dt) & 1;
+  int nthr = all > 1 ? 2 : 1, total = (int)o.nshapes * ndt * nthr * NUM_OPS, done = 0, first = 1;
+
+  if (!o.csv && !o.json)
+    printf("# rmsnorm bench: librmsnorm %s, kernels %s, threads 1 and %d%s\n",
+           rmsnorm_version_string(), rmsnorm_isa_name(isa), all, o.quick ? ", quick" : "");
+  print_header(&o);
+  for (int dt = 0; dt < 4; dt++) {
+    if (!((o.dtypes >> dt) & 1)) continue;
+    size_t es = dt == RMSNORM_F64 ? 8 : dt == RMSNORM_F32 ? 4 : 2;
+    for (size_t si = 0; si < o.nshapes; si++) {
+      shape s = o.shapes[si];
+      size_t n = s.rows * s.d;
+      fill_inputs(&b, dt, n);
+      for (int ti = 0; ti < nthr; ti++) {
+        int threads = ti ? all : 1;
+        rmsnorm_context_set_threads(fast, threads);
+        rmsnorm_context_set_threads(scalar, threads);
+        double fwd_bytes = 2.0 * (double)(n * es) + 4.0 * (double)s.d;
+        double bwd_bytes = 3.0 * (double)(n * es) + 8.0 * (double)s.d;
+        double mc_fwd = memcpy_bw(teams, threads, &b, (size_t)(fwd_bytes / 2), budget, lo, hi);
+        double mc_bwd = memcpy_bw(teams, threads, &b, (size_t)(bwd_bytes / 2), budget, lo, hi);
+        result res[NUM_OPS];
+        for (int op = 0; op < NUM_OPS; op++) {
+          if (interactive)
+            fprintf(stderr, "\r[%d/%d] %s %s %zux%zu threads=%d   ", ++done, total,
+                    op_names[op], dtype_names[dt], s.rows, s.d, threads);
+          job j = {fast, {0}, (op_kind)op, s, &b};
+          rmsnorm_config_init(&j.cfg, (rmsnorm_dtype)dt);
+          j.cfg.param_dtype = RMSNORM_F32;
+          rmsnorm_status st;
+          result *r = &res[op];
+          r->op = (op_kind)op, r->dtype = dt, r->threads = threads, r->s = s;
+          r->median = time_op(&j, budget, lo, hi, &st);
+          if (st != RMSNORM_OK) {
+            rn_cli_error("bench: %s: %s", op_names[op], rmsnorm_status_message(st));
+            return RN_EXIT_FAILURE;
+          }
+          int bwd = op == OP_RMS_BWD || op == OP_LN_BWD;
+          r->gbps = (bwd ? bwd_bytes : fwd_bytes) / r->median / 1e9;
+          r->memcpy_gbps = (bwd ? mc_bwd : mc_fwd) / 1e9;
+          r->scalar_median = 0;
+          if (o.scalar) {
+            j.ctx = scalar;
+            r->scalar_median = time_op(&j, sbudget, slo, shi, &st);
+          }
+          r->ln_over_rms = NAN;
+        }
+        res[OP_RMS_FWD].ln_over_rms = res[OP_LN_FWD].median / res[OP_RMS_FWD].median;
+        res[OP_RMS_BWD].ln_over_rms = res[OP_LN_BWD].median / res[OP_RMS_BWD].median;
+        if (interactive) fprintf(stderr, "\r%60s\r", "");
+        for (int op = 0; op < NUM_OPS; op++, first = 0) print_result(&o, &res[op], first);
+      }
+    }
+  }
+  if (o.json) printf("\n]\n");
+  team_stop(&teams[0]);
+  team_stop(&teams[1]);
+  rmsnorm_context_free(fast);
+  rmsnorm_context_free(scalar);
+  free(b.x), free(b.y), free(b.dy), free(b.dx), free(b.mc_src), free(b.mc_dst);
+  free(b.w), free(b.dw), free(b.db), free(b.mean), free(b.rstd);
+  return RN_EXIT_OK;
+}
