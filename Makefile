@@ -21,8 +21,9 @@ $(BUILD)/CMakeCache.txt:
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
+# mk/cli.mk sets RUN_CMD to `rmsnorm demo`; without it, the example program.
 run: build
-	./$(BUILD)/examples/seed_example
+	$(if $(RUN_CMD),$(RUN_CMD),./$(BUILD)/examples/seed_example)
 
 test: test-c test-asan $(EXTRA_TESTS)
 

@@ -136,15 +136,15 @@ static rmsnorm_status run_op(const job *j) {
   switch (j->op) {
     case OP_RMS_FWD:
       return rmsnorm_forward(j->ctx, &j->cfg, r, d, b->x, d, b->w, NULL, b->y, d, NULL);
-    case OP_RMS_BWD:
-      return rmsnorm_backward(j->ctx, &j->cfg, r, d, b->x, d, b->dy, d, b->w, NULL, b->dx, d,
+    case OP_RMS_BWD: /* with the forward's saved statistics, as in training */
+      return rmsnorm_backward(j->ctx, &j->cfg, r, d, b->x, d, b->dy, d, b->w, b->rstd, b->dx, d,
                               b->dw, NULL);
     case OP_LN_FWD:
       return rmsnorm_layernorm_forward(j->ctx, &j->cfg, r, d, b->x, d, b->w, NULL, b->y, d,
                                        NULL, NULL);
     default:
-      return rmsnorm_layernorm_backward(j->ctx, &j->cfg, r, d, b->x, d, b->dy, d, b->w, NULL,
-                                        NULL, b->dx, d, b->dw, NULL);
+      return rmsnorm_layernorm_backward(j->ctx, &j->cfg, r, d, b->x, d, b->dy, d, b->w, b->mean,
+                                        b->rstd, b->dx, d, b->dw, NULL);
   }
 }
 
@@ -154,8 +154,20 @@ static int reps_for(double first, double budget, int lo, int hi) {
   return n < lo ? lo : n > hi ? hi : (int)n;
 }
 
-/* Median seconds of one call: two warm-up calls, then timed repetitions. */
+/* Median seconds of one call: two warm-up calls, then timed repetitions. A
+ * backward gets the statistics of a forward run just before. */
 static double time_op(const job *j, double budget, int lo, int hi, rmsnorm_status *st) {
+  if (j->op == OP_RMS_BWD || j->op == OP_LN_BWD) {
+    job f = *j;
+    f.op = j->op == OP_RMS_BWD ? OP_RMS_FWD : OP_LN_FWD;
+    const buffers *b = j->b;
+    *st = f.op == OP_RMS_FWD
+              ? rmsnorm_forward(f.ctx, &f.cfg, f.s.rows, f.s.d, b->x, f.s.d, b->w, NULL, b->y,
+                                f.s.d, b->rstd)
+              : rmsnorm_layernorm_forward(f.ctx, &f.cfg, f.s.rows, f.s.d, b->x, f.s.d, b->w, NULL,
+                                          b->y, f.s.d, b->mean, b->rstd);
+    if (*st != RMSNORM_OK) return 0;
+  }
   *st = run_op(j);
   double t0 = now();
   run_op(j);
@@ -269,7 +281,8 @@ static void usage(FILE *to) {
           "  --no-scalar    skip the scalar reference (no speedup column)\n"
           "\n"
           "GB/s counts bytes read + written: x and y for forward; x, dy and dx for\n"
-          "backward, plus the weight. %%memcpy compares with memcpy of the same total.\n");
+          "backward (given the forward's saved statistics, as in training), plus the\n"
+          "weight. %%memcpy compares with memcpy of the same total.\n");
 }
 
 static int parse_dtypes(const char *s, unsigned *mask) {

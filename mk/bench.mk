@@ -1,0 +1,18 @@
+# mk/bench.mk - `make bench`: runs `rmsnorm bench` over the standard shapes
+# and dtypes, keeps the CSV and the table, and plots % of memcpy bandwidth
+# per shape (gnuplot, installed from Debian when missing).
+BENCH_DIR ?= bench
+BENCH_ARGS ?=
+
+.PHONY: bench gnuplot
+
+gnuplot:
+	@command -v gnuplot >/dev/null || { \
+	  echo "installing gnuplot (Debian: gnuplot-nox)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gnuplot-nox; }
+
+bench: build gnuplot
+	./$(BUILD)/tools/rmsnorm bench $(BENCH_ARGS) --csv > $(BENCH_DIR)/results.csv
+	column -s, -t < $(BENCH_DIR)/results.csv
+	$(BENCH_DIR)/plot.sh $(BENCH_DIR)/results.csv $(BENCH_DIR)/bandwidth.png

@@ -1,0 +1,1247 @@
+/* test_cli.c - the rmsnorm command run as a user runs it, in a scratch
+ * folder: every subcommand and option, each result compared bit for bit
+ * with the library called directly and, within a dtype's tolerance, with a
+ * float64 (long double) oracle written here from the textbook formulas;
+ * inputs in every dtype and .npy format version; --dims; every error case
+ * with its exit code and one-line message, leaving no output and no
+ * temporary behind and never truncating an existing file; demo, info,
+ * --help and --version.
+ * usage: test_cli_commands RMSNORM_BINARY SCRATCH_PARENT_DIR */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "rmsnorm.h"
+
+/* ---- checks ------------------------------------------------------------- */
+
+static long checks, failures;
+
+static int check(int ok, const char *fmt, ...) {
+  checks++;
+  if (ok) return 1;
+  if (++failures <= 60) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "FAIL: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+  }
+  return 0;
+}
+
+static void die(const char *what) {
+  fprintf(stderr, "test_cli: %s: %s\n", what, strerror(errno));
+  exit(2);
+}
+
+/* ---- dtypes and conversions (written here, independent of the library) -- */
+
+typedef enum tdt { TF32, TF16, TBF16, TF64 } tdt;
+static const char *const tdt_name[] = {"f32", "f16", "bf16", "f64"};
+static const char *const tdt_descr[] = {"<f4", "<f2", "<u2", "<f8"};
+static const size_t tdt_size[] = {4, 2, 2, 8};
+static const rmsnorm_dtype tdt_lib[] = {RMSNORM_F32, RMSNORM_F16, RMSNORM_BF16, RMSNORM_F64};
+
+static double half_to_double(uint16_t h) {
+  int e = (h >> 10) & 31, m = h & 1023;
+  double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
+  return h & 0x8000 ? -v : v;
+}
+
+/* Round to nearest even, straight from double. */
+static uint16_t double_to_half(double v) {
+  uint16_t sign = signbit(v) ? 0x8000 : 0;
+  double a = fabs(v);
+  if (isnan(v)) return sign | 0x7e00;
+  if (a >= 65520.0) return sign | 0x7c00;
+  if (a < ldexp(1, -14)) return sign | (uint16_t)rint(ldexp(a, 24)); /* 1024 is 2^-14: right too */
+  int e;
+  frexp(a, &e); /* a = f * 2^e, f in [0.5, 1): the unit bit is 2^(e-1) */
+  double m = rint(ldexp(a, 11 - e)); /* 1024 .. 2048 */
+  if (m == 2048) m = 1024, e++;
+  if (e - 1 > 15) return sign | 0x7c00;
+  return sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)(m - 1024);
+}
+
+static double bf16_to_double(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static uint16_t double_to_bf16(double v) {
+  float f = (float)v;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if (isnan(f)) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fff + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
+}
+
+static double load(tdt dt, const void *p, size_t i) {
+  const unsigned char *b = (const unsigned char *)p + i * tdt_size[dt];
+  uint16_t h;
+  float f;
+  double d;
+  switch (dt) {
+    case TF32: memcpy(&f, b, 4); return f;
+    case TF64: memcpy(&d, b, 8); return d;
+    case TF16: memcpy(&h, b, 2); return half_to_double(h);
+    case TBF16: memcpy(&h, b, 2); return bf16_to_double(h);
+  }
+  return NAN;
+}
+
+static void store(tdt dt, void *p, size_t i, double v) {
+  unsigned char *b = (unsigned char *)p + i * tdt_size[dt];
+  uint16_t h;
+  float f;
+  switch (dt) {
+    case TF32: f = (float)v; memcpy(b, &f, 4); break;
+    case TF64: memcpy(b, &v, 8); break;
+    case TF16: h = double_to_half(v); memcpy(b, &h, 2); break;
+    case TBF16: h = double_to_bf16(v); memcpy(b, &h, 2); break;
+  }
+}
+
+/* ---- arrays and .npy files ---------------------------------------------- */
+
+#define MAXDIM 8
+
+/* An array: values as doubles (exactly the dtype's values) and its bytes. */
+typedef struct arr {
+  tdt dt;
+  int ndim;
+  size_t shape[MAXDIM];
+  size_t n;
+  double *v;
+  unsigned char *bytes;
+} arr;
+
+static uint64_t rng_state = 12345;
+static uint64_t rng(void) { /* splitmix64 */
+  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+/* an integer in [-k, k] */
+static int rand_int(int k) { return (int)(rng() % (uint64_t)(2 * k + 1)) - k; }
+
+static arr arr_new(tdt dt, int ndim, const size_t *shape) {
+  arr a = {dt, ndim, {0}, 1, NULL, NULL};
+  for (int i = 0; i < ndim; i++) a.n *= a.shape[i] = shape[i];
+  a.v = calloc(a.n + 1, sizeof(double));
+  a.bytes = calloc(a.n + 1, tdt_size[dt]);
+  if (!a.v || !a.bytes) die("calloc");
+  return a;
+}
+
+static void arr_free(arr *a) {
+  free(a->v);
+  free(a->bytes);
+  a->v = NULL;
+  a->bytes = NULL;
+}
+
+/* Values exact in every dtype: k/64 (|k| <= 255: 8 significant bits), or
+ * for a gain 1 + k/128 (|k| <= 32), or for an offset gain k/128. */
+enum { FILL_DATA, FILL_GAIN, FILL_OFFSET_GAIN };
+static void arr_fill(arr *a, int kind) {
+  for (size_t i = 0; i < a->n; i++) {
+    double v = kind == FILL_DATA ? rand_int(255) / 64.0
+               : kind == FILL_GAIN ? 1 + rand_int(32) / 128.0
+                                   : rand_int(32) / 128.0;
+    a->v[i] = v;
+    store(a->dt, a->bytes, i, v);
+  }
+}
+
+/* numpy's header, built here by the spec: the dict, 21 - len(str(shape[0]))
+ * spaces, padding so that the data starts at a multiple of 64 (a whole 64
+ * more when it already would), '\n'. */
+static size_t npy_header_here(unsigned char *out, int version, const char *descr, int ndim,
+                              const size_t *shape) {
+  char dict[2048];
+  int len = sprintf(dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
+  for (int i = 0; i < ndim; i++) len += sprintf(dict + len, i ? ", %zu" : "%zu", shape[i]);
+  len += sprintf(dict + len, "%s), }", ndim == 1 ? "," : "");
+  if (ndim > 0) {
+    char first[32];
+    int digits = sprintf(first, "%zu", shape[0]);
+    for (int i = digits; i < 21; i++) dict[len++] = ' ';
+  }
+  size_t pre = version == 1 ? 10 : 12, body = (size_t)len + 1;
+  size_t total = ((pre + body) / 64 + 1) * 64;
+  memcpy(out, "\x93NUMPY", 6);
+  out[6] = (unsigned char)version;
+  out[7] = 0;
+  for (size_t i = 0; i < pre - 8; i++) out[8 + i] = (unsigned char)((total - pre) >> (8 * i));
+  memcpy(out + pre, dict, (size_t)len);
+  memset(out + pre + len, ' ', total - pre - (size_t)len - 1);
+  out[total - 1] = '\n';
+  return total;
+}
+
+static void write_bytes(const char *path, const void *a, size_t na, const void *b, size_t nb) {
+  FILE *f = fopen(path, "wb");
+  if (!f) die(path);
+  if ((na && fwrite(a, 1, na, f) != na) || (nb && fwrite(b, 1, nb, f) != nb) || fclose(f) != 0)
+    die(path);
+}
+
+static void write_npy_version(const char *path, int version, const arr *a) {
+  unsigned char hdr[4096];
+  size_t h = npy_header_here(hdr, version, tdt_descr[a->dt], a->ndim, a->shape);
+  write_bytes(path, hdr, h, a->bytes, a->n * tdt_size[a->dt]);
+}
+static void write_npy(const char *path, const arr *a) { write_npy_version(path, 1, a); }
+
+/* Reads a whole file. @return its bytes (caller frees) or NULL. */
+static unsigned char *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, len = 0;
+  unsigned char *buf = malloc(cap);
+  while (buf) {
+    len += fread(buf + len, 1, cap - len, f);
+    if (len < cap) break;
+    unsigned char *g = realloc(buf, cap *= 2);
+    if (!g) free(buf);
+    buf = g;
+  }
+  fclose(f);
+  *n = len;
+  return buf;
+}
+
+/* Reads an output: its header must be numpy's own for this dtype and shape
+ * (format 1.0), and the data exactly as long as the shape says. */
+static int read_npy(const char *path, tdt dt, int ndim, const size_t *shape, arr *out) {
+  size_t n;
+  unsigned char *file = slurp(path, &n);
+  if (!check(file != NULL, "%s: not written", path)) return 0;
+  unsigned char hdr[4096];
+  size_t h = npy_header_here(hdr, 1, tdt_descr[dt], ndim, shape);
+  *out = arr_new(dt, ndim, shape);
+  int ok = check(n == h + out->n * tdt_size[dt] && memcmp(file, hdr, h) == 0,
+                 "%s: header or size differs from numpy's for %s shape ndim %d", path,
+                 tdt_descr[dt], ndim);
+  if (ok) {
+    memcpy(out->bytes, file + h, out->n * tdt_size[dt]);
+    for (size_t i = 0; i < out->n; i++) out->v[i] = load(dt, out->bytes, i);
+  }
+  free(file);
+  return ok;
+}
+
+static int file_exists(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+/* ---- running the command -------------------------------------------------- */
+
+static const char *bin;
+static char cap_out[4200], cap_err[4200]; /* capture files, outside the work folder */
+static char out_text[1 << 16], err_text[1 << 16];
+
+typedef struct run_opts {
+  const char *stdin_file;  /* fed through a pipe (not a regular file) */
+  const char *stdout_path; /* instead of the capture file */
+  long fsize_limit;        /* RLIMIT_FSIZE in bytes, 0 for none */
+  const char *isa_env;     /* RMSNORM_ISA for the child */
+} run_opts;
+
+static void read_capture(const char *path, char *text, size_t cap) {
+  FILE *f = fopen(path, "rb");
+  size_t n = f ? fread(text, 1, cap - 1, f) : 0;
+  text[n] = '\0';
+  if (f) fclose(f);
+}
+
+/* Runs `rmsnorm ARGS...`. @return the exit code (128 + signal if killed);
+ * stdout and stderr in out_text and err_text. */
+static int run_with(const run_opts *o, const char *const *args) {
+  char *argv[64];
+  int argc = 0;
+  argv[argc++] = (char *)bin;
+  for (int i = 0; args[i] && argc < 63; i++) argv[argc++] = (char *)args[i];
+  argv[argc] = NULL;
+  int fds[2] = {-1, -1};
+  if (o && o->stdin_file && pipe(fds) != 0) die("pipe");
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) die("fork");
+  if (pid == 0) {
+    int fo = open(o && o->stdout_path ? o->stdout_path : cap_out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fe = open(cap_err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fi = o && o->stdin_file ? fds[0] : open("/dev/null", O_RDONLY);
+    if (fo < 0 || fe < 0 || fi < 0) _exit(126);
+    dup2(fo, 1);
+    dup2(fe, 2);
+    dup2(fi, 0);
+    if (fds[1] >= 0) close(fds[1]);
+    if (o && o->fsize_limit) {
+      signal(SIGXFSZ, SIG_IGN); /* a write past the limit fails with EFBIG instead */
+      struct rlimit rl = {(rlim_t)o->fsize_limit, (rlim_t)o->fsize_limit};
+      setrlimit(RLIMIT_FSIZE, &rl);
+    }
+    if (o && o->isa_env) setenv("RMSNORM_ISA", o->isa_env, 1);
+    execv(bin, argv);
+    _exit(127);
+  }
+  if (o && o->stdin_file) {
+    close(fds[0]);
+    size_t n;
+    unsigned char *data = slurp(o->stdin_file, &n);
+    if (data) {
+      size_t off = 0;
+      while (off < n) {
+        ssize_t w = write(fds[1], data + off, n - off);
+        if (w <= 0) break;
+        off += (size_t)w;
+      }
+      free(data);
+    }
+    close(fds[1]);
+  }
+  int status;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) die("waitpid");
+  read_capture(o && o->stdout_path ? "/dev/null" : cap_out, out_text, sizeof out_text);
+  read_capture(cap_err, err_text, sizeof err_text);
+  /* a sanitizer report is a failure whatever the exit code */
+  check(!strstr(err_text, "Sanitizer") && !strstr(err_text, "runtime error"),
+        "sanitizer report running %s: %s", args[0] ? args[0] : "", err_text);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+#define RUN(...) run_with(NULL, (const char *const[]){__VA_ARGS__, NULL})
+#define RUN_WITH(opts, ...) run_with(opts, (const char *const[]){__VA_ARGS__, NULL})
+
+/* ---- the float64 oracle ---------------------------------------------------- */
+
+typedef long double ld;
+
+typedef struct oracle_cfg {
+  int layernorm;
+  ld eps;
+  int eps_outside, offset;
+  double partial;
+} oracle_cfg;
+
+/* pRMSNorm's k = ceil(p*d), the product in double as the contract says. */
+static size_t partial_k(double p, size_t d) {
+  if (p >= 1) return d;
+  double kd = ceil(p * (double)d);
+  size_t k = kd < 1 ? 1 : (size_t)kd;
+  return k > d ? d : k;
+}
+
+/* One row's statistics: mean (0 for RMSNorm), r, and for eps-outside the
+ * RMS rho itself. */
+static void oracle_stats(const oracle_cfg *c, const double *x, size_t d, ld *mean, ld *r, ld *rho) {
+  ld s = 0;
+  *mean = 0;
+  if (c->layernorm) {
+    for (size_t j = 0; j < d; j++) s += x[j];
+    *mean = s / d;
+    ld v = 0;
+    for (size_t j = 0; j < d; j++) v += (x[j] - *mean) * (x[j] - *mean);
+    ld den = sqrtl(v / d + c->eps);
+    *r = den > 0 ? 1 / den : 0;
+    *rho = 0;
+    return;
+  }
+  size_t k = partial_k(c->partial, d);
+  for (size_t j = 0; j < k; j++) s += (ld)x[j] * x[j];
+  *rho = sqrtl(s / k);
+  ld den = c->eps_outside ? *rho + c->eps : sqrtl(s / k + c->eps);
+  *r = den > 0 ? 1 / den : 0;
+}
+
+static ld gain(const oracle_cfg *c, const double *w, size_t j) {
+  return w ? (c->offset ? 1 + (ld)w[j] : w[j]) : 1;
+}
+
+static void oracle_forward(const oracle_cfg *c, size_t rows, size_t d, const double *x,
+                           const double *w, const double *b, ld *y, ld *mean, ld *rstd) {
+  for (size_t i = 0; i < rows; i++) {
+    ld m, r, rho;
+    oracle_stats(c, x + i * d, d, &m, &r, &rho);
+    for (size_t j = 0; j < d; j++)
+      y[i * d + j] = (x[i * d + j] - m) * r * gain(c, w, j) + (b ? b[j] : 0);
+    mean[i] = m;
+    rstd[i] = r;
+  }
+}
+
+/* The gradients, unnormalized and term by term:
+ *   RMSNorm  y_j = x_j r w_j + b_j, r depending on x_0..x_{k-1}:
+ *     dx_j = r w_j dy_j + [j < k] (sum_i dy_i w_i x_i) dr/dx_j
+ *     dr/dx_j = -r^3 x_j / k            (r = (ms + eps)^-1/2)
+ *             = -r^2 x_j / (k rho)      (r = (rho + eps)^-1, rho = sqrt(ms))
+ *   LayerNorm xhat = (x - mean) r:
+ *     dx_j = r (g_j - mean(g) - xhat_j mean(g xhat)),  g = dy w
+ *   dweight_j = sum over rows of dy_j * xhat_j (xhat = x r for RMSNorm),
+ *   dbias_j = sum over rows of dy_j. */
+static void oracle_backward(const oracle_cfg *c, size_t rows, size_t d, const double *x,
+                            const double *dy, const double *w, ld *dx, ld *dw, ld *db) {
+  for (size_t j = 0; j < d; j++) dw[j] = db[j] = 0;
+  for (size_t i = 0; i < rows; i++) {
+    const double *xr = x + i * d, *gr = dy + i * d;
+    ld m, r, rho;
+    oracle_stats(c, xr, d, &m, &r, &rho);
+    ld s_gx = 0, s_g = 0, s_gh = 0;
+    for (size_t j = 0; j < d; j++) {
+      ld g = gr[j] * gain(c, w, j);
+      s_gx += g * xr[j];
+      s_g += g;
+      s_gh += g * (xr[j] - m) * r;
+    }
+    size_t k = c->layernorm ? d : partial_k(c->partial, d);
+    for (size_t j = 0; j < d; j++) {
+      ld g = gr[j] * gain(c, w, j);
+      if (c->layernorm) {
+        dx[i * d + j] = r * (g - s_g / d - (xr[j] - m) * r * s_gh / d);
+      } else {
+        ld drdx = 0;
+        if (j < k)
+          drdx = c->eps_outside ? (rho > 0 ? -r * r * xr[j] / (k * rho) : 0)
+                                : -r * r * r * xr[j] / k;
+        dx[i * d + j] = r * g + s_gx * drdx;
+      }
+      dw[j] += gr[j] * (xr[j] - m) * r;
+      db[j] += gr[j];
+    }
+  }
+}
+
+/* got is close to want: within tol times the largest |want| of the array
+ * (the scale the rounding errors of sums are relative to). */
+static int close_all(const char *what, const arr *got, const ld *want, size_t n, double tol) {
+  ld scale = 0;
+  for (size_t i = 0; i < n; i++) scale = fmaxl(scale, fabsl(want[i]));
+  if (scale == 0) scale = 1;
+  for (size_t i = 0; i < n; i++) {
+    if (!(fabsl(got->v[i] - want[i]) <= tol * scale))
+      return check(0, "%s[%zu]: got %.9g, oracle %.9Lg (tol %g x %Lg)", what, i, got->v[i],
+                   want[i], tol, scale);
+  }
+  return check(1, "");
+}
+
+/* ---- the option matrix ------------------------------------------------------ */
+
+typedef struct tcase {
+  const char *cmd;
+  int dims;       /* 0: the default (1) */
+  double eps;     /* < 0: the default */
+  int eps_outside, offset;
+  double partial; /* 0: the default (1) */
+  int weight;     /* 0 none, 1 in the data's dtype, 2 float32 */
+  int bias;       /* as weight (the same as the weight's when both are given) */
+  int stats;      /* forward: --rstd, and --mean for layernorm */
+  int grads;      /* backward: 1 --dbias, 2 --dweight --dbias, 3 --dweight */
+} tcase;
+
+static const tcase cases[] = {
+  {"forward", 0, -1, 0, 0, 0, 0, 0, 0, 0},
+  {"forward", 0, 0.25, 0, 0, 0, 1, 1, 1, 0},
+  {"forward", 0, 0.25, 1, 0, 0, 2, 2, 1, 0},
+  {"forward", 0, 0.01, 0, 1, 0.5, 1, 0, 1, 0},
+  {"forward", 0, 0.25, 1, 0, 0.3, 0, 0, 1, 0},
+  {"forward", 2, 0.25, 0, 0, 0, 1, 1, 1, 0},
+  {"forward", 3, -1, 0, 0, 0.3, 0, 0, 1, 0},
+  {"forward", 0, 0, 0, 0, 0, 0, 2, 1, 0},
+  {"backward", 0, -1, 0, 0, 0, 0, 0, 0, 1},
+  {"backward", 0, 0.25, 0, 0, 0, 1, 1, 0, 2},
+  {"backward", 0, 0.25, 1, 0, 0, 2, 0, 0, 2},
+  {"backward", 0, 0.01, 0, 1, 0.5, 1, 0, 0, 3},
+  {"backward", 0, 0.25, 1, 1, 0.3, 2, 0, 0, 2},
+  {"backward", 2, 0.25, 0, 0, 0, 2, 2, 0, 2},
+  {"backward", 3, 0, 0, 0, 0, 1, 0, 0, 3},
+  {"layernorm", 0, -1, 0, 0, 0, 0, 0, 1, 0},
+  {"layernorm", 0, 0.25, 0, 0, 0, 1, 1, 1, 0},
+  {"layernorm", 0, 1e-5, 0, 1, 0, 2, 2, 1, 0},
+  {"layernorm", 2, 0.25, 0, 0, 0, 1, 1, 1, 0},
+  {"layernorm", 0, 0.25, 0, 0, 0, 0, 1, 0, 0},
+  {"layernorm-backward", 0, -1, 0, 0, 0, 0, 0, 0, 1},
+  {"layernorm-backward", 0, 0.25, 0, 0, 0, 1, 1, 0, 2},
+  {"layernorm-backward", 0, 1e-5, 0, 1, 0, 2, 0, 0, 2},
+  {"layernorm-backward", 3, 0.25, 0, 0, 0, 1, 0, 0, 3},
+};
+
+/* Tolerance against the oracle for results stored in dt. */
+static double tol_of(tdt dt) {
+  return dt == TF64 ? 1e-12 : dt == TF32 ? 1e-5 : dt == TF16 ? 2e-3 : 1.6e-2;
+}
+
+static void run_case(const tcase *c, tdt dt, const size_t *xshape, int xndim) {
+  int backward = strstr(c->cmd, "backward") != NULL, ln = !strncmp(c->cmd, "layernorm", 9);
+  int k = c->dims ? c->dims : 1, lead = xndim - k;
+  char label[160];
+  snprintf(label, sizeof label, "%s %s dims=%d eps=%g%s%s p=%g w=%d b=%d", c->cmd, tdt_name[dt],
+           k, c->eps, c->eps_outside ? " eps-outside" : "", c->offset ? " offset" : "", c->partial,
+           c->weight, c->bias);
+  size_t rows = 1, d = 1;
+  for (int i = 0; i < lead; i++) rows *= xshape[i];
+  for (int i = lead; i < xndim; i++) d *= xshape[i];
+  tdt pdt = c->weight ? (c->weight == 2 ? TF32 : dt) : c->bias ? (c->bias == 2 ? TF32 : dt) : dt;
+
+  arr x = arr_new(dt, xndim, xshape), dy = arr_new(dt, xndim, xshape);
+  arr w = arr_new(pdt, k, xshape + lead), b = arr_new(pdt, k, xshape + lead);
+  arr_fill(&x, FILL_DATA);
+  arr_fill(&dy, FILL_DATA);
+  arr_fill(&w, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
+  arr_fill(&b, FILL_DATA);
+  write_npy("x.npy", &x);
+  write_npy("dy.npy", &dy);
+  write_npy("w.npy", &w);
+  write_npy("b.npy", &b);
+
+  const char *args[40];
+  int n = 0;
+  char eps_text[64], p_text[64], dims_text[16];
+  args[n++] = c->cmd;
+  args[n++] = "x.npy";
+  if (backward) args[n++] = "dy.npy";
+  args[n++] = "-o";
+  args[n++] = "out.npy";
+  if (c->stats && ln) args[n++] = "--mean", args[n++] = "mean.npy";
+  if (c->stats) args[n++] = "--rstd", args[n++] = "rstd.npy";
+  if (c->grads & 2) args[n++] = "--dweight", args[n++] = "dw.npy";
+  if (c->grads & 1) args[n++] = "--dbias", args[n++] = "db.npy";
+  if (c->weight) args[n++] = "--weight", args[n++] = "w.npy";
+  if (c->bias) args[n++] = "--bias", args[n++] = "b.npy";
+  if (c->eps >= 0) {
+    snprintf(eps_text, sizeof eps_text, "%.17g", c->eps);
+    args[n++] = "--eps";
+    args[n++] = eps_text;
+  }
+  if (c->eps_outside) args[n++] = "--eps-outside";
+  if (c->offset) args[n++] = "--offset";
+  if (c->partial > 0) {
+    snprintf(p_text, sizeof p_text, "--partial=%.17g", c->partial);
+    args[n++] = p_text;
+  }
+  if (c->dims) {
+    snprintf(dims_text, sizeof dims_text, "%d", c->dims);
+    args[n++] = "--dims";
+    args[n++] = dims_text;
+  }
+  if (dt == TBF16) args[n++] = "--bf16";
+  args[n] = NULL;
+  const char *outs[] = {"out.npy", "mean.npy", "rstd.npy", "dw.npy", "db.npy"};
+  for (int i = 0; i < 5; i++) unlink(outs[i]);
+
+  int rc = run_with(NULL, args);
+  if (!check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label, rc,
+             err_text))
+    goto done;
+
+  /* the library, called directly on the same bytes */
+  rmsnorm_context *ctx;
+  rmsnorm_config cfg;
+  rmsnorm_context_create(&ctx);
+  rmsnorm_config_init(&cfg, tdt_lib[dt]);
+  cfg.param_dtype = tdt_lib[pdt];
+  if (c->eps >= 0) cfg.eps = c->eps;
+  if (c->partial > 0) cfg.partial = c->partial;
+  cfg.flags = (c->eps_outside ? RMSNORM_FLAG_EPS_OUTSIDE : 0u) |
+              (c->offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u);
+  size_t acc = dt == TF64 ? 8 : 4;
+  unsigned char *ly = calloc(x.n + 1, tdt_size[dt]), *lmean = calloc(rows + 1, acc),
+                *lrstd = calloc(rows + 1, acc), *ldw = calloc(d + 1, tdt_size[pdt]),
+                *ldb = calloc(d + 1, tdt_size[pdt]);
+  const void *wp = c->weight ? w.bytes : NULL, *bp = c->bias ? b.bytes : NULL;
+  rmsnorm_status st;
+  if (!strcmp(c->cmd, "forward"))
+    st = rmsnorm_forward(ctx, &cfg, rows, d, x.bytes, d, wp, bp, ly, d, c->stats ? lrstd : NULL);
+  else if (!strcmp(c->cmd, "backward"))
+    st = rmsnorm_backward(ctx, &cfg, rows, d, x.bytes, d, dy.bytes, d, wp, NULL, ly, d,
+                          c->grads & 2 ? ldw : NULL, c->grads & 1 ? ldb : NULL);
+  else if (!strcmp(c->cmd, "layernorm"))
+    st = rmsnorm_layernorm_forward(ctx, &cfg, rows, d, x.bytes, d, wp, bp, ly, d,
+                                   c->stats ? lmean : NULL, c->stats ? lrstd : NULL);
+  else
+    st = rmsnorm_layernorm_backward(ctx, &cfg, rows, d, x.bytes, d, dy.bytes, d, wp, NULL, NULL,
+                                    ly, d, c->grads & 2 ? ldw : NULL, c->grads & 1 ? ldb : NULL);
+  rmsnorm_context_free(ctx);
+  check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
+
+  /* the oracle */
+  oracle_cfg oc = {ln, c->eps >= 0 ? (ld)c->eps : (dt == TF64 ? 0x1p-52L : 0x1p-23L),
+                   c->eps_outside, c->offset, c->partial > 0 ? c->partial : 1};
+  ld *oy = calloc(x.n + 1, sizeof(ld)), *om = calloc(rows + 1, sizeof(ld)),
+     *orr = calloc(rows + 1, sizeof(ld)), *odw = calloc(d + 1, sizeof(ld)),
+     *odb = calloc(d + 1, sizeof(ld));
+  if (backward)
+    oracle_backward(&oc, rows, d, x.v, dy.v, c->weight ? w.v : NULL, oy, odw, odb);
+  else
+    oracle_forward(&oc, rows, d, x.v, c->weight ? w.v : NULL, c->bias ? b.v : NULL, oy, om, orr);
+
+  arr got;
+  double tol = tol_of(dt);
+  if (read_npy("out.npy", dt, xndim, xshape, &got)) {
+    check(!memcmp(got.bytes, ly, x.n * tdt_size[dt]), "%s: output differs from the library", label);
+    close_all(label, &got, oy, x.n, backward ? 4 * tol : tol);
+    arr_free(&got);
+  }
+  /* statistics: float32 files; the library's float, or its double rounded */
+  const char *stat_files[2] = {"mean.npy", "rstd.npy"};
+  unsigned char *stat_lib[2] = {lmean, lrstd};
+  ld *stat_oracle[2] = {om, orr};
+  for (int s = ln ? 0 : 1; c->stats && s < 2; s++) {
+    if (!read_npy(stat_files[s], TF32, lead, xshape, &got)) continue;
+    for (size_t i = 0; i < rows; i++) {
+      float want = acc == 8 ? (float)((double *)(void *)stat_lib[s])[i]
+                            : ((float *)(void *)stat_lib[s])[i];
+      float have;
+      memcpy(&have, got.bytes + 4 * i, 4);
+      check(memcmp(&want, &have, 4) == 0, "%s: %s[%zu] %g, library %g", label, stat_files[s], i,
+            have, want);
+    }
+    close_all(stat_files[s], &got, stat_oracle[s], rows, 1e-5);
+    arr_free(&got);
+  }
+  /* gradients of the parameters: the normalized shape, the weight's dtype */
+  const char *grad_files[2] = {"dw.npy", "db.npy"};
+  unsigned char *grad_lib[2] = {ldw, ldb};
+  ld *grad_oracle[2] = {odw, odb};
+  for (int g = 0; g < 2; g++) {
+    if (!(c->grads & (g == 0 ? 2 : 1))) {
+      check(!file_exists(grad_files[g]), "%s: %s written unasked", label, grad_files[g]);
+      continue;
+    }
+    if (!read_npy(grad_files[g], pdt, k, xshape + lead, &got)) continue;
+    check(!memcmp(got.bytes, grad_lib[g], d * tdt_size[pdt]), "%s: %s differs from the library",
+          label, grad_files[g]);
+    close_all(grad_files[g], &got, grad_oracle[g], d, 4 * tol_of(pdt));
+    arr_free(&got);
+  }
+  free(ly), free(lmean), free(lrstd), free(ldw), free(ldb);
+  free(oy), free(om), free(orr), free(odw), free(odb);
+done:
+  arr_free(&x), arr_free(&dy), arr_free(&w), arr_free(&b);
+}
+
+static void test_matrix(void) {
+  static const size_t shape[3] = {3, 5, 8};
+  for (int dt = TF32; dt <= TF64; dt++)
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], (tdt)dt, shape, 3);
+  /* one axis (the statistics are 0-d), and no rows at all */
+  static const size_t one[1] = {16}, none[2] = {0, 8};
+  static const tcase fwd = {"forward", 0, 1e-3, 0, 0, 0, 1, 1, 1, 0};
+  static const tcase bwd = {"backward", 0, 1e-3, 0, 0, 0, 1, 0, 0, 2};
+  static const tcase lnf = {"layernorm", 0, 1e-3, 0, 0, 0, 1, 1, 1, 0};
+  static const tcase lnb = {"layernorm-backward", 0, 1e-3, 0, 0, 0, 2, 0, 0, 2};
+  const tcase *few[] = {&fwd, &bwd, &lnf, &lnb};
+  for (int dt = TF32; dt <= TF64; dt++)
+    for (int i = 0; i < 4; i++) {
+      run_case(few[i], (tdt)dt, one, 1);
+      run_case(few[i], (tdt)dt, none, 2);
+    }
+}
+
+/* ---- format versions, pipes, in place ---------------------------------------- */
+
+static int same_file(const char *a, const char *b) {
+  size_t na, nb;
+  unsigned char *fa = slurp(a, &na), *fb = slurp(b, &nb);
+  int same = fa && fb && na == nb && !memcmp(fa, fb, na);
+  free(fa);
+  free(fb);
+  return same;
+}
+
+static void test_versions_and_sources(void) {
+  static const size_t shape[2] = {4, 6}, wshape[1] = {6};
+  for (int dt = TF32; dt <= TF64; dt++) {
+    arr x = arr_new((tdt)dt, 2, shape), w = arr_new((tdt)dt, 1, wshape);
+    arr_fill(&x, FILL_DATA);
+    arr_fill(&w, FILL_GAIN);
+    write_npy("x.npy", &x);
+    write_npy("w.npy", &w);
+    const char *bf = dt == TBF16 ? "--bf16" : "--eps=0";
+    int rc = RUN("forward", "x.npy", "-o", "ref.npy", "--weight", "w.npy", bf);
+    check(rc == 0, "%s reference run: %s", tdt_name[dt], err_text);
+    /* the same array in format 2.0 and 3.0 (data and weight) gives the same bytes */
+    for (int version = 2; version <= 3; version++) {
+      write_npy_version("xv.npy", version, &x);
+      write_npy_version("wv.npy", version, &w);
+      rc = RUN("forward", "xv.npy", "-o", "out.npy", "--weight", "wv.npy", bf);
+      check(rc == 0 && same_file("out.npy", "ref.npy"), "%s from format %d.0: %s", tdt_name[dt],
+            version, err_text);
+    }
+    /* read from a pipe, not mapped */
+    run_opts piped = {"x.npy", NULL, 0, NULL};
+    rc = RUN_WITH(&piped, "forward", "/dev/stdin", "-oout.npy", "--weight", "w.npy", bf);
+    check(rc == 0 && same_file("out.npy", "ref.npy"), "%s from a pipe: %s", tdt_name[dt], err_text);
+    /* the output replacing its own input */
+    rc = RUN("forward", "x.npy", "--output", "x.npy", "--weight", "w.npy", bf);
+    check(rc == 0 && same_file("x.npy", "ref.npy"), "%s in place: %s", tdt_name[dt], err_text);
+    /* options after "--" are file names */
+    write_npy("-x.npy", &x);
+    rc = RUN("forward", "-o", "out.npy", "--weight", "w.npy", bf, "--", "-x.npy");
+    check(rc == 0 && same_file("out.npy", "ref.npy"), "%s after --: %s", tdt_name[dt], err_text);
+    unlink("-x.npy");
+    arr_free(&x);
+    arr_free(&w);
+  }
+  unlink("xv.npy"), unlink("wv.npy"), unlink("ref.npy"), unlink("out.npy");
+
+  /* a float32 weight with fp16 and bf16 data; dweight comes back in float32 */
+  for (int dt = TF16; dt <= TBF16; dt++) {
+    static const size_t xs[2] = {3, 4}, ws[1] = {4};
+    arr x = arr_new((tdt)dt, 2, xs), w = arr_new(TF32, 1, ws);
+    arr_fill(&x, FILL_DATA);
+    arr_fill(&w, FILL_GAIN);
+    write_npy("x.npy", &x);
+    write_npy("dy.npy", &x);
+    write_npy("w.npy", &w);
+    int rc = RUN("backward", "x.npy", "dy.npy", "-o", "out.npy", "--weight", "w.npy", "--dweight",
+                 "dw.npy", dt == TBF16 ? "--bf16" : "--eps=0");
+    arr got;
+    if (check(rc == 0, "f32 weight with %s data: %s", tdt_name[dt], err_text) &&
+        read_npy("dw.npy", TF32, 1, ws, &got))
+      arr_free(&got);
+    arr_free(&x);
+    arr_free(&w);
+  }
+  unlink("dw.npy");
+}
+
+/* Outputs that are not plain files: a symbolic link (the file it names is
+ * replaced, the link kept), a dangling link (replaced by the file), standard
+ * output redirected to a file, and a pipe (written in place, not replaced). */
+static void test_special_outputs(void) {
+  static const size_t shape[2] = {3, 4};
+  arr x = arr_new(TF32, 2, shape);
+  arr_fill(&x, FILL_DATA);
+  write_npy("x.npy", &x);
+  arr_free(&x);
+  int rc = RUN("forward", "x.npy", "-o", "ref.npy");
+  check(rc == 0, "reference: %s", err_text);
+
+  write_bytes("named.npy", "OLD CONTENT", 11, NULL, 0);
+  unlink("link.npy");
+  if (symlink("named.npy", "link.npy") == 0) {
+    rc = RUN("forward", "x.npy", "-o", "link.npy");
+    struct stat st;
+    check(rc == 0 && lstat("link.npy", &st) == 0 && S_ISLNK(st.st_mode) &&
+              same_file("named.npy", "ref.npy"),
+          "through a symbolic link: %d %s", rc, err_text);
+  }
+  unlink("link.npy"), unlink("named.npy");
+  if (symlink("nowhere.npy", "dangling.npy") == 0) {
+    rc = RUN("forward", "x.npy", "-o", "dangling.npy");
+    struct stat st;
+    check(rc == 0 && lstat("dangling.npy", &st) == 0 && S_ISREG(st.st_mode) &&
+              same_file("dangling.npy", "ref.npy") && !file_exists("nowhere.npy"),
+          "dangling link: %d %s", rc, err_text);
+  }
+  unlink("dangling.npy");
+
+  if (file_exists("/dev/stdout")) {
+    run_opts redirected = {NULL, "stdout.npy", 0, NULL};
+    rc = RUN_WITH(&redirected, "forward", "x.npy", "-o", "/dev/stdout");
+    check(rc == 0 && same_file("stdout.npy", "ref.npy"), "-o /dev/stdout: %d %s", rc, err_text);
+    unlink("stdout.npy");
+  }
+
+  /* a pipe: a reader copies what comes through it into a file */
+  unlink("fifo");
+  if (mkfifo("fifo", 0600) == 0) {
+    fflush(NULL);
+    pid_t reader = fork();
+    if (reader == 0) {
+      int in = open("fifo", O_RDONLY), out = open("from_fifo.npy", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      char buf[4096];
+      ssize_t n;
+      while (in >= 0 && out >= 0 && (n = read(in, buf, sizeof buf)) > 0)
+        if (write(out, buf, (size_t)n) != n) _exit(1);
+      _exit(0);
+    }
+    rc = RUN("forward", "x.npy", "-o", "fifo", "--rstd", "r.npy");
+    int status;
+    waitpid(reader, &status, 0);
+    struct stat st;
+    check(rc == 0 && same_file("from_fifo.npy", "ref.npy") && lstat("fifo", &st) == 0 &&
+              S_ISFIFO(st.st_mode) && file_exists("r.npy"),
+          "-o FIFO: %d %s", rc, err_text);
+    unlink("fifo"), unlink("from_fifo.npy"), unlink("r.npy");
+  }
+  unlink("ref.npy");
+}
+
+/* The output file's permissions: a new file follows the umask, a replaced
+ * one keeps its mode. */
+static void test_modes(void) {
+  static const size_t shape[2] = {2, 4};
+  arr x = arr_new(TF32, 2, shape);
+  arr_fill(&x, FILL_DATA);
+  write_npy("x.npy", &x);
+  arr_free(&x);
+  unlink("out.npy");
+  mode_t old = umask(022);
+  int rc = RUN("forward", "x.npy", "-o", "out.npy");
+  struct stat st;
+  check(rc == 0 && stat("out.npy", &st) == 0 && (st.st_mode & 0777) == 0644, "new file mode %o",
+        (unsigned)(st.st_mode & 0777));
+  chmod("out.npy", 0600);
+  rc = RUN("forward", "x.npy", "-o", "out.npy");
+  check(rc == 0 && stat("out.npy", &st) == 0 && (st.st_mode & 0777) == 0600, "kept mode %o",
+        (unsigned)(st.st_mode & 0777));
+  umask(old);
+  unlink("out.npy");
+}
+
+/* ---- errors ------------------------------------------------------------------- */
+
+static int compare_names(const void *a, const void *b) { return strcmp(a, b); }
+
+/* The names in the work folder, sorted, as one string. */
+static void listing(char *out, size_t cap) {
+  char names[64][256];
+  int n = 0;
+  DIR *dir = opendir(".");
+  struct dirent *e;
+  while (dir && (e = readdir(dir)) != NULL && n < 64)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+      snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+  if (dir) closedir(dir);
+  qsort(names, (size_t)n, sizeof names[0], compare_names);
+  out[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    strncat(out, names[i], cap - strlen(out) - 2);
+    strncat(out, " ", cap - strlen(out) - 1);
+  }
+}
+
+typedef struct err_case {
+  int code;
+  const char *message; /* the whole line after "rmsnorm: " when it starts with '=', else a part */
+  const char *args[24];
+} err_case;
+
+#define OUTS "out.npy", "r.npy", "m.npy", "dw.npy", "db.npy"
+static const char *const outputs[] = {OUTS};
+
+static const err_case err_cases[] = {
+  /* usage errors: 2 */
+  {2, "unknown command 'bogus'", {"bogus"}},
+  {2, "unknown option '--bogus'", {"--bogus"}},
+  {2, "unknown command 'nope'", {"help", "nope"}},
+  {2, "forward: unknown option '--bogus'", {"forward", "x.npy", "-o", "out.npy", "--bogus"}},
+  {2, "forward: unknown option '-x'", {"forward", "x.npy", "-o", "out.npy", "-x"}},
+  {2, "forward: missing the output: -o Y.npy", {"forward", "x.npy"}},
+  {2, "forward: missing input file (X.npy)", {"forward", "-o", "out.npy"}},
+  {2, "backward: missing input file (X.npy DY.npy)", {"backward", "x.npy", "-o", "out.npy"}},
+  {2, "forward: unexpected argument 'x.npy'", {"forward", "x.npy", "x.npy", "-o", "out.npy"}},
+  {2, "forward: option '--eps' needs a value", {"forward", "x.npy", "-o", "out.npy", "--eps"}},
+  {2, "forward: option '-o' needs a value", {"forward", "x.npy", "-o"}},
+  {2, "=forward: --eps must be a finite number >= 0, not '-1' (see 'rmsnorm forward --help')",
+   {"forward", "x.npy", "-o", "out.npy", "--eps", "-1"}},
+  {2, "--eps must be a finite number >= 0, not 'nan'", {"forward", "x.npy", "-o", "out.npy", "--eps", "nan"}},
+  {2, "--eps must be a finite number >= 0, not 'inf'", {"forward", "x.npy", "-o", "out.npy", "--eps=inf"}},
+  {2, "--eps must be a finite number >= 0, not '1e999'", {"forward", "x.npy", "-o", "out.npy", "--eps", "1e999"}},
+  {2, "--eps must be a finite number >= 0, not '1e-5x'", {"forward", "x.npy", "-o", "out.npy", "--eps", "1e-5x"}},
+  {2, "--eps must be a finite number >= 0, not ''", {"forward", "x.npy", "-o", "out.npy", "--eps="}},
+  {2, "--eps must be a finite number >= 0, not '-0.5'", {"layernorm", "x.npy", "-o", "out.npy", "--eps", "-0.5"}},
+  {2, "--partial must be a number in (0, 1], not '0'", {"forward", "x.npy", "-o", "out.npy", "--partial", "0"}},
+  {2, "--partial must be a number in (0, 1], not '1.5'", {"forward", "x.npy", "-o", "out.npy", "--partial", "1.5"}},
+  {2, "--partial must be a number in (0, 1], not '-0.5'", {"backward", "x.npy", "x.npy", "-o", "out.npy", "--partial", "-0.5"}},
+  {2, "--partial must be a number in (0, 1], not 'nan'", {"forward", "x.npy", "-o", "out.npy", "--partial", "nan"}},
+  {2, "--dims must be an integer from 1 to 64, not '0'", {"forward", "x.npy", "-o", "out.npy", "--dims", "0"}},
+  {2, "--dims must be an integer from 1 to 64, not '1.5'", {"forward", "x.npy", "-o", "out.npy", "--dims", "1.5"}},
+  {2, "--dims must be an integer from 1 to 64, not '65'", {"forward", "x.npy", "-o", "out.npy", "--dims", "65"}},
+  {2, "=forward: --dims 3 is more than the 2 axes of x.npy (see 'rmsnorm forward --help')",
+   {"forward", "x.npy", "-o", "out.npy", "--dims", "3"}},
+  {2, "backward: --dweight needs --weight", {"backward", "x.npy", "x.npy", "-o", "out.npy", "--dweight", "dw.npy"}},
+  {2, "layernorm: unknown option '--eps-outside'", {"layernorm", "x.npy", "-o", "out.npy", "--eps-outside"}},
+  {2, "layernorm: unknown option '--partial'", {"layernorm", "x.npy", "-o", "out.npy", "--partial", "0.5"}},
+  {2, "layernorm-backward: unknown option '--partial=1'", {"layernorm-backward", "x.npy", "x.npy", "-o", "out.npy", "--partial=1"}},
+  {2, "forward: unknown option '--mean'", {"forward", "x.npy", "-o", "out.npy", "--mean", "m.npy"}},
+  {2, "forward: unknown option '--dweight'", {"forward", "x.npy", "-o", "out.npy", "--dweight", "dw.npy"}},
+  {2, "backward: unknown option '--rstd'", {"backward", "x.npy", "x.npy", "-o", "out.npy", "--rstd", "r.npy"}},
+  {2, "forward: option '--bf16=1' takes no value", {"forward", "x.npy", "-o", "out.npy", "--bf16=1"}},
+  {2, "forward: 'out.npy' is named by two outputs", {"forward", "x.npy", "-o", "out.npy", "--rstd", "out.npy"}},
+  {2, "demo: unexpected argument 'now'", {"demo", "now"}},
+  {2, "info: unexpected argument '-v'", {"info", "-v"}},
+  /* failures: 1 */
+  {1, "=nope.npy: cannot open: No such file or directory", {"forward", "nope.npy", "-o", "out.npy"}},
+  {1, "=adir: is a directory", {"forward", "adir", "-o", "out.npy"}},
+  {1, "=empty.npy: empty file, not a .npy file", {"forward", "empty.npy", "-o", "out.npy"}},
+  {1, "=text.npy: not a .npy file (no \\x93NUMPY magic)", {"forward", "text.npy", "-o", "out.npy"}},
+  {1, "=short.npy: truncated header (9 bytes)", {"forward", "short.npy", "-o", "out.npy"}},
+  {1, "header length 4000 runs past the end of the file", {"forward", "longhdr.npy", "-o", "out.npy"}},
+  {1, "=v4.npy: unsupported .npy format version 4.0 (1.0, 2.0 and 3.0 are read)", {"forward", "v4.npy", "-o", "out.npy"}},
+  {1, "garbage.npy: malformed header", {"forward", "garbage.npy", "-o", "out.npy"}},
+  {1, "=cut.npy: data is truncated: shape (2, 4) of '<f4' needs 32 bytes, the file has 31",
+   {"forward", "cut.npy", "-o", "out.npy"}},
+  {1, "huge.npy: shape (4294967296, 4294967296) is too large (its size overflows)", {"forward", "huge.npy", "-o", "out.npy"}},
+  {1, "fortran.npy: Fortran-order arrays are not supported", {"forward", "fortran.npy", "-o", "out.npy"}},
+  {1, "bigend.npy: big-endian dtype '>f4' is not supported", {"forward", "bigend.npy", "-o", "out.npy"}},
+  {1, "object.npy: object arrays (dtype '|O') are not supported", {"forward", "object.npy", "-o", "out.npy"}},
+  {1, "int.npy: unsupported dtype '<i4'", {"forward", "int.npy", "-o", "out.npy"}},
+  {1, "=u2.npy: dtype '<u2' is read as bf16 bits only with --bf16", {"forward", "u2.npy", "-o", "out.npy"}},
+  {1, "=x.npy: --bf16 expects '<u2' arrays of raw bf16 bits, got '<f4'", {"forward", "x.npy", "-o", "out.npy", "--bf16"}},
+  {1, "=w8.npy: weight shape (8,) does not match normalized shape (4,)", {"forward", "x.npy", "-o", "out.npy", "--weight", "w8.npy"}},
+  {1, "=w8.npy: bias shape (8,) does not match normalized shape (4,)", {"layernorm", "x.npy", "-o", "out.npy", "--bias", "w8.npy"}},
+  {1, "=w8.npy: weight shape (8,) does not match normalized shape (2, 4)", {"forward", "x.npy", "-o", "out.npy", "--weight", "w8.npy", "--dims", "2"}},
+  {1, "=w2x4.npy: weight shape (2, 4) does not match normalized shape (8,)", {"forward", "x8.npy", "-o", "out.npy", "--weight", "w2x4.npy"}},
+  {1, "=w16.npy: weight dtype '<f2' must be '<f4' or the data's dtype '<f4'", {"forward", "x.npy", "-o", "out.npy", "--weight", "w16.npy"}},
+  {1, "=w64.npy: weight dtype '<f8' must be '<f4' or the data's dtype '<f4'", {"forward", "x.npy", "-o", "out.npy", "--weight", "w64.npy"}},
+  {1, "=w16.npy: bias dtype '<f2' does not match the weight's dtype '<f4' (w.npy)", {"forward", "x16.npy", "-o", "out.npy", "--weight", "w.npy", "--bias", "w16.npy"}},
+  {1, "=w16.npy: weight dtype '<f2' must be '<f4' or the data's dtype '<u2'", {"backward", "xb.npy", "xb.npy", "-o", "out.npy", "--weight", "w16.npy", "--bf16"}},
+  {1, "=x8.npy: shape (8,) does not match x.npy's shape (2, 4)", {"backward", "x.npy", "x8.npy", "-o", "out.npy"}},
+  {1, "=x16.npy: dtype '<f2' does not match x.npy's dtype '<f4'", {"backward", "x.npy", "x16.npy", "-o", "out.npy"}},
+  {1, "=scalar.npy: a 0-d array has no axis to normalize", {"forward", "scalar.npy", "-o", "out.npy"}},
+  {1, "=empty_axis.npy: normalized shape (0,) is empty", {"layernorm", "empty_axis.npy", "-o", "out.npy"}},
+  {1, "=vast.npy: shape too large", {"forward", "vast.npy", "-o", "out.npy", "--dims", "2"}},
+  {1, "=nodir/out.npy: cannot write: No such file or directory", {"forward", "x.npy", "-o", "nodir/out.npy"}},
+  {1, "=adir: is a directory", {"forward", "x.npy", "-o", "adir"}},
+  {1, "=adir/: is a directory", {"forward", "x.npy", "-o", "adir/"}},
+  /* the second output fails after the first one's temporary exists */
+  {1, "=nodir/r.npy: cannot write: No such file or directory", {"forward", "x.npy", "-o", "out.npy", "--rstd", "nodir/r.npy"}},
+  {1, "=adir: is a directory", {"layernorm", "x.npy", "-o", "out.npy", "--mean", "m.npy", "--rstd", "adir"}},
+  {1, "nodir/db.npy: cannot write: No such file", {"backward", "x.npy", "x.npy", "-o", "out.npy", "--weight", "w.npy", "--dweight", "dw.npy", "--dbias", "nodir/db.npy"}},
+  {1, "=./out.npy: is named by two outputs", {"forward", "x.npy", "-o", "out.npy", "--rstd", "./out.npy"}},
+};
+
+static void make_error_fixtures(void) {
+  static const size_t s24[2] = {2, 4}, s8[1] = {8}, s4[1] = {4}, s2x4[2] = {2, 4};
+  arr x = arr_new(TF32, 2, s24), x8 = arr_new(TF32, 1, s8), x16 = arr_new(TF16, 2, s24);
+  arr xb = arr_new(TBF16, 2, s24), w8 = arr_new(TF32, 1, s8), w = arr_new(TF32, 1, s4);
+  arr w16 = arr_new(TF16, 1, s4), w2x4 = arr_new(TF32, 2, s2x4), w64 = arr_new(TF64, 1, s4);
+  arr *all[] = {&x, &x8, &x16, &xb, &w8, &w, &w16, &w2x4, &w64};
+  const char *names[] = {"x.npy",  "x8.npy", "x16.npy",  "xb.npy", "w8.npy",
+                         "w.npy",  "w16.npy", "w2x4.npy", "w64.npy"};
+  for (int i = 0; i < 9; i++) {
+    arr_fill(all[i], FILL_DATA);
+    write_npy(names[i], all[i]);
+    arr_free(all[i]);
+  }
+  mkdir("adir", 0755);
+  write_bytes("empty.npy", "", 0, NULL, 0);
+  write_bytes("text.npy", "hello, world\n", 13, NULL, 0);
+  write_bytes("short.npy", "\x93NUMPY\x01\x00\x46", 9, NULL, 0);
+  write_bytes("longhdr.npy", "\x93NUMPY\x01\x00\xa0\x0f{'descr': '<f4'", 25, NULL, 0);
+  write_bytes("v4.npy", "\x93NUMPY\x04\x00\x00\x00\x00\x00{}", 14, NULL, 0);
+
+  /* a header of any text, padded as numpy does, and `data` bytes of zeros */
+  struct {
+    const char *file, *dict;
+    size_t data;
+  } raw[] = {
+    {"garbage.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), 'x': }", 32},
+    {"cut.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }", 31},
+    {"huge.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", 0},
+    {"fortran.npy", "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 4), }", 32},
+    {"bigend.npy", "{'descr': '>f4', 'fortran_order': False, 'shape': (2, 4), }", 32},
+    {"object.npy", "{'descr': '|O', 'fortran_order': False, 'shape': (2,), }", 16},
+    {"int.npy", "{'descr': '<i4', 'fortran_order': False, 'shape': (2, 4), }", 32},
+    {"u2.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 4), }", 16},
+    {"scalar.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (), }", 4},
+    {"empty_axis.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 0), }", 0},
+    {"vast.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387904, 4611686018427387904), }", 0},
+  };
+  for (size_t i = 0; i < sizeof raw / sizeof raw[0]; i++) {
+    unsigned char buf[512];
+    size_t n = strlen(raw[i].dict), total = ((10 + n + 1) / 64 + 1) * 64;
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (unsigned char)((total - 10) & 0xff);
+    buf[9] = (unsigned char)((total - 10) >> 8);
+    memcpy(buf + 10, raw[i].dict, n);
+    memset(buf + 10 + n, ' ', total - 10 - n - 1);
+    buf[total - 1] = '\n';
+    memset(buf + total, 0, raw[i].data);
+    write_bytes(raw[i].file, buf, total + raw[i].data, NULL, 0);
+  }
+}
+
+static void test_errors(void) {
+  make_error_fixtures();
+  char before[4096], after[4096];
+  for (size_t c = 0; c < sizeof err_cases / sizeof err_cases[0]; c++) {
+    const err_case *e = &err_cases[c];
+    for (int pass = 0; pass < 2; pass++) {
+      /* pass 0: no outputs exist; pass 1: they exist and must survive */
+      for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; i++) {
+        unlink(outputs[i]);
+        if (pass) write_bytes(outputs[i], "OLD CONTENT", 11, NULL, 0);
+      }
+      listing(before, sizeof before);
+      int rc = run_with(NULL, e->args);
+      listing(after, sizeof after);
+      char want[512];
+      const char *nl = strchr(err_text, '\n');
+      int one_line = nl && nl[1] == '\0' && !strncmp(err_text, "rmsnorm: ", 9);
+      if (e->message[0] == '=')
+        snprintf(want, sizeof want, "rmsnorm: %s\n", e->message + 1);
+      check(rc == e->code, "'%s %s': exit %d, want %d (%s)", e->args[0], e->args[1] ? e->args[1] : "",
+            rc, e->code, err_text);
+      check(one_line && (e->message[0] == '=' ? !strcmp(err_text, want) : !!strstr(err_text, e->message)),
+            "'%s %s': message '%s', want '%s'", e->args[0], e->args[1] ? e->args[1] : "", err_text,
+            e->message);
+      check(out_text[0] == '\0', "'%s': wrote to stdout: %s", e->args[0], out_text);
+      check(!strcmp(before, after), "'%s %s': folder changed:\n  before: %s\n  after:  %s",
+            e->args[0], e->args[1] ? e->args[1] : "", before, after);
+      for (size_t i = 0; pass && i < sizeof outputs / sizeof outputs[0]; i++) {
+        size_t n;
+        unsigned char *old = slurp(outputs[i], &n);
+        check(old && n == 11 && !memcmp(old, "OLD CONTENT", 11), "'%s %s': %s was touched",
+              e->args[0], e->args[1] ? e->args[1] : "", outputs[i]);
+        free(old);
+      }
+    }
+  }
+  for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; i++) unlink(outputs[i]);
+
+  /* no arguments: the usage, on stderr, exit 2 */
+  const char *none[] = {NULL};
+  int rc = run_with(NULL, none);
+  check(rc == 2 && strstr(err_text, "usage: rmsnorm COMMAND") && out_text[0] == '\0',
+        "no arguments: %d %s", rc, err_text);
+
+  /* a write that fails half-way (file size limit): no output, no temporary */
+  static const size_t big[2] = {64, 64};
+  arr x = arr_new(TF32, 2, big);
+  arr_fill(&x, FILL_DATA);
+  write_npy("bigx.npy", &x);
+  arr_free(&x);
+  for (int pass = 0; pass < 2; pass++) {
+    unlink("out.npy"), unlink("r.npy");
+    if (pass) write_bytes("out.npy", "OLD CONTENT", 11, NULL, 0);
+    listing(before, sizeof before);
+    run_opts limited = {NULL, NULL, 8192, NULL};
+    rc = RUN_WITH(&limited, "forward", "bigx.npy", "--rstd", "r.npy", "-o", "out.npy");
+    listing(after, sizeof after);
+    check(rc == 1 && strstr(err_text, "out.npy: cannot write: File too large"),
+          "write failure: %d %s", rc, err_text);
+    check(!strcmp(before, after), "write failure left files:\n  before: %s\n  after:  %s", before,
+          after);
+  }
+  unlink("out.npy"), unlink("bigx.npy");
+
+  /* an unwritable folder (root may write anywhere: skipped then) */
+  if (geteuid() != 0) {
+    mkdir("ro", 0555);
+    rc = RUN("forward", "x.npy", "-o", "ro/out.npy");
+    check(rc == 1 && strstr(err_text, "ro/out.npy: cannot create a file in ro: Permission denied"),
+          "read-only folder: %d %s", rc, err_text);
+    rmdir("ro");
+  }
+
+  /* standard output that cannot be written */
+  if (file_exists("/dev/full")) {
+    run_opts full = {NULL, "/dev/full", 0, NULL};
+    rc = RUN_WITH(&full, "demo");
+    check(rc == 1 && strstr(err_text, "rmsnorm: cannot write to standard output"),
+          "demo > /dev/full: %d %s", rc, err_text);
+  }
+}
+
+/* ---- demo, info, help, version ---------------------------------------------------- */
+
+/* Parses the numbers after `label` on the line that starts with it. */
+static int numbers_after(const char *text, const char *label, double *v, int max) {
+  char key[64];
+  snprintf(key, sizeof key, "\n     %s ", label);
+  const char *p = strstr(text, key);
+  if (!p) return 0;
+  p += strlen(key);
+  int n = 0;
+  while (n < max) {
+    char *end;
+    double d = strtod(p, &end);
+    if (end == p) break;
+    v[n++] = d;
+    p = end;
+    if (*p == '\n') break;
+  }
+  return n;
+}
+
+static void test_demo(void) {
+  int rc = RUN("demo");
+  check(rc == 0 && err_text[0] == '\0', "demo: exit %d: %s", rc, err_text);
+  /* the numbers, as printed */
+  static const char *const want[] = {
+    "mean(x^2) = 3.500000", "mean(x^2) = 1.875000", "RMS = 1.870831", "RMS = 1.369310",
+    "1.069043", "-0.534522", "0.000000", "1.603565", "0.365147", "1.095442", "-1.460590",
+    "0.730295", "[ 0.848528,  1.131371]", "[-1.000000,  1.000000]", "chosen", "eps = 1e-5",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    check(strstr(out_text, want[i]) != NULL, "demo lacks '%s'", want[i]);
+  for (int step = 1; step <= 6; step++) {
+    char key[8];
+    snprintf(key, sizeof key, "\n%d. ", step);
+    check(strstr(out_text, key) != NULL, "demo lacks step %d", step);
+  }
+  /* the printed g and W give the printed Y and Z (oracle, 6 decimals) */
+  static const double x[2][4] = {{2.0, -1.0, 0.0, 3.0}, {0.5, 1.5, -2.0, 1.0}};
+  double g[4], w[4][3], y[2][4], z[2][3];
+  int ok = numbers_after(out_text, "g", g, 4) == 4 && numbers_after(out_text, "W", w[0], 3) == 3 &&
+           numbers_after(out_text, "y1", y[0], 4) == 4 && numbers_after(out_text, "y2", y[1], 4) == 4 &&
+           numbers_after(out_text, "z1", z[0], 3) == 3 && numbers_after(out_text, "z2", z[1], 3) == 3;
+  /* W's other rows follow its first, each on a line of its own */
+  const char *wline = strstr(out_text, "\n     W ");
+  for (int r = 1; ok && r < 4; r++) {
+    wline = strchr(wline + 1, '\n');
+    char *end = (char *)wline;
+    for (int c = 0; c < 3; c++) w[r][c] = strtod(end, &end);
+  }
+  if (check(ok, "demo: g, W, Y or Z not found")) {
+    for (int i = 0; i < 2; i++) {
+      ld ms = 0;
+      for (int j = 0; j < 4; j++) ms += (ld)x[i][j] * x[i][j];
+      ld r = 1 / sqrtl(ms / 4 + 1e-5L);
+      ld yy[4];
+      for (int j = 0; j < 4; j++) {
+        yy[j] = x[i][j] * r * g[j];
+        check(fabsl(yy[j] - y[i][j]) <= 1e-6, "demo y%d[%d] %g, oracle %Lg", i + 1, j, y[i][j], yy[j]);
+      }
+      for (int o = 0; o < 3; o++) {
+        ld s = 0;
+        for (int j = 0; j < 4; j++) s += yy[j] * w[j][o];
+        check(fabsl(s - z[i][o]) <= 2e-6, "demo z%d[%d] %g, oracle %Lg", i + 1, o, z[i][o], s);
+      }
+    }
+  }
+  /* LayerNorm rows: mean 1 and 0.25, the normalized rows */
+  double ln1[4];
+  if (check(numbers_after(out_text, "LN(x1)", ln1, 4) == 4, "demo: LN(x1) not found")) {
+    ld rr = 1 / sqrtl(2.5L + 1e-5L);
+    ld want1[4] = {1 * rr, -2 * rr, -1 * rr, 2 * rr};
+    for (int j = 0; j < 4; j++)
+      check(fabsl(ln1[j] - want1[j]) <= 1e-6, "demo LN(x1)[%d] %g", j, ln1[j]);
+  }
+  rc = RUN("demo", "--help");
+  check(rc == 0 && !strncmp(out_text, "usage: rmsnorm demo", 19), "demo --help");
+}
+
+static void test_info_help_version(void) {
+  int rc = RUN("info");
+  check(rc == 0 && err_text[0] == '\0', "info: exit %d %s", rc, err_text);
+  char want[64];
+  snprintf(want, sizeof want, "version:      rmsnorm %s", RMSNORM_VERSION_STRING);
+  check(strstr(out_text, want) && strstr(out_text, "cpu features:") &&
+            strstr(out_text, "kernel set:") && strstr(out_text, "threads:"),
+        "info output: %s", out_text);
+  /* the kernel set reported is the one a context runs */
+  rmsnorm_context *ctx;
+  rmsnorm_isa isa;
+  int threads;
+  rmsnorm_context_create(&ctx);
+  if (rmsnorm_context_get_isa(ctx, &isa) == RMSNORM_OK) {
+    snprintf(want, sizeof want, "kernel set:   %s", rmsnorm_isa_name(isa));
+    check(strstr(out_text, want) != NULL, "info: want '%s' in %s", want, out_text);
+  }
+  if (rmsnorm_context_get_threads(ctx, &threads) == RMSNORM_OK) {
+    snprintf(want, sizeof want, "threads:      %d ", threads);
+    check(strstr(out_text, want) != NULL, "info: want '%s' in %s", want, out_text);
+  }
+  rmsnorm_context_free(ctx);
+  run_opts scalar = {NULL, NULL, 0, "scalar"};
+  rc = RUN_WITH(&scalar, "info");
+  check(rc == 0 && strstr(out_text, "kernel set:   scalar"), "RMSNORM_ISA=scalar info: %s", out_text);
+
+  rc = RUN("--version");
+  snprintf(want, sizeof want, "rmsnorm %s\n", RMSNORM_VERSION_STRING);
+  check(rc == 0 && !strcmp(out_text, want), "--version: '%s'", out_text);
+  rc = RUN("--help");
+  check(rc == 0 && strstr(out_text, "usage: rmsnorm COMMAND") && strstr(out_text, "layernorm-backward"),
+        "--help: %s", out_text);
+  static const char *const cmds[] = {"forward", "backward", "layernorm", "layernorm-backward", "demo", "info"};
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+    char usage[64];
+    snprintf(usage, sizeof usage, "usage: rmsnorm %s", cmds[i]);
+    rc = RUN(cmds[i], "--help");
+    check(rc == 0 && !strncmp(out_text, usage, strlen(usage)) && err_text[0] == '\0',
+          "%s --help: %d %s", cmds[i], rc, out_text);
+    char help_text[sizeof out_text];
+    memcpy(help_text, out_text, sizeof help_text);
+    rc = RUN("help", cmds[i]);
+    check(rc == 0 && !strcmp(out_text, help_text), "help %s", cmds[i]);
+    rc = RUN(cmds[i], "-h");
+    check(rc == 0 && !strcmp(out_text, help_text), "%s -h", cmds[i]);
+  }
+  /* each norm command's help lists exactly its options */
+  rc = RUN("layernorm", "--help");
+  check(strstr(out_text, "--mean") && !strstr(out_text, "--eps-outside") && !strstr(out_text, "--partial"),
+        "layernorm --help options");
+  rc = RUN("backward", "--help");
+  check(strstr(out_text, "--dweight") && strstr(out_text, "--partial") && !strstr(out_text, "--rstd"),
+        "backward --help options");
+}
+
+/* ---- main ------------------------------------------------------------------------- */
+
+static void remove_tree(const char *path) {
+  DIR *dir = opendir(path);
+  if (dir) {
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+      char sub[4200];
+      snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+      struct stat st;
+      if (lstat(sub, &st) == 0 && S_ISDIR(st.st_mode))
+        remove_tree(sub);
+      else
+        unlink(sub);
+    }
+    closedir(dir);
+  }
+  rmdir(path);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3 || argv[1][0] != '/') {
+    fprintf(stderr, "usage: %s /ABSOLUTE/PATH/TO/rmsnorm SCRATCH_PARENT_DIR\n", argv[0]);
+    return 2;
+  }
+  bin = argv[1];
+  char base[4096];
+  snprintf(base, sizeof base, "%s/cli-test-XXXXXX", argv[2]);
+  if (!mkdtemp(base)) die("mkdtemp");
+  snprintf(cap_out, sizeof cap_out, "%s/stdout", base);
+  snprintf(cap_err, sizeof cap_err, "%s/stderr", base);
+  char work[4200];
+  snprintf(work, sizeof work, "%s/work", base);
+  if (mkdir(work, 0755) != 0 || chdir(work) != 0) die(work);
+
+  test_matrix();
+  test_versions_and_sources();
+  test_modes();
+  test_special_outputs();
+  test_errors();
+  test_demo();
+  test_info_help_version();
+
+  if (chdir("/") != 0) die("chdir");
+  if (failures == 0)
+    remove_tree(base);
+  else
+    fprintf(stderr, "scratch files kept in %s\n", base);
+  printf("cli_commands: %ld checks, %ld passed, %ld failed\n", checks, checks - failures, failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,145 @@
+/* demo.c - `rmsnorm demo`: the seed's worked example, one step at a time,
+ * every number computed by the library (in float64, so the printed six
+ * decimals are exact) and explained in a line. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "rmsnorm.h"
+
+#define ROWS 2
+#define D 4
+#define OUT 3
+
+/* x: (ROWS, D), the seed's hidden states of two tokens */
+static const double demo_x[ROWS][D] = {{2.0, -1.0, 0.0, 3.0}, {0.5, 1.5, -2.0, 1.0}};
+/* g: (D,), chosen: a gain that started at 1 and has drifted halfway through training */
+static const double demo_g[D] = {1.15, 0.85, 1.05, 0.92};
+/* W: (D, OUT), chosen: a small projection of the next linear layer */
+static const double demo_w[D][OUT] = {
+  {0.50, -0.25, 0.10}, {-0.30, 0.80, 0.20}, {0.15, 0.05, -0.60}, {0.40, 0.30, 0.25}};
+
+static void print_row(const char *label, const double *v, size_t n) {
+  printf("     %-10s", label);
+  for (size_t j = 0; j < n; j++) printf(" %10.6f", v[j]);
+  printf("\n");
+}
+
+static int check(rmsnorm_status st, const char *what) {
+  if (st == RMSNORM_OK) return 0;
+  rn_cli_error("demo: %s: %s (%s)", what, rmsnorm_status_message(st), rmsnorm_status_name(st));
+  return -1;
+}
+
+static int run_demo(rmsnorm_context *ctx) {
+  rmsnorm_config cfg;
+  double xhat[ROWS][D], y[ROWS][D], z[ROWS][OUT], ln[ROWS][D];
+  double rstd[ROWS], ln_mean[ROWS], ln_rstd[ROWS];
+  char label[32];
+
+  if (check(rmsnorm_config_init(&cfg, RMSNORM_F64), "config")) return -1;
+  cfg.eps = 1e-5;
+  printf("RMSNorm, step by step, on the seed example (librmsnorm %s).\n"
+         "A chatbot's transformer block normalizes each token's hidden state before its\n"
+         "attention and MLP layers. Every number below is computed by the library.\n\n",
+         rmsnorm_version_string());
+
+  printf("1. Hidden states X: 2 tokens (rows), hidden size 4 (columns).\n");
+  for (int i = 0; i < ROWS; i++) {
+    snprintf(label, sizeof label, "x%d", i + 1);
+    print_row(label, demo_x[i], D);
+  }
+
+  /* no weight: y = x * r, and r = 1/sqrt(mean(x^2) + eps) comes back as rstd */
+  if (check(rmsnorm_forward(ctx, &cfg, ROWS, D, demo_x, D, NULL, NULL, xhat, D, rstd),
+            "forward"))
+    return -1;
+  printf("\n2. Each row's mean of squares, and its RMS = sqrt(mean(x^2) + eps), eps = 1e-5.\n");
+  for (int i = 0; i < ROWS; i++) {
+    double rms = 1.0 / rstd[i];
+    printf("     row %d: mean(x^2) = %.6f   RMS = %.6f\n", i + 1, rms * rms - cfg.eps, rms);
+  }
+
+  printf("\n3. Divide each row by its RMS: every row now has RMS 1 (up to eps), whatever\n"
+         "   its scale was.\n");
+  for (int i = 0; i < ROWS; i++) {
+    snprintf(label, sizeof label, "x%d/RMS", i + 1);
+    print_row(label, xhat[i], D);
+  }
+
+  if (check(rmsnorm_forward(ctx, &cfg, ROWS, D, demo_x, D, demo_g, NULL, y, D, NULL),
+            "forward with weight"))
+    return -1;
+  printf("\n4. Multiply by the learned gain g, one value per feature: Y = X/RMS * g.\n"
+         "   The seed gives no values for g, so these were chosen for the demo: a gain\n"
+         "   starts at 1 and drifts as the model trains.\n");
+  print_row("g", demo_g, D);
+  for (int i = 0; i < ROWS; i++) {
+    snprintf(label, sizeof label, "y%d", i + 1);
+    print_row(label, y[i], D);
+  }
+
+  /* Z = Y W: a plain loop (the library normalizes; it does not multiply matrices) */
+  for (int i = 0; i < ROWS; i++)
+    for (int o = 0; o < OUT; o++) {
+      double s = 0;
+      for (int j = 0; j < D; j++) s += y[i][j] * demo_w[j][o];
+      z[i][o] = s;
+    }
+  printf("\n5. The block's next layer sees Y: a linear projection Z = Y W, with a 4 x 3\n"
+         "   matrix W chosen for the demo as g was.\n");
+  for (int j = 0; j < D; j++) print_row(j == 0 ? "W" : "", demo_w[j], OUT);
+  for (int i = 0; i < ROWS; i++) {
+    snprintf(label, sizeof label, "z%d", i + 1);
+    print_row(label, z[i], OUT);
+  }
+
+  if (check(rmsnorm_layernorm_forward(ctx, &cfg, ROWS, D, demo_x, D, NULL, NULL, ln, D, ln_mean,
+                                      ln_rstd),
+            "layernorm"))
+    return -1;
+  printf("\n6. For contrast, LayerNorm first subtracts each row's mean, then divides by\n"
+         "   sqrt(var + eps): y = (x - mean) / sqrt(var + eps), eps = 1e-5.\n");
+  for (int i = 0; i < ROWS; i++) {
+    printf("     row %d: mean = %.6f   sqrt(var + eps) = %.6f\n", i + 1, ln_mean[i],
+           1.0 / ln_rstd[i]);
+    snprintf(label, sizeof label, "LN(x%d)", i + 1);
+    print_row(label, ln[i], D);
+  }
+
+  /* the seed's two-element example, eps = 0 */
+  const double two[2] = {3.0, 4.0};
+  double rms_two[2], ln_two[2], r_two, m_two, lr_two;
+  cfg.eps = 0;
+  if (check(rmsnorm_forward(ctx, &cfg, 1, 2, two, 2, NULL, NULL, rms_two, 2, &r_two),
+            "forward of [3, 4]") ||
+      check(rmsnorm_layernorm_forward(ctx, &cfg, 1, 2, two, 2, NULL, NULL, ln_two, 2, &m_two,
+                                      &lr_two),
+            "layernorm of [3, 4]"))
+    return -1;
+  printf("\n   The seed's two-element example x = [3, 4], eps = 0:\n"
+         "     RMSNorm   -> [%9.6f, %9.6f]   x / %.6f (its RMS): the direction is kept\n"
+         "     LayerNorm -> [%9.6f, %9.6f]   (x - %.6f) / %.6f: the mean is gone;\n"
+         "                                           of two values only their order is left\n",
+         rms_two[0], rms_two[1], 1.0 / r_two, ln_two[0], ln_two[1], m_two, 1.0 / lr_two);
+  return 0;
+}
+
+int rn_cli_demo(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    if (rn_cli_is_help(argv[i])) {
+      printf("usage: rmsnorm demo\n\n"
+             "Walks through RMSNorm on the seed example (2 tokens, hidden size 4): the\n"
+             "mean of squares, the RMS, the normalized rows, a learned gain, a linear\n"
+             "layer after it, and LayerNorm for contrast. Takes no arguments.\n");
+      return RN_EXIT_OK;
+    }
+    rn_cli_error("demo: unexpected argument '%s' (see 'rmsnorm demo --help')", argv[i]);
+    return RN_EXIT_USAGE;
+  }
+  rmsnorm_context *ctx = NULL;
+  if (check(rmsnorm_context_create(&ctx), "context")) return RN_EXIT_FAILURE;
+  int rc = run_demo(ctx);
+  rmsnorm_context_free(ctx);
+  return rc == 0 ? RN_EXIT_OK : RN_EXIT_FAILURE;
+}

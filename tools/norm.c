@@ -1,0 +1,517 @@
+/* norm.c - the four norm subcommands (forward, backward, layernorm,
+ * layernorm-backward): one option parser and one runner, parameterized by a
+ * table of what each command takes. Inputs are mapped, checked against each
+ * other, handed to the library, and the outputs written all-or-nothing. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "npy.h"
+#include "outfile.h"
+#include "rmsnorm.h"
+
+/* ---- what each command takes ------------------------------------------ */
+
+typedef enum op_kind { OP_RMS_FORWARD, OP_RMS_BACKWARD, OP_LN_FORWARD, OP_LN_BACKWARD } op_kind;
+
+/* option bits */
+enum {
+  O_OUT = 1u << 0,
+  O_EPS = 1u << 1,
+  O_EPS_OUTSIDE = 1u << 2,
+  O_OFFSET = 1u << 3,
+  O_PARTIAL = 1u << 4,
+  O_WEIGHT = 1u << 5,
+  O_BIAS = 1u << 6,
+  O_BF16 = 1u << 7,
+  O_DIMS = 1u << 8,
+  O_RSTD = 1u << 9,
+  O_MEAN = 1u << 10,
+  O_DWEIGHT = 1u << 11,
+  O_DBIAS = 1u << 12
+};
+
+typedef struct option_def {
+  const char *name; /* without the leading "--" */
+  unsigned bit;
+  const char *arg;  /* the value's name, NULL for a switch */
+  const char *help;
+} option_def;
+
+/* In the order --help lists them. */
+static const option_def option_defs[] = {
+  {"output", O_OUT, "FILE", "the result (Y or DX): X's shape and dtype"},
+  {"mean", O_MEAN, "FILE", "each row's mean: float32, X's leading (row) shape"},
+  {"rstd", O_RSTD, "FILE", "each row's r: float32, X's leading (row) shape"},
+  {"dweight", O_DWEIGHT, "FILE", "dL/dg: the normalized shape, in the weight's dtype"},
+  {"dbias", O_DBIAS, "FILE", "dL/db: the normalized shape, in the weight's dtype"},
+  {"weight", O_WEIGHT, "FILE", "the gain g: the normalized shape; '<f4' or X's dtype"},
+  {"bias", O_BIAS, "FILE", "the bias b: as the weight, and in its dtype"},
+  {"eps", O_EPS, "E", "finite, >= 0 (default: 2^-23; 2^-52 for '<f8' data)"},
+  {"eps-outside", O_EPS_OUTSIDE, NULL, "r = 1/(sqrt(mean(x^2)) + eps), the paper's code"},
+  {"offset", O_OFFSET, NULL, "multiply by (1 + g) instead of g (Gemma)"},
+  {"partial", O_PARTIAL, "P", "pRMSNorm: mean(x^2) over the first ceil(P*d) of d"},
+  {"dims", O_DIMS, "K", "normalize over the last K axes (default 1)"},
+  {"bf16", O_BF16, NULL, "bfloat16 data: arrays are '<u2' of raw bf16 bits"},
+};
+#define N_OPTION_DEFS (sizeof option_defs / sizeof option_defs[0])
+
+#define COMMON_OPTS (O_OUT | O_EPS | O_OFFSET | O_WEIGHT | O_BIAS | O_BF16 | O_DIMS)
+
+typedef struct op_spec {
+  const char *name;
+  op_kind kind;
+  int inputs; /* 1: X; 2: X and DY */
+  unsigned options;
+  const char *synopsis;
+  const char *about;
+} op_spec;
+
+static const op_spec op_specs[] = {
+  {"forward", OP_RMS_FORWARD, 1, COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD,
+   "X.npy -o Y.npy [--rstd R.npy] [options]",
+   "RMSNorm of each row of X (the last axis, or the last K with --dims K):\n"
+   "  y = x * r * g + b,  r = 1/sqrt(mean(x^2) + eps)"},
+  {"backward", OP_RMS_BACKWARD, 2, COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_DWEIGHT | O_DBIAS,
+   "X.npy DY.npy -o DX.npy [--dweight DG.npy] [--dbias DB.npy] [options]",
+   "Gradients of RMSNorm given X and the output gradient DY (r recomputed from X):\n"
+   "dx, and with --dweight / --dbias the sums over rows of dy*x*r and of dy.\n"
+   "The options must be those of the forward; --bias does not change the gradients."},
+  {"layernorm", OP_LN_FORWARD, 1, COMMON_OPTS | O_MEAN | O_RSTD,
+   "X.npy -o Y.npy [--mean M.npy] [--rstd R.npy] [options]",
+   "LayerNorm of each row of X (the last axis, or the last K with --dims K):\n"
+   "  y = (x - mean) * r * g + b,  r = 1/sqrt(var + eps), var biased (as torch)\n"
+   "The default eps is 2^-23 as for RMSNorm; torch.nn.LayerNorm uses --eps 1e-5."},
+  {"layernorm-backward", OP_LN_BACKWARD, 2, COMMON_OPTS | O_DWEIGHT | O_DBIAS,
+   "X.npy DY.npy -o DX.npy [--dweight DG.npy] [--dbias DB.npy] [options]",
+   "Gradients of LayerNorm given X and the output gradient DY (mean and r\n"
+   "recomputed from X): dx, and with --dweight / --dbias the sums over rows of\n"
+   "dy*xhat and of dy. --bias does not change the gradients."},
+};
+
+static const op_spec *find_op(const char *name) {
+  for (size_t i = 0; i < sizeof op_specs / sizeof op_specs[0]; i++)
+    if (!strcmp(op_specs[i].name, name)) return &op_specs[i];
+  return NULL;
+}
+
+static void print_help(const op_spec *op) {
+  printf("usage: rmsnorm %s %s\n\n%s\n\noptions:\n", op->name, op->synopsis, op->about);
+  for (size_t i = 0; i < N_OPTION_DEFS; i++) {
+    const option_def *o = &option_defs[i];
+    if (!(op->options & o->bit)) continue;
+    char left[40];
+    snprintf(left, sizeof left, "%s--%s%s%s", o->bit == O_OUT ? "-o, " : "", o->name,
+             o->arg ? " " : "", o->arg ? o->arg : "");
+    printf("  %-22s %s\n", left, o->help);
+  }
+  printf("  %-22s %s\n", "-h, --help", "this help");
+  printf("\nexit status: 0 success, 1 failure (file, shape, dtype, library), 2 usage error\n");
+}
+
+/* ---- parsing ------------------------------------------------------------ */
+
+typedef struct norm_args {
+  const char *in[2];
+  int n_in;
+  const char *out, *mean, *rstd, *dweight, *dbias, *weight, *bias;
+  int have_eps;
+  double eps;
+  int eps_outside, offset, bf16;
+  double partial;
+  int dims, have_dims;
+} norm_args;
+
+static int usage_error(const op_spec *op, const char *fmt, const char *what) {
+  char msg[512];
+  snprintf(msg, sizeof msg, fmt, what);
+  rn_cli_error("%s: %s (see 'rmsnorm %s --help')", op->name, msg, op->name);
+  return RN_EXIT_USAGE;
+}
+
+/* A whole-string floating-point number. */
+static int parse_double(const char *s, double *v) {
+  char *end;
+  errno = 0;
+  *v = strtod(s, &end);
+  /* overflow is out of range; underflow to (nearly) 0 is still a number */
+  return *s != '\0' && *end == '\0' && !(errno == ERANGE && isinf(*v));
+}
+
+/* Stores one option's value. @return 0 or an exit code. */
+static int set_option(const op_spec *op, norm_args *a, const option_def *o, const char *v) {
+  switch (o->bit) {
+    case O_OUT: a->out = v; break;
+    case O_MEAN: a->mean = v; break;
+    case O_RSTD: a->rstd = v; break;
+    case O_DWEIGHT: a->dweight = v; break;
+    case O_DBIAS: a->dbias = v; break;
+    case O_WEIGHT: a->weight = v; break;
+    case O_BIAS: a->bias = v; break;
+    case O_EPS_OUTSIDE: a->eps_outside = 1; break;
+    case O_OFFSET: a->offset = 1; break;
+    case O_BF16: a->bf16 = 1; break;
+    case O_EPS:
+      if (!parse_double(v, &a->eps) || !(a->eps >= 0 && isfinite(a->eps)))
+        return usage_error(op, "--eps must be a finite number >= 0, not '%s'", v);
+      a->have_eps = 1;
+      break;
+    case O_PARTIAL:
+      if (!parse_double(v, &a->partial) || !(a->partial > 0 && a->partial <= 1))
+        return usage_error(op, "--partial must be a number in (0, 1], not '%s'", v);
+      break;
+    case O_DIMS: {
+      char *end;
+      errno = 0;
+      long k = strtol(v, &end, 10);
+      if (*v == '\0' || *end != '\0' || errno || k < 1 || k > NPY_MAX_DIMS)
+        return usage_error(op, "--dims must be an integer from 1 to 64, not '%s'", v);
+      a->dims = (int)k;
+      a->have_dims = 1;
+      break;
+    }
+    default: break;
+  }
+  return 0;
+}
+
+/* Parses argv[1..argc) into a. @return 0, or -1 after --help (exit 0), or
+ * an exit code. Options and inputs may come in any order; "--" ends options. */
+static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
+  memset(a, 0, sizeof *a);
+  a->partial = 1.0;
+  int options_done = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    if (options_done || arg[0] != '-' || arg[1] == '\0') {
+      if (a->n_in == op->inputs) return usage_error(op, "unexpected argument '%s'", arg);
+      a->in[a->n_in++] = arg;
+      continue;
+    }
+    if (!strcmp(arg, "--")) {
+      options_done = 1;
+      continue;
+    }
+    if (rn_cli_is_help(arg)) {
+      print_help(op);
+      return -1;
+    }
+    const option_def *o = NULL;
+    const char *value = NULL;
+    if (arg[1] == 'o') { /* -o FILE or -oFILE */
+      o = &option_defs[0];
+      value = arg[2] ? arg + 2 : NULL;
+    } else if (arg[1] == '-') {
+      const char *name = arg + 2, *eq = strchr(name, '=');
+      size_t len = eq ? (size_t)(eq - name) : strlen(name);
+      for (size_t k = 0; k < N_OPTION_DEFS; k++)
+        if (strlen(option_defs[k].name) == len && !memcmp(option_defs[k].name, name, len) &&
+            (op->options & option_defs[k].bit))
+          o = &option_defs[k];
+      if (o && eq) {
+        if (!o->arg) return usage_error(op, "option '%s' takes no value", arg);
+        value = eq + 1;
+      }
+    }
+    if (!o) return usage_error(op, "unknown option '%s'", arg);
+    if (o->arg && !value) {
+      if (i + 1 == argc) return usage_error(op, "option '%s' needs a value", arg);
+      value = argv[++i];
+    }
+    int rc = set_option(op, a, o, value);
+    if (rc) return rc;
+  }
+  if (a->n_in < op->inputs)
+    return usage_error(op, "missing input file (%s)", op->inputs == 1 ? "X.npy" : "X.npy DY.npy");
+  if (!a->out) return usage_error(op, "missing the output: -o %s", op->inputs == 1 ? "Y.npy" : "DX.npy");
+  if (a->dweight && !a->weight)
+    return usage_error(op, "%s needs --weight (the gradient of which weight?)", "--dweight");
+  /* two outputs with one name would leave only one of them */
+  const char *outs[] = {a->out, a->mean, a->rstd, a->dweight, a->dbias};
+  for (size_t i = 0; i < 5; i++)
+    for (size_t j = i + 1; j < 5; j++)
+      if (outs[i] && outs[j] && !strcmp(outs[i], outs[j]))
+        return usage_error(op, "'%s' is named by two outputs", outs[i]);
+  return 0;
+}
+
+/* ---- running -------------------------------------------------------------- */
+
+/* Products of shape[lo..hi), checked: the dims of an empty array can
+ * multiply past SIZE_MAX. @return 0 on overflow. */
+static int shape_product(const size_t *shape, int lo, int hi, size_t *out) {
+  size_t p = 1;
+  for (int i = lo; i < hi; i++) {
+    if (shape[i] && p > SIZE_MAX / shape[i]) return 0;
+    p *= shape[i];
+  }
+  *out = p;
+  return 1;
+}
+
+static int same_shape(int na, const size_t *a, int nb, const size_t *b) {
+  if (na != nb) return 0;
+  for (int i = 0; i < na; i++)
+    if (a[i] != b[i]) return 0;
+  return 1;
+}
+
+static rmsnorm_dtype dtype_of(npy_dtype dt) {
+  switch (dt) {
+    case NPY_F32: return RMSNORM_F32;
+    case NPY_F16: return RMSNORM_F16;
+    case NPY_F64: return RMSNORM_F64;
+    case NPY_U16: return RMSNORM_BF16;
+  }
+  return RMSNORM_F32;
+}
+
+/* The data dtype of an input, under the --bf16 convention. */
+static int check_data_dtype(const npy_file *f, int bf16) {
+  const npy_info *in = &f->info;
+  if (bf16 && in->dtype != NPY_U16) {
+    rn_cli_error("%s: --bf16 expects '<u2' arrays of raw bf16 bits, got '%s'", f->path, in->descr);
+    return -1;
+  }
+  if (!bf16 && in->dtype == NPY_U16) {
+    rn_cli_error("%s: dtype '<u2' is read as bf16 bits only with --bf16", f->path);
+    return -1;
+  }
+  return 0;
+}
+
+/* A weight or bias: the normalized shape, and '<f4' or the data's dtype. */
+static int check_param(const npy_file *f, const char *role, const npy_file *x, int lead) {
+  const npy_info *p = &f->info, *xi = &x->info;
+  int nd = xi->ndim - lead;
+  if (!same_shape(p->ndim, p->shape, nd, xi->shape + lead)) {
+    char got[128], want[128];
+    npy_format_shape(got, sizeof got, p->ndim, p->shape);
+    npy_format_shape(want, sizeof want, nd, xi->shape + lead);
+    rn_cli_error("%s: %s shape %s does not match normalized shape %s", f->path, role, got, want);
+    return -1;
+  }
+  if (p->dtype != NPY_F32 && p->dtype != xi->dtype) {
+    rn_cli_error("%s: %s dtype '%s' must be '<f4' or the data's dtype '%s'", f->path, role,
+                 p->descr, xi->descr);
+    return -1;
+  }
+  return 0;
+}
+
+/* One output file: what goes in it, and its slot in the out_set. */
+typedef struct output {
+  const char *path; /* NULL: not requested */
+  int slot;
+  npy_dtype dt;
+  int ndim;
+  const size_t *shape;
+  void *data;
+  size_t bytes;
+  int stat; /* a per-row statistic: double for fp64 data, written as float32 */
+} output;
+
+/* fp64 data gives double statistics; the files hold float32. Converted in
+ * place, front to back: float i (bytes 4i..4i+3) only overwrites doubles
+ * already read. */
+static void doubles_to_floats(void *buf, size_t n) {
+  unsigned char *p = buf;
+  for (size_t i = 0; i < n; i++) {
+    double d;
+    memcpy(&d, p + 8 * i, sizeof d);
+    float f = (float)d;
+    memcpy(p + 4 * i, &f, sizeof f);
+  }
+}
+
+static void *alloc_bytes(size_t bytes, int zero) {
+  if (bytes == 0) bytes = 1;
+  return zero ? calloc(1, bytes) : malloc(bytes);
+}
+
+/* Runs one command on parsed arguments. */
+static int run(const op_spec *op, const norm_args *a) {
+  int rc = RN_EXIT_FAILURE;
+  char err[512];
+  npy_file x = {0}, dy = {0}, w = {0}, b = {0};
+  out_set *outs = out_begin();
+  void *y = NULL, *mean = NULL, *rstd = NULL, *dweight = NULL, *dbias = NULL;
+  rmsnorm_context *ctx = NULL;
+  int backward = op->kind == OP_RMS_BACKWARD || op->kind == OP_LN_BACKWARD;
+
+  /* inputs */
+  const char *paths[4] = {a->in[0], backward ? a->in[1] : NULL, a->weight, a->bias};
+  npy_file *files[4] = {&x, &dy, &w, &b};
+  for (int i = 0; i < 4; i++) {
+    if (paths[i] && npy_open(files[i], paths[i], err, sizeof err) != 0) {
+      rn_cli_error("%s: %s", paths[i], err);
+      goto done;
+    }
+  }
+  if (check_data_dtype(&x, a->bf16)) goto done;
+
+  /* rows x d: the leading axes are rows, the last K the normalized shape */
+  const npy_info *xi = &x.info;
+  int k = a->have_dims ? a->dims : 1;
+  if (xi->ndim == 0) {
+    rn_cli_error("%s: a 0-d array has no axis to normalize", x.path);
+    goto done;
+  }
+  if (k > xi->ndim) {
+    rn_cli_error("%s: --dims %d is more than the %d axes of %s (see 'rmsnorm %s --help')",
+                 op->name, k, xi->ndim, x.path, op->name);
+    rc = RN_EXIT_USAGE;
+    goto done;
+  }
+  int lead = xi->ndim - k;
+  size_t rows, d;
+  char shape_text[128];
+  npy_format_shape(shape_text, sizeof shape_text, k, xi->shape + lead);
+  if (!shape_product(xi->shape, 0, lead, &rows) || !shape_product(xi->shape, lead, xi->ndim, &d)) {
+    rn_cli_error("%s: shape too large", x.path);
+    goto done;
+  }
+  if (d == 0) {
+    rn_cli_error("%s: normalized shape %s is empty", x.path, shape_text);
+    goto done;
+  }
+
+  if (backward) {
+    if (check_data_dtype(&dy, a->bf16)) goto done;
+    if (dy.info.dtype != xi->dtype) {
+      rn_cli_error("%s: dtype '%s' does not match %s's dtype '%s'", dy.path, dy.info.descr, x.path,
+                   xi->descr);
+      goto done;
+    }
+    if (!same_shape(dy.info.ndim, dy.info.shape, xi->ndim, xi->shape)) {
+      char got[128], want[128];
+      npy_format_shape(got, sizeof got, dy.info.ndim, dy.info.shape);
+      npy_format_shape(want, sizeof want, xi->ndim, xi->shape);
+      rn_cli_error("%s: shape %s does not match %s's shape %s", dy.path, got, x.path, want);
+      goto done;
+    }
+  }
+  if (a->weight && check_param(&w, "weight", &x, lead)) goto done;
+  if (a->bias && check_param(&b, "bias", &x, lead)) goto done;
+  if (a->weight && a->bias && w.info.dtype != b.info.dtype) {
+    rn_cli_error("%s: bias dtype '%s' does not match the weight's dtype '%s' (%s)", b.path,
+                 b.info.descr, w.info.descr, w.path);
+    goto done;
+  }
+  /* weight, bias, dweight, dbias share one dtype: the weight's, else the
+   * bias', else the data's */
+  npy_dtype param = a->weight ? w.info.dtype : a->bias ? b.info.dtype : xi->dtype;
+
+  /* outputs: buffers, and temporaries now, so that an unwritable folder
+   * fails before the work */
+  rmsnorm_dtype dt = dtype_of(xi->dtype);
+  size_t stat_size = dt == RMSNORM_F64 ? sizeof(double) : sizeof(float);
+  size_t param_size = npy_dtype_size(param);
+  if (d > SIZE_MAX / param_size) {
+    rn_cli_error("%s: normalized shape %s is too large", x.path, shape_text);
+    goto done;
+  }
+  y = alloc_bytes(xi->data_bytes, 0);
+  if (a->mean) mean = alloc_bytes(rows * stat_size, 0);
+  if (a->rstd) rstd = alloc_bytes(rows * stat_size, 0);
+  /* zeroed: with no rows the library writes nothing, and the sums are 0 */
+  if (a->dweight) dweight = alloc_bytes(d * param_size, 1);
+  if (a->dbias) dbias = alloc_bytes(d * param_size, 1);
+  if (!y || (a->mean && !mean) || (a->rstd && !rstd) || (a->dweight && !dweight) ||
+      (a->dbias && !dbias)) {
+    rn_cli_error("%s: out of memory", op->name);
+    goto done;
+  }
+  output outv[] = {
+    {a->out, -1, xi->dtype, xi->ndim, xi->shape, y, xi->data_bytes, 0},
+    {a->mean, -1, NPY_F32, lead, xi->shape, mean, rows * sizeof(float), 1},
+    {a->rstd, -1, NPY_F32, lead, xi->shape, rstd, rows * sizeof(float), 1},
+    {a->dweight, -1, param, k, xi->shape + lead, dweight, d * param_size, 0},
+    {a->dbias, -1, param, k, xi->shape + lead, dbias, d * param_size, 0},
+  };
+  size_t n_out = sizeof outv / sizeof outv[0];
+  for (size_t i = 0; i < n_out; i++) {
+    if (outv[i].path && (outv[i].slot = out_add(outs, outv[i].path, err, sizeof err)) < 0) {
+      rn_cli_error("%s: %s", outv[i].path, err);
+      goto done;
+    }
+  }
+
+  rmsnorm_status st = rmsnorm_context_create(&ctx);
+  rmsnorm_config cfg;
+  if (st == RMSNORM_OK) st = rmsnorm_config_init(&cfg, dt);
+  if (st == RMSNORM_OK) {
+    cfg.param_dtype = dtype_of(param);
+    if (a->have_eps) cfg.eps = a->eps;
+    cfg.partial = a->partial;
+    cfg.flags = (a->eps_outside ? RMSNORM_FLAG_EPS_OUTSIDE : 0u) |
+                (a->offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u);
+    const void *wp = a->weight ? w.data : NULL, *bp = a->bias ? b.data : NULL;
+    switch (op->kind) {
+      case OP_RMS_FORWARD:
+        st = rmsnorm_forward(ctx, &cfg, rows, d, x.data, d, wp, bp, y, d, rstd);
+        break;
+      case OP_RMS_BACKWARD:
+        st = rmsnorm_backward(ctx, &cfg, rows, d, x.data, d, dy.data, d, wp, NULL, y, d, dweight,
+                              dbias);
+        break;
+      case OP_LN_FORWARD:
+        st = rmsnorm_layernorm_forward(ctx, &cfg, rows, d, x.data, d, wp, bp, y, d, mean, rstd);
+        break;
+      case OP_LN_BACKWARD:
+        st = rmsnorm_layernorm_backward(ctx, &cfg, rows, d, x.data, d, dy.data, d, wp, NULL, NULL,
+                                        y, d, dweight, dbias);
+        break;
+    }
+  }
+  if (st != RMSNORM_OK) {
+    rn_cli_error("%s: %s: %s (%s)", op->name, x.path, rmsnorm_status_message(st),
+                 rmsnorm_status_name(st));
+    goto done;
+  }
+
+  for (size_t i = 0; i < n_out; i++) {
+    const output *o = &outv[i];
+    if (!o->path) continue;
+    if (o->stat && dt == RMSNORM_F64) doubles_to_floats(o->data, rows);
+    if (out_write_npy(outs, o->slot, o->dt, o->ndim, o->shape, o->data, o->bytes, err,
+                      sizeof err) != 0) {
+      rn_cli_error("%s: %s", o->path, err);
+      goto done;
+    }
+  }
+  const char *failed = NULL;
+  if (out_commit(outs, &failed, err, sizeof err) != 0) {
+    rn_cli_error("%s: %s", failed, err);
+    goto done;
+  }
+  rc = RN_EXIT_OK;
+
+done:
+  out_abort(outs);
+  rmsnorm_context_free(ctx);
+  free(y);
+  free(mean);
+  free(rstd);
+  free(dweight);
+  free(dbias);
+  for (int i = 0; i < 4; i++) npy_close(files[i]);
+  return rc;
+}
+
+int rn_cli_norm(int argc, char **argv) {
+  const op_spec *op = find_op(argv[0]);
+  if (!op) {
+    rn_cli_error("unknown command '%s'", argv[0]);
+    return RN_EXIT_USAGE;
+  }
+  norm_args a;
+  int rc = parse_args(op, argc, argv, &a);
+  if (rc) return rc < 0 ? RN_EXIT_OK : rc;
+  return run(op, &a);
+}
