@@ -2,7 +2,7 @@
 # and dtypes, keeps the CSV and the table, and plots % of memcpy bandwidth
 # per shape (gnuplot, installed from Debian when missing).
 BENCH_DIR ?= bench
-BENCH_ARGS ?=
+RMSNORM_BENCH_ARGS ?=
 
 .PHONY: bench gnuplot
 
@@ -13,6 +13,6 @@ gnuplot:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gnuplot-nox; }
 
 bench: build gnuplot
-	./$(BUILD)/tools/rmsnorm bench $(BENCH_ARGS) --csv > $(BENCH_DIR)/results.csv
+	./$(BUILD)/tools/rmsnorm bench $(RMSNORM_BENCH_ARGS) --csv > $(BENCH_DIR)/results.csv
 	column -s, -t < $(BENCH_DIR)/results.csv
 	$(BENCH_DIR)/plot.sh $(BENCH_DIR)/results.csv $(BENCH_DIR)/bandwidth.png
