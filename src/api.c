@@ -262,6 +262,12 @@ static void reduce_parts(const backward_job *job, const char *parts, void *out, 
                          size_t j1) {
   const rmsnorm_config *cfg = job->cfg;
   size_t n = j1 - j0, d = job->d;
+  int acc = (cfg->flags & RMSNORM_FLAG_ACCUMULATE) != 0;
+  if (job->nchunks == 1 && !acc && cfg->param_dtype == (rn_acc_is_f64(cfg->dtype) ? RMSNORM_F64 : RMSNORM_F32)) {
+    /* one chunk, same type: the sum is the partial itself */
+    memcpy((char *)out + j0 * job->acc_size, parts + j0 * job->acc_size, n * job->acc_size);
+    return;
+  }
   double *total = job->total + j0;
   if (rn_acc_is_f64(cfg->dtype)) {
     const double *p = (const double *)(const void *)parts + j0;
@@ -274,7 +280,6 @@ static void reduce_parts(const backward_job *job, const char *parts, void *out, 
     for (size_t c = 1; c < job->nchunks; c++)
       for (size_t j = 0; j < n; j++) total[j] += p[c * d + j];
   }
-  int acc = (cfg->flags & RMSNORM_FLAG_ACCUMULATE) != 0;
   if (cfg->param_dtype == RMSNORM_F32) {
     float *o = (float *)out + j0;
     for (size_t j = 0; j < n; j++) o[j] = (float)(acc ? total[j] + o[j] : total[j]);
