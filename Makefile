@@ -40,5 +40,5 @@ test-asan: $(ASAN_BUILD)/CMakeCache.txt
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
-clean:
+clean: clean-python
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,59 @@
+# mk/python.mk - the Python package in python/. `make test-python` creates .venv
+# when missing, installs what the tests need from PyPI when missing, builds and
+# installs the package through the project's CMake when its sources changed
+# (stamp files), then runs pytest. `make bench-python` runs the benchmark.
+
+# This fragment is included before the top Makefile's first rule: keep `all`
+# the default goal (restored at the end of the file).
+_python_mk_goal := $(.DEFAULT_GOAL)
+
+PYTHON ?= python3
+VENV ?= .venv
+VENV_PY := $(VENV)/bin/python
+PY_REQUIREMENTS := python/requirements-test.txt
+PY_DEPS_STAMP := $(VENV)/.rmsnorm-deps.stamp
+PY_PKG_STAMP := $(VENV)/.rmsnorm-package.stamp
+# Everything the installed package is built from.
+PY_PKG_SOURCES := $(shell find python/rmsnorm python/CMakeLists.txt python/pyproject.toml \
+  CMakeLists.txt cmake include src -type f ! -name '*.pyc' 2>/dev/null)
+PIP := $(VENV_PY) -m pip --disable-pip-version-check
+TORCH_INDEX_URL ?=
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+
+.PHONY: test-python bench-python python-install clean-python
+
+# Debian's own python3 needs python3-venv for `-m venv`: installed when root.
+$(VENV_PY):
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && \
+	    $(PYTHON) -m venv $(VENV); \
+	  else echo "mk/python.mk: '$(PYTHON) -m venv' failed; install python3-venv" >&2; exit 1; fi; }
+
+# pip skips what is already installed, so this only downloads what is missing.
+$(PY_DEPS_STAMP): $(PY_REQUIREMENTS) | $(VENV_PY)
+	$(if $(TORCH_INDEX_URL),$(PIP) install --progress-bar off --index-url $(TORCH_INDEX_URL) torch)
+	$(PIP) install --progress-bar off -r $(PY_REQUIREMENTS)
+	touch $@
+
+# The build folder python/build/ is kept, so a change rebuilds incrementally.
+$(PY_PKG_STAMP): $(PY_DEPS_STAMP) $(PY_PKG_SOURCES)
+	$(PIP) install --progress-bar off --no-build-isolation --no-deps ./python
+	touch $@
+
+python-install: $(PY_PKG_STAMP)
+
+test-python: $(PY_PKG_STAMP)
+	$(VENV_PY) -m pytest python/tests $(PYTEST_ARGS)
+
+bench-python: $(PY_PKG_STAMP)
+	$(VENV_PY) -m rmsnorm.bench $(BENCH_ARGS)
+
+clean-python:
+	rm -rf python/build $(PY_PKG_STAMP)
+
+EXTRA_TESTS += test-python
+
+.DEFAULT_GOAL := $(_python_mk_goal)
