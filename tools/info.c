@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
 #include "rmsnorm.h"
@@ -62,7 +63,11 @@ int rn_cli_info(int argc, char **argv) {
   rmsnorm_context_free(ctx);
 
   const char *env = getenv("RMSNORM_ISA");
-  if (st_isa == RMSNORM_OK)
+  if (st_isa == RMSNORM_OK && env && strcmp(env, rmsnorm_isa_name(isa)) != 0)
+    /* the library ignores a value it does not know or this CPU cannot run */
+    printf("kernel set:   %s (RMSNORM_ISA=%s ignored: not scalar, avx2 or avx512, or not "
+           "supported here)\n", rmsnorm_isa_name(isa), env);
+  else if (st_isa == RMSNORM_OK)
     printf("kernel set:   %s%s%s%s\n", rmsnorm_isa_name(isa), env ? " (RMSNORM_ISA=" : "",
            env ? env : "", env ? ")" : "");
   else
