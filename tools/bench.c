@@ -154,8 +154,33 @@ static int reps_for(double first, double budget, int lo, int hi) {
   return n < lo ? lo : n > hi ? hi : (int)n;
 }
 
-/* Median seconds of one call: two warm-up calls, then timed repetitions. A
- * backward gets the statistics of a forward run just before. */
+/* Median seconds of fn(arg): one warm-up call, then repetitions to fill
+ * about `budget` seconds, within [lo, hi]. */
+static double median_time(void (*fn)(const void *), const void *arg, double budget, int lo,
+                          int hi) {
+  fn(arg);
+  double t0 = now();
+  fn(arg);
+  int reps = reps_for(now() - t0, budget, lo, hi);
+  double *t = malloc((size_t)reps * sizeof *t);
+  if (!t) return NAN;
+  for (int i = 0; i < reps; i++) {
+    double a = now();
+    fn(arg);
+    t[i] = now() - a;
+  }
+  qsort(t, (size_t)reps, sizeof *t, cmp_double);
+  double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+  free(t);
+  return med;
+}
+
+static void run_op_void(const void *j) { (void)run_op(j); }
+/* the team is shared state: its barriers change, so the const is dropped */
+static void team_copy_void(const void *t) { team_copy((team *)t); }
+
+/* Median seconds of one op (see median_time). A backward gets the statistics
+ * of a forward run just before. */
 static double time_op(const job *j, double budget, int lo, int hi, rmsnorm_status *st) {
   if (j->op == OP_RMS_BWD || j->op == OP_LN_BWD) {
     job f = *j;
@@ -169,19 +194,7 @@ static double time_op(const job *j, double budget, int lo, int hi, rmsnorm_statu
     if (*st != RMSNORM_OK) return 0;
   }
   *st = run_op(j);
-  double t0 = now();
-  run_op(j);
-  int reps = reps_for(now() - t0, budget, lo, hi);
-  double *t = malloc((size_t)reps * sizeof *t);
-  for (int i = 0; i < reps; i++) {
-    double a = now();
-    run_op(j);
-    t[i] = now() - a;
-  }
-  qsort(t, (size_t)reps, sizeof *t, cmp_double);
-  double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
-  free(t);
-  return med;
+  return median_time(run_op_void, j, budget, lo, hi);
 }
 
 /* Best median memcpy bandwidth (bytes read + written per second) for a copy
@@ -195,19 +208,7 @@ static double memcpy_bw(team *teams, int threads, buffers *b, size_t bytes, doub
     t->dst = b->mc_dst;
     t->src = b->mc_src;
     t->bytes = bytes;
-    team_copy(t);
-    double t0 = now();
-    team_copy(t);
-    int reps = reps_for(now() - t0, budget, lo, hi);
-    double *ts = malloc((size_t)reps * sizeof *ts);
-    for (int i = 0; i < reps; i++) {
-      double a = now();
-      team_copy(t);
-      ts[i] = now() - a;
-    }
-    qsort(ts, (size_t)reps, sizeof *ts, cmp_double);
-    double med = reps % 2 ? ts[reps / 2] : 0.5 * (ts[reps / 2 - 1] + ts[reps / 2]);
-    free(ts);
+    double med = median_time(team_copy_void, t, budget, lo, hi);
     double bw = 2.0 * (double)bytes / med;
     if (bw > best) best = bw;
   }
