@@ -232,6 +232,177 @@ RMSNORM_API rmsnorm_status rmsnorm_layernorm_backward(rmsnorm_context *ctx,
                                                       void *dx, size_t lddx,
                                                       void *dweight, void *dbias);
 
+/* ---- Inside a transformer block: fused operations ----------------------
+ * The same config, dtypes, strides, status rules and in-place rules as above
+ * unless a function says otherwise; all take RMSNorm configs (weight modes,
+ * bias, eps inside/outside, partial). The formulas and their derivations are
+ * in src/ref/fused_ref.inc and src/fused.c; docs/README-fusions.md has the
+ * overview. */
+
+/* Residual add + RMSNorm forward, one pass over memory. Per row:
+ *   h'_j = h_j + u_j   computed in the compute type and rounded to cfg->dtype
+ *                      (for fp16/bf16 the correctly rounded sum, as h + u in a
+ *                      framework), written back into h;
+ *   y    = RMSNorm(h') bit for bit what rmsnorm_forward gives on the rounded h'
+ *          (rstd, optional, as rmsnorm_forward's).
+ * h, u, y: rows x d of cfg->dtype, strides ldh, ldu, ldy. y may be u (same
+ * ld: the sub-layer output is consumed in place), never h.
+ * RMSNORM_FLAG_ACCUMULATE is RMSNORM_ERROR_BAD_FLAGS.
+ * @return RMSNORM_OK or an error status (nothing written, h included). */
+RMSNORM_API rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                               size_t rows, size_t d,
+                                               void *h, size_t ldh,
+                                               const void *u, size_t ldu,
+                                               const void *weight, const void *bias,
+                                               void *y, size_t ldy, void *rstd);
+
+/* Residual add + RMSNorm backward. h holds h' (as the forward left it), dy
+ * the gradient of y, dres the gradient arriving on the residual stream h'
+ * (NULL: zero). Writes dh = dres + dx, the gradient of both h and u, where dx
+ * is rmsnorm_backward(h', dy) rounded to cfg->dtype and the sum is rounded
+ * once more: bit for bit rmsnorm_backward followed by an element-wise add in
+ * cfg->dtype (the autograd composition). dweight, dbias, rstd and the flags
+ * as rmsnorm_backward. dh may be dy or dres (same ld).
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                                size_t rows, size_t d,
+                                                const void *h, size_t ldh,
+                                                const void *dy, size_t lddy,
+                                                const void *dres, size_t lddres,
+                                                const void *weight, const void *rstd,
+                                                void *dh, size_t lddh,
+                                                void *dweight, void *dbias);
+
+/* Output codes of rmsnorm_forward_quant. */
+typedef enum rmsnorm_qtype {
+  RMSNORM_Q_INT8 = 0,    /* int8_t, symmetric (no zero point) */
+  RMSNORM_Q_FP8_E4M3 = 1 /* uint8_t codes of OCP fp8 E4M3FN: bias 7, max 448,
+                            no infinities, NaN = 0x7f/0xff */
+} rmsnorm_qtype;
+
+/* RMSNorm forward with an 8-bit output. Per row, y_j is the forward's value
+ * in the compute type (before any rounding to cfg->dtype), then
+ *   dynamic (static_scale NULL): s = (float)(max_j |y_j| / QMAX), QMAX = 127
+ *            (int8) or 448 (e4m3), the division in the compute type; written
+ *            to scale[row] (scale: rows floats, required);
+ *   static:  s = *static_scale (finite, > 0; scale must be NULL);
+ *   t_j = y_j / s (0 when s = 0), and
+ *   int8: q_j = round-half-even(clamp(t_j, -128, 127)), NaN -> 0;
+ *   e4m3: q_j = e4m3((float)t_j): round to nearest even, saturate to +-448,
+ *         NaN -> 0x7f with t's sign.
+ * Dequantize with y ~ s * q. q: rows x d bytes with stride ldq (>= d). rstd
+ * optional, as rmsnorm_forward's. Rows the double-precision rescue path
+ * computes (overflowing/underflowing sums, NaN/Inf) quantize y as rounded to
+ * cfg->dtype. RMSNORM_FLAG_ACCUMULATE is RMSNORM_ERROR_BAD_FLAGS.
+ * @return RMSNORM_OK or an error status (nothing written); an unknown qtype
+ * or a bad static scale is RMSNORM_ERROR_BAD_ARGUMENT. */
+RMSNORM_API rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                                 size_t rows, size_t d,
+                                                 const void *x, size_t ldx,
+                                                 const void *weight, const void *bias,
+                                                 rmsnorm_qtype qtype, const float *static_scale,
+                                                 void *q, size_t ldq, float *scale, void *rstd);
+
+/* QK-norm: RMSNorm of every head of every token, x: [tokens, heads, head_dim]
+ * with one weight (and bias) of head_dim shared by all heads. The row of
+ * (token t, head h) starts at x + t*ldx_token + h*ldx_head (elements), so Q or
+ * K can be read where they lie in a fused QKV buffer: for QKV of
+ * [tokens, 3, heads, head_dim], Q is x = qkv, ldx_token = 3*heads*head_dim,
+ * ldx_head = head_dim, and K is x = qkv + heads*head_dim (call once for Q and
+ * once for K, each with its own weight). Each buffer's rows must not overlap:
+ * either token-major (ld_head >= head_dim, ld_token >= (heads-1)*ld_head +
+ * head_dim) or head-major (the same with the roles swapped), else
+ * RMSNORM_ERROR_BAD_STRIDE. Results equal rmsnorm_forward on each row. y may
+ * be x with the same two strides; overlap checks use each buffer's whole
+ * extent. rstd (optional): tokens*heads values, index t*heads + h.
+ * RMSNORM_FLAG_ACCUMULATE is RMSNORM_ERROR_BAD_FLAGS.
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx,
+                                                   const rmsnorm_config *cfg,
+                                                   size_t tokens, size_t heads, size_t head_dim,
+                                                   const void *x, size_t ldx_token,
+                                                   size_t ldx_head,
+                                                   const void *weight, const void *bias,
+                                                   void *y, size_t ldy_token, size_t ldy_head,
+                                                   void *rstd);
+
+/* QK-norm backward: dx of every row as rmsnorm_backward, and dweight/dbias
+ * summed over all tokens and heads (in a fixed order: the same bits for any
+ * thread count, though not the same association as one rmsnorm_backward over
+ * tokens*heads rows). dx may be dy or x with the same strides.
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx,
+                                                    const rmsnorm_config *cfg,
+                                                    size_t tokens, size_t heads, size_t head_dim,
+                                                    const void *x, size_t ldx_token,
+                                                    size_t ldx_head,
+                                                    const void *dy, size_t lddy_token,
+                                                    size_t lddy_head,
+                                                    const void *weight, const void *rstd,
+                                                    void *dx, size_t lddx_token, size_t lddx_head,
+                                                    void *dweight, void *dbias);
+
+/* RMSNorm + linear with the gain folded into the weights (FlashNorm):
+ *   Z = RMSNorm(X) W + bias = diag(r) (X W') + bias,   W' = diag(w) W,
+ * w = g, 1 + g (RMSNORM_FLAG_WEIGHT_OFFSET) or 1 (weight NULL), r the per-row
+ * rstd of X. The matrices W, W' (d x n) and dW are row-major in the compute
+ * type: float, double for fp64 data. The GEMMs come from the BLAS found at
+ * build time (cblas_sgemm/dgemm; fp16/bf16 rows are widened to float in
+ * chunks); a build without one returns RMSNORM_ERROR_NOT_AVAILABLE. */
+
+/* @return RMSNORM_OK when rmsnorm_linear_* can run (a BLAS was built in),
+ * else RMSNORM_ERROR_NOT_AVAILABLE. */
+RMSNORM_API rmsnorm_status rmsnorm_linear_available(void);
+
+/* Folds the gain into the weights once: W'_jk = w_j * W_jk, computed in the
+ * compute type (w_j as rmsnorm_forward forms it). weight: d of
+ * cfg->param_dtype or NULL (then W' = W). W' may be W (same ld). Needs no BLAS.
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_fold_weight(const rmsnorm_config *cfg, size_t d, size_t n,
+                                               const void *weight, const void *w, size_t ldw,
+                                               void *w_folded, size_t ldwf);
+
+/* Z = diag(r) (X W') + bias. x: rows x d of cfg->dtype; w_folded: d x n
+ * (compute type, ldwf >= n); bias: n of cfg->param_dtype or NULL; z: rows x n
+ * of cfg->dtype (ldz >= n), rounded once from the compute type; rstd
+ * (optional) receives r as rmsnorm_forward's. Agrees with rmsnorm_forward
+ * followed by a GEMM within the compute type's rounding (not bit for bit).
+ * RMSNORM_FLAG_ROUND_BEFORE_WEIGHT and RMSNORM_FLAG_ACCUMULATE are
+ * RMSNORM_ERROR_BAD_FLAGS (the normalized rows are never formed).
+ * @return RMSNORM_OK or an error status (nothing written);
+ * RMSNORM_ERROR_NOT_AVAILABLE without a BLAS; sizes above INT_MAX are
+ * RMSNORM_ERROR_BAD_SIZE. */
+RMSNORM_API rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                                  size_t rows, size_t d, size_t n,
+                                                  const void *x, size_t ldx,
+                                                  const void *w_folded, size_t ldwf,
+                                                  const void *bias,
+                                                  void *z, size_t ldz, void *rstd);
+
+/* Backward of rmsnorm_linear_forward, matching autograd of the unfused
+ * Z = RMSNorm(X; g) W + bias (derivation in src/fused.c). Given dz (rows x n
+ * of cfg->dtype), writes dx (rows x d of cfg->dtype), and when non-NULL
+ * dweight (d, the gain's gradient, cfg->param_dtype), dw (d x n, the gradient
+ * of the unfolded W, compute type, stride lddw) and dbias (n,
+ * cfg->param_dtype); RMSNORM_FLAG_ACCUMULATE adds into them. Needs weight
+ * (g, or NULL), w (the unfolded W, needed for dweight only, else may be NULL)
+ * and w_folded. r is recomputed from x (one read of x, nothing beside the
+ * GEMMs). dx may be x (same ld).
+ * @return RMSNORM_OK or an error status (nothing written);
+ * RMSNORM_ERROR_NOT_AVAILABLE without a BLAS; dweight without weight or w is
+ * RMSNORM_ERROR_BAD_ARGUMENT. */
+RMSNORM_API rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx,
+                                                   const rmsnorm_config *cfg,
+                                                   size_t rows, size_t d, size_t n,
+                                                   const void *x, size_t ldx,
+                                                   const void *weight,
+                                                   const void *w, size_t ldw,
+                                                   const void *w_folded, size_t ldwf,
+                                                   const void *dz, size_t lddz,
+                                                   void *dx, size_t lddx,
+                                                   void *dweight, void *dw, size_t lddw,
+                                                   void *dbias);
+
 #ifdef __cplusplus
 }
 #endif

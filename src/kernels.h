@@ -72,11 +72,50 @@ typedef void (*rn_forward_fn)(const rn_forward_args *a, size_t row_begin, size_t
 typedef void (*rn_backward_fn)(const rn_backward_args *a, size_t row_begin, size_t row_end,
                                void *dw_part, void *db_part);
 
+/* Element-wise sum over rows [row_begin, row_end) (the residual add):
+ * out_j = a_j + b_j in the compute type, rounded to the storage dtype. */
+typedef struct rn_add_args {
+  rmsnorm_dtype dtype; /* storage of a, b and out */
+  size_t d;
+  const void *a;       /* a: (rows, lda) */
+  size_t lda;
+  const void *b;       /* b: (rows, ldb) */
+  size_t ldb;
+  void *out;           /* out: (rows, ldo), may equal a or b */
+  size_t ldo;
+} rn_add_args;
+
+/* RMSNorm with a quantized output: the forward's y in the compute type
+ * (never rounded to the data dtype) divided by a scale and rounded to int8 or
+ * fp8 e4m3 (formulas in ref/fused_ref.inc). */
+typedef struct rn_quant_args {
+  rn_forward_args f;   /* the norm (RMSNorm only); f.y, f.mean unused */
+  int fp8;             /* 0: int8, 1: fp8 e4m3 (OCP "FN": max 448, NaN 0x7f) */
+  void *q;             /* q: (rows, ldq) bytes */
+  size_t ldq;
+  float *scale;        /* scale: (rows,) written when dynamic */
+  float static_scale;  /* > 0: the one scale of every row; 0: dynamic, per row */
+} rn_quant_args;
+
+/* RMSNorm r of rows [row_begin, row_end) into a->rstd (nothing else written). */
+typedef void (*rn_rstd_fn)(const rn_forward_args *a, size_t row_begin, size_t row_end,
+                           void *row_scratch);
+typedef void (*rn_add_fn)(const rn_add_args *a, size_t row_begin, size_t row_end);
+typedef void (*rn_quant_fn)(const rn_quant_args *a, size_t row_begin, size_t row_end,
+                            void *row_scratch);
+/* row_scratch: RN_QUANT_SCRATCH(d) bytes, 64-byte aligned, private to the
+ * calling task (rescued rows and the quantizer's row of y pass through it). */
+#define RN_QUANT_SCRATCH(d) ((((d) * 8 + 63) & ~(size_t)63) * 2)
+
 /* One ISA's kernels, indexed by rmsnorm_dtype. */
 typedef struct rn_kernel_set {
   const char *name;
   rn_forward_fn forward[RN_NUM_DTYPES];
   rn_backward_fn backward[RN_NUM_DTYPES];
+  /* transformer-block fusions (fused.c) */
+  rn_add_fn add[RN_NUM_DTYPES];
+  rn_rstd_fn rstd[RN_NUM_DTYPES];
+  rn_quant_fn quant[RN_NUM_DTYPES];
 } rn_kernel_set;
 
 /* The scalar reference: the spec every other set is tested against. */

@@ -6,6 +6,7 @@
 
 #include "../convert.h"
 #include "../kernels.h"
+#include "../quant.h"
 #include "../rescue.h"
 #include "../rowmath.h"
 
@@ -21,6 +22,7 @@
 #define RN_ST(p, j, v) ((p)[j] = (v))
 #define RN_RT(v) (v)
 #include "norm_ref.inc"
+#include "fused_ref.inc"
 #undef RN_NAME
 #undef RN_T
 #undef RN_LD
@@ -33,6 +35,7 @@
 #define RN_ST(p, j, v) ((p)[j] = rn_f32_to_f16(v))
 #define RN_RT(v) rn_f16_to_f32(rn_f32_to_f16(v))
 #include "norm_ref.inc"
+#include "fused_ref.inc"
 #undef RN_NAME
 #undef RN_T
 #undef RN_LD
@@ -45,6 +48,7 @@
 #define RN_ST(p, j, v) ((p)[j] = rn_f32_to_bf16(v))
 #define RN_RT(v) rn_bf16_to_f32(rn_f32_to_bf16(v))
 #include "norm_ref.inc"
+#include "fused_ref.inc"
 #undef RN_NAME
 #undef RN_T
 #undef RN_LD
@@ -67,9 +71,13 @@
 #define RN_ST(p, j, v) ((p)[j] = (v))
 #define RN_RT(v) (v)
 #include "norm_ref.inc"
+#include "fused_ref.inc"
 
 const rn_kernel_set rn_kernels_ref = {
     "scalar",
     {forward_f32, forward_f16, forward_bf16, forward_f64},
     {backward_f32, backward_f16, backward_bf16, backward_f64},
+    {add_rows_f32, add_rows_f16, add_rows_bf16, add_rows_f64},
+    {rstd_rows_f32, rstd_rows_f16, rstd_rows_bf16, rstd_rows_f64},
+    {quant_rows_f32, quant_rows_f16, quant_rows_bf16, quant_rows_f64},
 };

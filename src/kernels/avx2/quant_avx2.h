@@ -1,0 +1,77 @@
+/* quant_avx2.h - the vector vocabulary of fused_simd.inc for AVX2, on top of
+ * simd_avx2.h: abs/max/divide, and int8 / fp8 e4m3 codes computed with the
+ * integer steps of quant.h (so the codes equal the reference's). */
+#ifndef RMSNORM_QUANT_AVX2_H
+#define RMSNORM_QUANT_AVX2_H
+
+#include "simd_avx2.h"
+
+typedef __m256i vi; /* VF_W int32 codes */
+
+static inline vf vf_abs(vf v) {
+  return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+}
+static inline vd vd_abs(vd v) {
+  return _mm256_and_pd(v, _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll)));
+}
+/* max(a, b), b when a is NaN (vmaxps returns its second source then) */
+static inline vf vf_max_keep(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vd vd_max_keep(vd a, vd b) { return _mm256_max_pd(a, b); }
+static inline float vf_hmax(vf v) {
+  __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_max_ss(a, _mm_shuffle_ps(a, a, 1)));
+}
+static inline double vd_hmax(vd v) {
+  __m128d a = _mm_max_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_max_sd(a, _mm_unpackhi_pd(a, a)));
+}
+static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vd vd_div(vd a, vd b) { return _mm256_div_pd(a, b); }
+/* doubles rounded to float, in the low VD_W lanes */
+static inline vf vd_to_vf(vd v) {
+  return _mm256_insertf128_ps(_mm256_setzero_ps(), _mm256_cvtpd_ps(v), 0);
+}
+
+/* int8 codes: NaN -> 0, clamp to [-128, 127], round to nearest even */
+static inline vi vf_i8_codes(vf t) {
+  t = _mm256_and_ps(t, _mm256_cmp_ps(t, t, _CMP_ORD_Q));
+  t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-128.0f)), _mm256_set1_ps(127.0f));
+  return _mm256_cvtps_epi32(t);
+}
+static inline vi vd_i8_codes(vd t) {
+  t = _mm256_and_pd(t, _mm256_cmp_pd(t, t, _CMP_ORD_Q));
+  t = _mm256_min_pd(_mm256_max_pd(t, _mm256_set1_pd(-128.0)), _mm256_set1_pd(127.0));
+  return _mm256_inserti128_si256(_mm256_setzero_si256(), _mm256_cvtpd_epi32(t), 0);
+}
+
+/* e4m3 codes, as rn_e4m3_code */
+static inline vi vf_e4m3_codes(vf t) {
+  __m256i u = _mm256_castps_si256(t);
+  __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(t, t, _CMP_UNORD_Q));
+  vf a = _mm256_min_ps(vf_abs(t), _mm256_set1_ps(448.0f));
+  __m256i m = _mm256_sub_epi32(_mm256_castps_si256(a), _mm256_set1_epi32(120 << 23));
+  m = _mm256_add_epi32(m, _mm256_add_epi32(_mm256_set1_epi32(0x7ffff),
+                                           _mm256_and_si256(_mm256_srli_epi32(m, 20),
+                                                            _mm256_set1_epi32(1))));
+  __m256i c = _mm256_srli_epi32(m, 20);
+  __m256i sub = _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(0x1p-6f), _CMP_LT_OQ));
+  c = _mm256_blendv_epi8(c, _mm256_cvtps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(512.0f))), sub);
+  c = _mm256_blendv_epi8(c, _mm256_set1_epi32(0x7f), nan);
+  return _mm256_or_si256(c, sign);
+}
+static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
+
+/* the low byte of the first n codes to p */
+static inline void vi_store_bytes(void *p, vi c, size_t n) {
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        -1, -1, -1, -1);
+  __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(c, pick),
+                                          _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+  uint64_t bytes = (uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(b));
+  memcpy(p, &bytes, n);
+}
+
+#endif

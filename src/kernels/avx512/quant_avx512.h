@@ -1,0 +1,61 @@
+/* quant_avx512.h - the vector vocabulary of fused_simd.inc for AVX-512, on
+ * top of simd_avx512.h: abs/max/divide, and int8 / fp8 e4m3 codes computed
+ * with the integer steps of quant.h (so the codes equal the reference's). */
+#ifndef RMSNORM_QUANT_AVX512_H
+#define RMSNORM_QUANT_AVX512_H
+
+#include "simd_avx512.h"
+
+typedef __m512i vi; /* VF_W int32 codes */
+
+static inline vf vf_abs(vf v) { return _mm512_abs_ps(v); }
+static inline vd vd_abs(vd v) { return _mm512_abs_pd(v); }
+/* max(a, b), b when a is NaN (vmaxps returns its second source then) */
+static inline vf vf_max_keep(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vd vd_max_keep(vd a, vd b) { return _mm512_max_pd(a, b); }
+static inline float vf_hmax(vf v) { return _mm512_reduce_max_ps(v); }
+static inline double vd_hmax(vd v) { return _mm512_reduce_max_pd(v); }
+static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vd vd_div(vd a, vd b) { return _mm512_div_pd(a, b); }
+/* doubles rounded to float, in the low VD_W lanes */
+static inline vf vd_to_vf(vd v) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_setzero_pd(),
+                                             _mm256_castps_pd(_mm512_cvtpd_ps(v)), 0));
+}
+
+/* int8 codes: NaN -> 0, clamp to [-128, 127], round to nearest even */
+static inline vi vf_i8_codes(vf t) {
+  t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t);
+  t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
+  return _mm512_cvtps_epi32(t);
+}
+static inline vi vd_i8_codes(vd t) {
+  t = _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(t, t, _CMP_ORD_Q), t);
+  t = _mm512_min_pd(_mm512_max_pd(t, _mm512_set1_pd(-128.0)), _mm512_set1_pd(127.0));
+  return _mm512_inserti64x4(_mm512_setzero_si512(), _mm512_cvtpd_epi32(t), 0);
+}
+
+/* e4m3 codes, as rn_e4m3_code */
+static inline vi vf_e4m3_codes(vf t) {
+  __m512i u = _mm512_castps_si512(t);
+  __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
+  __mmask16 nan = _mm512_cmp_ps_mask(t, t, _CMP_UNORD_Q);
+  vf a = _mm512_min_ps(_mm512_abs_ps(t), _mm512_set1_ps(448.0f));
+  __m512i m = _mm512_sub_epi32(_mm512_castps_si512(a), _mm512_set1_epi32(120 << 23));
+  m = _mm512_add_epi32(m, _mm512_add_epi32(_mm512_set1_epi32(0x7ffff),
+                                           _mm512_and_si512(_mm512_srli_epi32(m, 20),
+                                                            _mm512_set1_epi32(1))));
+  __m512i c = _mm512_srli_epi32(m, 20);
+  __mmask16 sub = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p-6f), _CMP_LT_OQ);
+  c = _mm512_mask_mov_epi32(c, sub, _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(512.0f))));
+  c = _mm512_mask_mov_epi32(c, nan, _mm512_set1_epi32(0x7f));
+  return _mm512_or_si512(c, sign);
+}
+static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
+
+/* the low byte of the first n codes to p */
+static inline void vi_store_bytes(void *p, vi c, size_t n) {
+  _mm_mask_storeu_epi8(p, m16(n), _mm512_cvtepi32_epi8(c));
+}
+
+#endif

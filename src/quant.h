@@ -1,0 +1,58 @@
+/* quant.h - 8-bit output codes in portable C: int8 and fp8 e4m3 (the OCP
+ * "E4M3FN" variant: bias 7, 3 mantissa bits, max 448, no infinities, NaN =
+ * S.1111.111). Round to nearest even, saturate. The SIMD vocabularies
+ * (kernels/<isa>/quant_<isa>.h) do the same integer steps, so they give the
+ * same codes. */
+#ifndef RMSNORM_QUANT_H
+#define RMSNORM_QUANT_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "convert.h"
+
+#define RN_INT8_QMAX 127.0
+#define RN_E4M3_MAX 448.0
+
+/* int8 code of t (float compute): NaN -> 0, clamp to [-128, 127], round to
+ * nearest even. */
+static inline int8_t rn_i8_code_f32(float t) {
+  if (isnan(t)) return 0;
+  t = t < -128.0f ? -128.0f : t > 127.0f ? 127.0f : t;
+  return (int8_t)nearbyintf(t);
+}
+
+/* The same in double (fp64 data): no intermediate rounding to float. */
+static inline int8_t rn_i8_code_f64(double t) {
+  if (isnan(t)) return 0;
+  t = t < -128.0 ? -128.0 : t > 127.0 ? 127.0 : t;
+  return (int8_t)nearbyint(t);
+}
+
+/* e4m3 code of t: NaN -> S.1111.111 keeping t's sign; |t| clamped to 448
+ * (infinities too); below 2^-6 the subnormal code is |t| * 2^9 rounded to
+ * nearest even (8 is the smallest normal, 0x08); above, the fp32 bits are
+ * rebiased (127 -> 7) and the 20 dropped mantissa bits rounded to nearest
+ * even, a carry stepping into the exponent. */
+static inline uint8_t rn_e4m3_code(float t) {
+  uint32_t u = rn_f32_bits(t);
+  uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+  if (isnan(t)) return (uint8_t)(sign | 0x7fu);
+  float a = fabsf(t);
+  if (a > 448.0f) a = 448.0f;
+  if (a < 0x1p-6f) return (uint8_t)(sign | (uint8_t)nearbyintf(a * 512.0f));
+  uint32_t m = rn_f32_bits(a) - (120u << 23);
+  m += 0x7ffffu + ((m >> 20) & 1u);
+  return (uint8_t)(sign | (m >> 20));
+}
+
+/* The value of an e4m3 code (exact in float); NaN for S.1111.111. */
+static inline float rn_e4m3_value(uint8_t c) {
+  int e = (c >> 3) & 15, m = c & 7;
+  float v;
+  if (e == 15 && m == 7) return NAN;
+  v = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m, -9);
+  return (c & 0x80) ? -v : v;
+}
+
+#endif

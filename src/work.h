@@ -1,0 +1,64 @@
+/* work.h - what entry points share after validation: the weight and bias in
+ * the compute type, splitting work across the context's threads, and the
+ * fixed-order reduction of per-chunk dweight/dbias partial sums (results never
+ * depend on the thread count). (The same logic as api.c's static helpers,
+ * which are to switch to these.) */
+#ifndef RMSNORM_WORK_H
+#define RMSNORM_WORK_H
+
+#include <stddef.h>
+
+#include "context.h"
+#include "kernels.h"
+#include "parallel.h"
+
+/* Outputs at least this large are written with non-temporal stores where the
+ * kernel set has them. */
+#define RN_STREAM_BYTES ((size_t)16 << 20)
+
+/* Scratch regions start on 64-byte boundaries. */
+static inline size_t rn_align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Task t of n gets units [begin(t), begin(t+1)): contiguous blocks. */
+static inline size_t rn_split_begin(size_t units, int t, int n) {
+  return units * (size_t)t / (size_t)n;
+}
+
+/* Whether a weight (is_weight) or bias p needs a converted copy of d acc
+ * elements to reach the kernels (other dtype, or the 1 + g offset). */
+int rn_param_needs_copy(const rmsnorm_config *cfg, const void *p, int is_weight);
+/* p in the compute type: p itself, or its converted copy written to buf. */
+const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_weight, size_t d,
+                            void *buf);
+
+/* Threads worth using for `bytes` of traffic split into `units` pieces. */
+int rn_threads_for(const rmsnorm_context *ctx, size_t bytes, size_t units);
+/* Runs fn over ntasks tasks on the context's pool (lock held), or inline. */
+void rn_run_tasks(rmsnorm_context *ctx, int ntasks, rn_task_fn fn, void *arg);
+
+/* Computes units [u0, u1) of a backward (one chunk) and adds its dweight and
+ * dbias terms into dw_part/db_part ((d,) acc, or NULL). `task` is the index of
+ * the running task (for per-task scratch). */
+typedef void (*rn_chunk_fn)(void *arg, size_t u0, size_t u1, void *dw_part, void *db_part,
+                            int task);
+
+/* A backward's reduction of dweight/dbias: units are split into chunks of
+ * chunk_units, each chunk's terms go to its own partial, partials are added
+ * in chunk order in double. Fill with rn_grad_plan, size scratch with
+ * plan.bytes, then rn_grad_run. */
+typedef struct rn_grad_plan {
+  const rmsnorm_config *cfg;
+  size_t units, chunk_units, nchunks, d, acc_size, part_bytes, bytes;
+  void *dweight, *dbias; /* the user's outputs, or NULL */
+} rn_grad_plan;
+
+/* @return 0 when the partials would not fit in size_t (out of memory). */
+int rn_grad_plan_init(rn_grad_plan *p, const rmsnorm_config *cfg, size_t units,
+                      size_t chunk_units, size_t d, void *dweight, void *dbias);
+/* Runs fn over every chunk with ntasks tasks, then reduces into dweight and
+ * dbias (overwritten, or added to with RMSNORM_FLAG_ACCUMULATE). `scratch`
+ * holds p->bytes (64-byte aligned); lock held. */
+void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, int ntasks,
+                 rn_chunk_fn fn, void *arg);
+
+#endif
