@@ -1,8 +1,7 @@
 /* validate.h - the argument checks every public entry point shares: config,
  * matrix extents, and the byte-range overlap rule (every output disjoint from
  * every other buffer, except the exact in-place views an operation allows).
- * Checks only read their arguments; nothing here writes user memory.
- * (The same logic as api.c's static helpers, which are to switch to these.) */
+ * Checks only read their arguments; nothing here writes user memory. */
 #ifndef RMSNORM_VALIDATE_H
 #define RMSNORM_VALIDATE_H
 

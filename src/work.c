@@ -95,18 +95,37 @@ static void chunks_task(void *arg, int t, int n) {
   }
 }
 
-/* out[j] (or +=) = sum over chunks of parts[c][j] in chunk order, j in [j0, j1). */
+/* out[j] (or +=) = sum over chunks of parts[c][j] in chunk order, in double,
+ * for j in [j0, j1); typed loops for the common cases. */
 static void reduce_parts(const grad_job *job, const char *parts, void *out, size_t j0,
                          size_t j1) {
   const rn_grad_plan *p = job->p;
   const rmsnorm_config *cfg = p->cfg;
   size_t n = j1 - j0, d = p->d;
-  double *total = job->total + j0;
   int f64 = rn_acc_is_f64(cfg->dtype);
-  for (size_t j = 0; j < n; j++) total[j] = rn_load_acc(parts, f64, j0 + j);
-  for (size_t c = 1; c < p->nchunks; c++)
-    for (size_t j = 0; j < n; j++) total[j] += rn_load_acc(parts, f64, c * d + j0 + j);
   int acc = (cfg->flags & RMSNORM_FLAG_ACCUMULATE) != 0;
+  if (p->nchunks == 1 && !acc && cfg->param_dtype == (f64 ? RMSNORM_F64 : RMSNORM_F32)) {
+    /* one chunk, same type: the sum is the partial itself */
+    memcpy((char *)out + j0 * p->acc_size, parts + j0 * p->acc_size, n * p->acc_size);
+    return;
+  }
+  double *total = job->total + j0;
+  if (f64) {
+    const double *q = (const double *)(const void *)parts + j0;
+    for (size_t j = 0; j < n; j++) total[j] = q[j];
+    for (size_t c = 1; c < p->nchunks; c++)
+      for (size_t j = 0; j < n; j++) total[j] += q[c * d + j];
+  } else {
+    const float *q = (const float *)(const void *)parts + j0;
+    for (size_t j = 0; j < n; j++) total[j] = q[j];
+    for (size_t c = 1; c < p->nchunks; c++)
+      for (size_t j = 0; j < n; j++) total[j] += q[c * d + j];
+  }
+  if (cfg->param_dtype == RMSNORM_F32) {
+    float *o = (float *)out + j0;
+    for (size_t j = 0; j < n; j++) o[j] = (float)(acc ? total[j] + o[j] : total[j]);
+    return;
+  }
   for (size_t j = j0; j < j1; j++) {
     double v = total[j - j0];
     if (acc) v += rn_load(out, cfg->param_dtype, j);

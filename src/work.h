@@ -1,8 +1,7 @@
 /* work.h - what entry points share after validation: the weight and bias in
  * the compute type, splitting work across the context's threads, and the
  * fixed-order reduction of per-chunk dweight/dbias partial sums (results never
- * depend on the thread count). (The same logic as api.c's static helpers,
- * which are to switch to these.) */
+ * depend on the thread count). */
 #ifndef RMSNORM_WORK_H
 #define RMSNORM_WORK_H
 
