@@ -79,7 +79,7 @@ static int run_demo(rmsnorm_context *ctx) {
     print_row(label, y[i], D);
   }
 
-  /* Z = Y W: a plain loop (the library normalizes; it does not multiply matrices) */
+  /* Z = Y W: a plain loop, the textbook product the folded form is checked against */
   for (int i = 0; i < ROWS; i++)
     for (int o = 0; o < OUT; o++) {
       double s = 0;
@@ -92,6 +92,34 @@ static int run_demo(rmsnorm_context *ctx) {
   for (int i = 0; i < ROWS; i++) {
     snprintf(label, sizeof label, "z%d", i + 1);
     print_row(label, z[i], OUT);
+  }
+
+  /* the same Z with the gain folded into W (FlashNorm): no Y is formed */
+  double wf[D][OUT], zf[ROWS][OUT];
+  if (check(rmsnorm_fold_weight(&cfg, D, OUT, demo_g, demo_w, OUT, wf, OUT), "fold_weight"))
+    return -1;
+  printf("\n   Folded (FlashNorm): Y W = diag(r) X diag(g) W, so fold the gain into W\n"
+         "   once, W' = diag(g) W, and scale each row of X W' by its r = 1/RMS:\n"
+         "   Z = diag(r) (X W'), one matrix product and no pass to form Y.\n");
+  for (int j = 0; j < D; j++) print_row(j == 0 ? "W'" : "", wf[j], OUT);
+  rmsnorm_status st = rmsnorm_linear_available();
+  if (st == RMSNORM_OK)
+    st = rmsnorm_linear_forward(ctx, &cfg, ROWS, D, OUT, demo_x, D, wf, OUT, NULL, zf, OUT, NULL);
+  if (st == RMSNORM_ERROR_NOT_AVAILABLE) {
+    printf("     (rmsnorm_linear_forward is not available: this librmsnorm was built\n"
+           "     without a BLAS, so the folded Z is not computed here)\n");
+  } else {
+    if (check(st, "linear_forward")) return -1;
+    double diff = 0;
+    for (int i = 0; i < ROWS; i++) {
+      snprintf(label, sizeof label, "z%d'", i + 1);
+      print_row(label, zf[i], OUT);
+      for (int o = 0; o < OUT; o++) {
+        double e = zf[i][o] > z[i][o] ? zf[i][o] - z[i][o] : z[i][o] - zf[i][o];
+        if (e > diff) diff = e;
+      }
+    }
+    printf("     the same Z: largest difference from the unfolded one %.1e\n", diff);
   }
 
   if (check(rmsnorm_layernorm_forward(ctx, &cfg, ROWS, D, demo_x, D, NULL, NULL, ln, D, ln_mean,
@@ -131,7 +159,8 @@ int rn_cli_demo(int argc, char **argv) {
       printf("usage: rmsnorm demo\n\n"
              "Walks through RMSNorm on the seed example (2 tokens, hidden size 4): the\n"
              "mean of squares, the RMS, the normalized rows, a learned gain, a linear\n"
-             "layer after it, and LayerNorm for contrast. Takes no arguments.\n");
+             "layer after it (also with the gain folded into its weights, when the\n"
+             "library has a BLAS), and LayerNorm for contrast. Takes no arguments.\n");
       return RN_EXIT_OK;
     }
     rn_cli_error("demo: unexpected argument '%s' (see 'rmsnorm demo --help')", argv[i]);

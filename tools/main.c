@@ -18,6 +18,8 @@ static const command commands[] = {
   {"backward", "RMSNorm gradients: DX (and DG, DB) from X and DY", rn_cli_norm},
   {"layernorm", "LayerNorm: Y from X", rn_cli_norm},
   {"layernorm-backward", "LayerNorm gradients: DX (and DG, DB) from X and DY", rn_cli_norm},
+  {"add-forward", "residual add + RMSNorm: H' = H + U and Y from H and U", rn_cli_norm},
+  {"linear", "RMSNorm + linear layer, gain folded: Z = RMSNorm(X) W", rn_cli_norm},
   {"demo", "the worked example, step by step", rn_cli_demo},
   {"info", "version, CPU features, kernel set, threads", rn_cli_info},
 #ifdef RMSNORM_CLI_HAVE_BENCH
@@ -43,7 +45,8 @@ static void usage(FILE *to) {
           "       rmsnorm COMMAND --help\n"
           "       rmsnorm --version\n"
           "\n"
-          "RMSNorm and LayerNorm, forward and backward, on .npy files (librmsnorm %s).\n"
+          "RMSNorm and LayerNorm, forward and backward, and fused with the residual add\n"
+          "or the next linear layer, on .npy files (librmsnorm %s).\n"
           "\n"
           "commands:\n",
           rmsnorm_version_string());

@@ -1,7 +1,9 @@
-/* norm.c - the four norm subcommands (forward, backward, layernorm,
- * layernorm-backward): one option parser and one runner, parameterized by a
- * table of what each command takes. Inputs are mapped, checked against each
- * other, handed to the library, and the outputs written all-or-nothing. */
+/* norm.c - the norm subcommands (forward, backward, layernorm,
+ * layernorm-backward, and the fused add-forward and linear): one option
+ * parser, parameterized by a table of what each command takes, and two
+ * runners (row-wise norms; the norm followed by a matrix product). Inputs are
+ * mapped, checked against each other, handed to the library, and the outputs
+ * written all-or-nothing. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
@@ -17,7 +19,14 @@
 
 /* ---- what each command takes ------------------------------------------ */
 
-typedef enum op_kind { OP_RMS_FORWARD, OP_RMS_BACKWARD, OP_LN_FORWARD, OP_LN_BACKWARD } op_kind;
+typedef enum op_kind {
+  OP_RMS_FORWARD,
+  OP_RMS_BACKWARD,
+  OP_LN_FORWARD,
+  OP_LN_BACKWARD,
+  OP_ADD_FORWARD, /* h' = h + u, y = RMSNorm(h') */
+  OP_LINEAR       /* Z = RMSNorm(X) W + bias, the gain folded into W */
+} op_kind;
 
 /* option bits */
 enum {
@@ -33,7 +42,9 @@ enum {
   O_RSTD = 1u << 9,
   O_MEAN = 1u << 10,
   O_DWEIGHT = 1u << 11,
-  O_DBIAS = 1u << 12
+  O_DBIAS = 1u << 12,
+  O_RESIDUAL_OUT = 1u << 13,
+  O_LINEAR_BIAS = 1u << 14
 };
 
 typedef struct option_def {
@@ -47,11 +58,13 @@ typedef struct option_def {
 static const option_def option_defs[] = {
   {"output", O_OUT, "FILE", "the result (Y or DX): X's shape and dtype"},
   {"mean", O_MEAN, "FILE", "each row's mean: float32, X's leading (row) shape"},
+  {"residual-out", O_RESIDUAL_OUT, "FILE", "h' = h + u: H's shape and dtype (H is not changed)"},
   {"rstd", O_RSTD, "FILE", "each row's r: float32, X's leading (row) shape"},
   {"dweight", O_DWEIGHT, "FILE", "dL/dg: the normalized shape, in the weight's dtype"},
   {"dbias", O_DBIAS, "FILE", "dL/db: the normalized shape, in the weight's dtype"},
   {"weight", O_WEIGHT, "FILE", "the gain g: the normalized shape; '<f4' or X's dtype"},
   {"bias", O_BIAS, "FILE", "the bias b: as the weight, and in its dtype"},
+  {"linear-bias", O_LINEAR_BIAS, "FILE", "added to Z: shape (N,), in the weight's dtype"},
   {"eps", O_EPS, "E", "finite, >= 0 (default: 2^-23; 2^-52 for '<f8' data)"},
   {"eps-outside", O_EPS_OUTSIDE, NULL, "r = 1/(sqrt(mean(x^2)) + eps), the paper's code"},
   {"offset", O_OFFSET, NULL, "multiply by (1 + g) instead of g (Gemma)"},
@@ -66,32 +79,54 @@ static const option_def option_defs[] = {
 typedef struct op_spec {
   const char *name;
   op_kind kind;
-  int inputs; /* 1: X; 2: X and DY */
+  int inputs;          /* 1: X; 2: X and DY (H and U, X and W) */
+  const char *in_text; /* the inputs, for the usage error */
+  const char *out_text; /* the output, for the usage error */
   unsigned options;
   const char *synopsis;
   const char *about;
 } op_spec;
 
 static const op_spec op_specs[] = {
-  {"forward", OP_RMS_FORWARD, 1, COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD,
+  {"forward", OP_RMS_FORWARD, 1, "X.npy", "Y.npy",
+   COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD,
    "X.npy -o Y.npy [--rstd R.npy] [options]",
    "RMSNorm of each row of X (the last axis, or the last K with --dims K):\n"
    "  y = x * r * g + b,  r = 1/sqrt(mean(x^2) + eps)"},
-  {"backward", OP_RMS_BACKWARD, 2, COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_DWEIGHT | O_DBIAS,
+  {"backward", OP_RMS_BACKWARD, 2, "X.npy DY.npy", "DX.npy",
+   COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_DWEIGHT | O_DBIAS,
    "X.npy DY.npy -o DX.npy [--dweight DG.npy] [--dbias DB.npy] [options]",
    "Gradients of RMSNorm given X and the output gradient DY (r recomputed from X):\n"
    "dx, and with --dweight / --dbias the sums over rows of dy*x*r and of dy.\n"
    "The options must be those of the forward; --bias does not change the gradients."},
-  {"layernorm", OP_LN_FORWARD, 1, COMMON_OPTS | O_MEAN | O_RSTD,
+  {"layernorm", OP_LN_FORWARD, 1, "X.npy", "Y.npy", COMMON_OPTS | O_MEAN | O_RSTD,
    "X.npy -o Y.npy [--mean M.npy] [--rstd R.npy] [options]",
    "LayerNorm of each row of X (the last axis, or the last K with --dims K):\n"
    "  y = (x - mean) * r * g + b,  r = 1/sqrt(var + eps), var biased (as torch)\n"
    "The default eps is 2^-23 as for RMSNorm; torch.nn.LayerNorm uses --eps 1e-5."},
-  {"layernorm-backward", OP_LN_BACKWARD, 2, COMMON_OPTS | O_DWEIGHT | O_DBIAS,
+  {"layernorm-backward", OP_LN_BACKWARD, 2, "X.npy DY.npy", "DX.npy",
+   COMMON_OPTS | O_DWEIGHT | O_DBIAS,
    "X.npy DY.npy -o DX.npy [--dweight DG.npy] [--dbias DB.npy] [options]",
    "Gradients of LayerNorm given X and the output gradient DY (mean and r\n"
    "recomputed from X): dx, and with --dweight / --dbias the sums over rows of\n"
    "dy*xhat and of dy. --bias does not change the gradients."},
+  {"add-forward", OP_ADD_FORWARD, 2, "H.npy U.npy", "Y.npy",
+   COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD | O_RESIDUAL_OUT,
+   "H.npy U.npy -o Y.npy [--residual-out H2.npy] [--rstd R.npy] [options]",
+   "Residual add + RMSNorm in one pass (a pre-norm transformer block): the\n"
+   "residual stream H plus a sub-layer's output U (same shape and dtype),\n"
+   "  h' = h + u  (rounded to H's dtype),  y = RMSNorm(h')  as forward gives it.\n"
+   "H.npy is read, never changed: --residual-out writes h' (naming H.npy itself\n"
+   "replaces it, all-or-nothing, like every output)."},
+  {"linear", OP_LINEAR, 2, "X.npy W.npy", "Z.npy",
+   O_OUT | O_RSTD | O_WEIGHT | O_LINEAR_BIAS | O_EPS | O_EPS_OUTSIDE | O_OFFSET | O_PARTIAL |
+       O_BF16,
+   "X.npy W.npy -o Z.npy [--weight G.npy] [--linear-bias B.npy] [--rstd R.npy] [options]",
+   "RMSNorm of each row of X (the last axis, d) followed by a linear layer,\n"
+   "with the gain folded into the matrix (FlashNorm):\n"
+   "  Z = RMSNorm(X; g) W + bias = diag(r) (X W') + bias,  W' = diag(g) W\n"
+   "W: (d, N), '<f4' ('<f8' for '<f8' data), the compute type. Z: X's leading\n"
+   "shape and N, in X's dtype. Needs a librmsnorm built with a BLAS."},
 };
 
 static const op_spec *find_op(const char *name) {
@@ -108,7 +143,10 @@ static void print_help(const op_spec *op) {
     char left[40];
     snprintf(left, sizeof left, "%s--%s%s%s", o->bit == O_OUT ? "-o, " : "", o->name,
              o->arg ? " " : "", o->arg ? o->arg : "");
-    printf("  %-22s %s\n", left, o->help);
+    if (o->bit == O_OUT && op->kind == OP_LINEAR)
+      printf("  %-22s %s\n", left, "the result Z: X's leading shape and N, X's dtype");
+    else
+      printf("  %-22s %s\n", left, o->help);
   }
   printf("  %-22s %s\n", "-h, --help", "this help");
   printf("\nexit status: 0 success, 1 failure (file, shape, dtype, library), 2 usage error\n");
@@ -119,7 +157,7 @@ static void print_help(const op_spec *op) {
 typedef struct norm_args {
   const char *in[2];
   int n_in;
-  const char *out, *mean, *rstd, *dweight, *dbias, *weight, *bias;
+  const char *out, *mean, *rstd, *dweight, *dbias, *weight, *bias, *residual_out, *linear_bias;
   int have_eps;
   double eps;
   int eps_outside, offset, bf16;
@@ -153,6 +191,8 @@ static int set_option(const op_spec *op, norm_args *a, const option_def *o, cons
     case O_DBIAS: a->dbias = v; break;
     case O_WEIGHT: a->weight = v; break;
     case O_BIAS: a->bias = v; break;
+    case O_RESIDUAL_OUT: a->residual_out = v; break;
+    case O_LINEAR_BIAS: a->linear_bias = v; break;
     case O_EPS_OUTSIDE: a->eps_outside = 1; break;
     case O_OFFSET: a->offset = 1; break;
     case O_BF16: a->bf16 = 1; break;
@@ -226,15 +266,15 @@ static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
     int rc = set_option(op, a, o, value);
     if (rc) return rc;
   }
-  if (a->n_in < op->inputs)
-    return usage_error(op, "missing input file (%s)", op->inputs == 1 ? "X.npy" : "X.npy DY.npy");
-  if (!a->out) return usage_error(op, "missing the output: -o %s", op->inputs == 1 ? "Y.npy" : "DX.npy");
+  if (a->n_in < op->inputs) return usage_error(op, "missing input file (%s)", op->in_text);
+  if (!a->out) return usage_error(op, "missing the output: -o %s", op->out_text);
   if (a->dweight && !a->weight)
     return usage_error(op, "%s needs --weight (the gradient of which weight?)", "--dweight");
   /* two outputs with one name would leave only one of them */
-  const char *outs[] = {a->out, a->mean, a->rstd, a->dweight, a->dbias};
-  for (size_t i = 0; i < 5; i++)
-    for (size_t j = i + 1; j < 5; j++)
+  const char *outs[] = {a->out, a->mean, a->rstd, a->dweight, a->dbias, a->residual_out};
+  size_t n_outs = sizeof outs / sizeof outs[0];
+  for (size_t i = 0; i < n_outs; i++)
+    for (size_t j = i + 1; j < n_outs; j++)
       if (outs[i] && outs[j] && !strcmp(outs[i], outs[j]))
         return usage_error(op, "'%s' is named by two outputs", outs[i]);
   return 0;
@@ -334,18 +374,20 @@ static void *alloc_bytes(size_t bytes, int zero) {
   return zero ? calloc(1, bytes) : malloc(bytes);
 }
 
-/* Runs one command on parsed arguments. */
+/* Runs one row-wise command on parsed arguments. For add-forward the
+ * second input (dy below) is U, and H is copied into the buffer the library
+ * updates in place (h' = h + u), which --residual-out writes. */
 static int run(const op_spec *op, const norm_args *a) {
   int rc = RN_EXIT_FAILURE;
   char err[512];
   npy_file x = {0}, dy = {0}, w = {0}, b = {0};
   out_set *outs = out_begin();
-  void *y = NULL, *mean = NULL, *rstd = NULL, *dweight = NULL, *dbias = NULL;
+  void *y = NULL, *mean = NULL, *rstd = NULL, *dweight = NULL, *dbias = NULL, *h = NULL;
   rmsnorm_context *ctx = NULL;
-  int backward = op->kind == OP_RMS_BACKWARD || op->kind == OP_LN_BACKWARD;
+  int add = op->kind == OP_ADD_FORWARD;
 
   /* inputs */
-  const char *paths[4] = {a->in[0], backward ? a->in[1] : NULL, a->weight, a->bias};
+  const char *paths[4] = {a->in[0], op->inputs == 2 ? a->in[1] : NULL, a->weight, a->bias};
   npy_file *files[4] = {&x, &dy, &w, &b};
   for (int i = 0; i < 4; i++) {
     if (paths[i] && npy_open(files[i], paths[i], err, sizeof err) != 0) {
@@ -381,7 +423,7 @@ static int run(const op_spec *op, const norm_args *a) {
     goto done;
   }
 
-  if (backward) {
+  if (op->inputs == 2) {
     if (check_data_dtype(&dy, a->bf16)) goto done;
     if (dy.info.dtype != xi->dtype) {
       rn_cli_error("%s: dtype '%s' does not match %s's dtype '%s'", dy.path, dy.info.descr, x.path,
@@ -422,8 +464,9 @@ static int run(const op_spec *op, const norm_args *a) {
   /* zeroed: with no rows the library writes nothing, and the sums are 0 */
   if (a->dweight) dweight = alloc_bytes(d * param_size, 1);
   if (a->dbias) dbias = alloc_bytes(d * param_size, 1);
+  if (add && (h = alloc_bytes(xi->data_bytes, 0)) != NULL) memcpy(h, x.data, xi->data_bytes);
   if (!y || (a->mean && !mean) || (a->rstd && !rstd) || (a->dweight && !dweight) ||
-      (a->dbias && !dbias)) {
+      (a->dbias && !dbias) || (add && !h)) {
     rn_cli_error("%s: out of memory", op->name);
     goto done;
   }
@@ -433,6 +476,7 @@ static int run(const op_spec *op, const norm_args *a) {
     {a->rstd, -1, NPY_F32, lead, xi->shape, rstd, rows * sizeof(float), 1},
     {a->dweight, -1, param, k, xi->shape + lead, dweight, d * param_size, 0},
     {a->dbias, -1, param, k, xi->shape + lead, dbias, d * param_size, 0},
+    {a->residual_out, -1, xi->dtype, xi->ndim, xi->shape, h, xi->data_bytes, 0},
   };
   size_t n_out = sizeof outv / sizeof outv[0];
   for (size_t i = 0; i < n_out; i++) {
@@ -467,6 +511,10 @@ static int run(const op_spec *op, const norm_args *a) {
         st = rmsnorm_layernorm_backward(ctx, &cfg, rows, d, x.data, d, dy.data, d, wp, NULL, NULL,
                                         y, d, dweight, dbias);
         break;
+      case OP_ADD_FORWARD:
+        st = rmsnorm_add_forward(ctx, &cfg, rows, d, h, d, dy.data, d, wp, bp, y, d, rstd);
+        break;
+      case OP_LINEAR: st = RMSNORM_ERROR_BAD_ARGUMENT; break; /* run_linear's */
     }
   }
   if (st != RMSNORM_OK) {
@@ -500,6 +548,168 @@ done:
   free(rstd);
   free(dweight);
   free(dbias);
+  free(h);
+  for (int i = 0; i < 4; i++) npy_close(files[i]);
+  return rc;
+}
+
+/* `linear`: Z = RMSNorm(X; g) W + bias through rmsnorm_fold_weight (W' =
+ * diag(g) W, once) and rmsnorm_linear_forward (Z = diag(r) (X W') + bias).
+ * X's last axis is d; W is (d, N) in the compute type; Z has X's leading
+ * shape and N. */
+static int run_linear(const op_spec *op, const norm_args *a) {
+  int rc = RN_EXIT_FAILURE;
+  char err[512];
+  npy_file x = {0}, wm = {0}, g = {0}, lb = {0};
+  npy_file *files[4] = {&x, &wm, &g, &lb};
+  out_set *outs = out_begin();
+  void *z = NULL, *rstd = NULL, *wf = NULL;
+  rmsnorm_context *ctx = NULL;
+
+  if (rmsnorm_linear_available() != RMSNORM_OK) {
+    rn_cli_error("%s: not available: this librmsnorm was built without a BLAS "
+                 "(cblas_sgemm; install OpenBLAS and rebuild)", op->name);
+    return RN_EXIT_FAILURE;
+  }
+  const char *paths[4] = {a->in[0], a->in[1], a->weight, a->linear_bias};
+  for (int i = 0; i < 4; i++) {
+    if (paths[i] && npy_open(files[i], paths[i], err, sizeof err) != 0) {
+      rn_cli_error("%s: %s", paths[i], err);
+      goto done;
+    }
+  }
+  if (check_data_dtype(&x, a->bf16)) goto done;
+  const npy_info *xi = &x.info, *wi = &wm.info;
+  if (xi->ndim == 0) {
+    rn_cli_error("%s: a 0-d array has no axis to normalize", x.path);
+    goto done;
+  }
+  int lead = xi->ndim - 1;
+  size_t rows, d = xi->shape[lead];
+  if (!shape_product(xi->shape, 0, lead, &rows)) {
+    rn_cli_error("%s: shape too large", x.path);
+    goto done;
+  }
+  if (d == 0) {
+    rn_cli_error("%s: normalized shape (0,) is empty", x.path);
+    goto done;
+  }
+
+  /* W: (d, N), in the compute type */
+  rmsnorm_dtype dt = dtype_of(xi->dtype);
+  npy_dtype wdt = dt == RMSNORM_F64 ? NPY_F64 : NPY_F32;
+  char wshape[128];
+  npy_format_shape(wshape, sizeof wshape, wi->ndim, wi->shape);
+  if (wi->ndim != 2 || wi->shape[0] != d) {
+    rn_cli_error("%s: matrix shape %s must be (%zu, N): X's last axis is %zu", wm.path, wshape, d,
+                 d);
+    goto done;
+  }
+  size_t n = wi->shape[1];
+  if (n == 0) {
+    rn_cli_error("%s: matrix shape %s has no columns", wm.path, wshape);
+    goto done;
+  }
+  if (wi->dtype != wdt) {
+    rn_cli_error("%s: matrix dtype '%s' must be '%s' for '%s' data (the compute type)", wm.path,
+                 wi->descr, npy_descr(wdt), xi->descr);
+    goto done;
+  }
+  if (a->weight && check_param(&g, "weight", &x, lead)) goto done;
+  if (a->linear_bias) {
+    const npy_info *bi = &lb.info;
+    if (bi->ndim != 1 || bi->shape[0] != n) {
+      char got[128];
+      npy_format_shape(got, sizeof got, bi->ndim, bi->shape);
+      rn_cli_error("%s: linear bias shape %s does not match (%zu,), W's columns", lb.path, got, n);
+      goto done;
+    }
+    if (bi->dtype != NPY_F32 && bi->dtype != xi->dtype) {
+      rn_cli_error("%s: linear bias dtype '%s' must be '<f4' or the data's dtype '%s'", lb.path,
+                   bi->descr, xi->descr);
+      goto done;
+    }
+    if (a->weight && bi->dtype != g.info.dtype) {
+      rn_cli_error("%s: linear bias dtype '%s' does not match the weight's dtype '%s' (%s)",
+                   lb.path, bi->descr, g.info.descr, g.path);
+      goto done;
+    }
+  }
+  npy_dtype param = a->weight ? g.info.dtype : a->linear_bias ? lb.info.dtype : xi->dtype;
+
+  /* Z: the leading shape and N */
+  size_t zshape[NPY_MAX_DIMS], zcount, esize = npy_dtype_size(xi->dtype);
+  memcpy(zshape, xi->shape, (size_t)lead * sizeof zshape[0]);
+  zshape[lead] = n;
+  size_t stat_size = dt == RMSNORM_F64 ? sizeof(double) : sizeof(float);
+  if (!shape_product(zshape, 0, lead + 1, &zcount) || zcount > SIZE_MAX / esize ||
+      n > SIZE_MAX / npy_dtype_size(wdt) / d) {
+    rn_cli_error("%s: the result's shape is too large", x.path);
+    goto done;
+  }
+  z = alloc_bytes(zcount * esize, 0);
+  wf = alloc_bytes(d * n * npy_dtype_size(wdt), 0);
+  if (a->rstd) rstd = alloc_bytes(rows * stat_size, 0);
+  if (!z || !wf || (a->rstd && !rstd)) {
+    rn_cli_error("%s: out of memory", op->name);
+    goto done;
+  }
+  output outv[] = {
+    {a->out, -1, xi->dtype, lead + 1, zshape, z, zcount * esize, 0},
+    {a->rstd, -1, NPY_F32, lead, xi->shape, rstd, rows * sizeof(float), 1},
+  };
+  size_t n_out = sizeof outv / sizeof outv[0];
+  for (size_t i = 0; i < n_out; i++) {
+    if (outv[i].path && (outv[i].slot = out_add(outs, outv[i].path, err, sizeof err)) < 0) {
+      rn_cli_error("%s: %s", outv[i].path, err);
+      goto done;
+    }
+  }
+
+  rmsnorm_status st = rmsnorm_context_create(&ctx);
+  rmsnorm_config cfg;
+  if (st == RMSNORM_OK) st = rmsnorm_config_init(&cfg, dt);
+  if (st == RMSNORM_OK) {
+    cfg.param_dtype = dtype_of(param);
+    if (a->have_eps) cfg.eps = a->eps;
+    cfg.partial = a->partial;
+    cfg.flags = (a->eps_outside ? RMSNORM_FLAG_EPS_OUTSIDE : 0u) |
+                (a->offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u);
+    /* W' = diag(g) W once, then Z = diag(r) (X W') + bias */
+    st = rmsnorm_fold_weight(&cfg, d, n, a->weight ? g.data : NULL, wm.data, n, wf, n);
+    if (st == RMSNORM_OK)
+      st = rmsnorm_linear_forward(ctx, &cfg, rows, d, n, x.data, d, wf, n,
+                                  a->linear_bias ? lb.data : NULL, z, n, rstd);
+  }
+  if (st != RMSNORM_OK) {
+    rn_cli_error("%s: %s: %s (%s)", op->name, x.path, rmsnorm_status_message(st),
+                 rmsnorm_status_name(st));
+    goto done;
+  }
+
+  for (size_t i = 0; i < n_out; i++) {
+    const output *o = &outv[i];
+    if (!o->path) continue;
+    if (o->stat && dt == RMSNORM_F64) doubles_to_floats(o->data, rows);
+    if (out_write_npy(outs, o->slot, o->dt, o->ndim, o->shape, o->data, o->bytes, err,
+                      sizeof err) != 0) {
+      rn_cli_error("%s: %s", o->path, err);
+      goto done;
+    }
+  }
+  const char *failed = NULL;
+  if (out_commit(outs, &failed, err, sizeof err) != 0) {
+    rn_cli_error("%s: %s", failed, err);
+    goto done;
+  }
+  rc = RN_EXIT_OK;
+
+done:
+  out_abort(outs);
+  rmsnorm_context_free(ctx);
+  free(z);
+  free(wf);
+  free(rstd);
   for (int i = 0; i < 4; i++) npy_close(files[i]);
   return rc;
 }
@@ -513,5 +723,5 @@ int rn_cli_norm(int argc, char **argv) {
   norm_args a;
   int rc = parse_args(op, argc, argv, &a);
   if (rc) return rc < 0 ? RN_EXIT_OK : rc;
-  return run(op, &a);
+  return op->kind == OP_LINEAR ? run_linear(op, &a) : run(op, &a);
 }

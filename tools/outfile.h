@@ -11,7 +11,8 @@
 
 #include "npy.h"
 
-/* At most this many outputs per command (any of y, mean, rstd, dweight, dbias). */
+/* At most this many outputs per command (y or z, mean, rstd, dweight, dbias,
+ * the residual). */
 #define OUT_MAX 5
 
 typedef struct out_set out_set;

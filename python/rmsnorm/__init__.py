@@ -4,6 +4,9 @@ arrays here and for CPU torch tensors in rmsnorm.torch (imported on first use).
     import numpy as np, rmsnorm
     y, rstd = rmsnorm.rms_norm(x, x.shape[-1:], weight, return_rstd=True)
     dx, dw, _ = rmsnorm.rms_norm_backward(dy, x, x.shape[-1:], weight, rstd=rstd)
+    y, h = rmsnorm.fused_add_rms_norm(u, h, h.shape[-1:], weight)   # h + u, then RMSNorm
+    z = rmsnorm.rms_norm_linear(x, w_matrix, weight)                # RMSNorm(x) @ w_matrix
+    q, scale = rmsnorm.rms_norm_int8(x, x.shape[-1:], weight)      # int8, per-row scale
 """
 
 from ._capi import (
@@ -18,7 +21,19 @@ from ._capi import (
     set_num_threads,
 )
 from ._capi import version as library_version
-from ._numpy import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
+from ._numpy import (
+    fused_add_rms_norm,
+    fused_add_rms_norm_backward,
+    layer_norm,
+    layer_norm_backward,
+    rms_norm,
+    rms_norm_backward,
+    rms_norm_fp8,
+    rms_norm_int8,
+    rms_norm_linear,
+    rms_norm_linear_backward,
+)
+from ._capi import linear_available
 
 __version__ = library_version()
 
@@ -27,6 +42,13 @@ __all__ = [
     "rms_norm_backward",
     "layer_norm",
     "layer_norm_backward",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_backward",
+    "rms_norm_linear",
+    "rms_norm_linear_backward",
+    "linear_available",
+    "rms_norm_int8",
+    "rms_norm_fp8",
     "set_num_threads",
     "get_num_threads",
     "isa",

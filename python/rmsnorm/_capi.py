@@ -23,6 +23,8 @@ FLAG_WEIGHT_OFFSET = 1 << 1
 FLAG_ROUND_BEFORE_WEIGHT = 1 << 2
 FLAG_ACCUMULATE = 1 << 3
 
+Q_INT8, Q_FP8_E4M3 = 0, 1  # rmsnorm_qtype
+
 OK = 0
 ERROR_BAD_DTYPE = 6
 ERROR_OUT_OF_MEMORY = 9
@@ -59,7 +61,8 @@ class OutOfMemoryError(Error, MemoryError):
 
 
 class NotAvailableError(Error, RuntimeError):
-    """A kernel set this build or CPU lacks."""
+    """A kernel set this build or CPU lacks, or the linear functions in a build
+    without a BLAS."""
 
 
 for _cls in (Error, ArgumentError, DtypeError, OutOfMemoryError, NotAvailableError):
@@ -145,6 +148,44 @@ ln_backward = _proto(
     "rmsnorm_layernorm_backward",
     _int, _vp, _cfgp, _sz, _sz, _vp, _sz, _vp, _sz, _vp, _vp, _vp, _vp, _sz, _vp, _vp,
 )
+
+
+# The fused operations of a transformer block (include/rmsnorm.h, "Inside a
+# transformer block"), called as the four above.
+# (ctx, cfg, rows, d, h, ldh, u, ldu, weight, bias, y, ldy, rstd)
+add_forward = _proto(
+    "rmsnorm_add_forward", _int, _vp, _cfgp, _sz, _sz, _vp, _sz, _vp, _sz, _vp, _vp, _vp, _sz, _vp
+)
+# (ctx, cfg, rows, d, h, ldh, dy, lddy, dres, lddres, weight, rstd, dh, lddh, dweight, dbias)
+add_backward = _proto(
+    "rmsnorm_add_backward",
+    _int, _vp, _cfgp, _sz, _sz, _vp, _sz, _vp, _sz, _vp, _sz, _vp, _vp, _vp, _sz, _vp, _vp,
+)
+# (ctx, cfg, rows, d, x, ldx, weight, bias, qtype, static_scale, q, ldq, scale, rstd)
+forward_quant = _proto(
+    "rmsnorm_forward_quant",
+    _int, _vp, _cfgp, _sz, _sz, _vp, _sz, _vp, _vp, _int, _vp, _vp, _sz, _vp, _vp,
+)
+_linear_available = _proto("rmsnorm_linear_available", _int)
+# (cfg, d, n, weight, w, ldw, w_folded, ldwf)
+fold_weight = _proto("rmsnorm_fold_weight", _int, _cfgp, _sz, _sz, _vp, _vp, _sz, _vp, _sz)
+# (ctx, cfg, rows, d, n, x, ldx, w_folded, ldwf, bias, z, ldz, rstd)
+linear_forward = _proto(
+    "rmsnorm_linear_forward",
+    _int, _vp, _cfgp, _sz, _sz, _sz, _vp, _sz, _vp, _sz, _vp, _vp, _sz, _vp,
+)
+# (ctx, cfg, rows, d, n, x, ldx, weight, w, ldw, w_folded, ldwf, dz, lddz, dx, lddx,
+#  dweight, dw, lddw, dbias)
+linear_backward = _proto(
+    "rmsnorm_linear_backward",
+    _int, _vp, _cfgp, _sz, _sz, _sz, _vp, _sz, _vp, _vp, _sz, _vp, _sz, _vp, _sz, _vp, _sz,
+    _vp, _vp, _sz, _vp,
+)
+
+
+def linear_available() -> bool:
+    """Whether the rmsnorm_linear_* functions can run (a BLAS was built in)."""
+    return _linear_available() == OK
 
 
 def status_name(status: int) -> str:

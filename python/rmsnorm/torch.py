@@ -1,7 +1,9 @@
 """rmsnorm.torch - the library for CPU torch tensors: rms_norm and layer_norm as
 autograd Functions whose backward is the C backward, drop-in modules (RMSNorm,
 LayerNorm, and HF-compatible LlamaRMSNorm and GemmaRMSNorm), and patch(model),
-which swaps a model's RMSNorm layers for these in place.
+which swaps a model's RMSNorm layers for these in place. The fused operations of a
+transformer block: fused_add_rms_norm and rms_norm_linear (autograd Functions whose
+backward is the C backward), rms_norm_int8 and rms_norm_fp8 (no gradient).
 
 Threads: every call runs on up to torch.get_num_threads() threads (so
 torch.set_num_threads and OMP_NUM_THREADS apply); results do not depend on it.
@@ -29,6 +31,12 @@ __all__ = [
     "LlamaRMSNorm",
     "GemmaRMSNorm",
     "patch",
+    "fused_add_rms_norm",
+    "rms_norm_linear",
+    "rms_norm_int8",
+    "rms_norm_fp8",
+    "FusedAddRMSNormFunction",
+    "RMSNormLinearFunction",
 ]
 
 _DTYPES = {_capi.F32: torch.float32, _capi.F16: torch.float16, _capi.BF16: torch.bfloat16,
@@ -80,6 +88,13 @@ class TorchBackend(_core.Backend):
 
     def cast(self, a: torch.Tensor, code: int) -> torch.Tensor:
         return a.to(_DTYPES[code])
+
+    def copy(self, a: torch.Tensor) -> torch.Tensor:
+        return a.detach().clone(memory_format=torch.contiguous_format)
+
+    def empty_quant(self, shape: tuple, qtype: int) -> torch.Tensor:
+        dtype = torch.int8 if qtype == _capi.Q_INT8 else torch.float8_e4m3fn
+        return torch.empty(shape, dtype=dtype)
 
     def prepare_out(self, a: torch.Tensor) -> torch.Tensor:
         # Written behind autograd's back: bump its version counter, so a graph
@@ -189,6 +204,138 @@ def layer_norm(input: torch.Tensor, normalized_shape: _Shape,
     weight and bias; out= as for rms_norm."""
     return _apply(_core.LAYER, LayerNormFunction, input, weight, bias, normalized_shape, eps, 1.0,
                   _core.make_flags(offset, False, round_before_weight), out)
+
+
+# ---- fused operations of a transformer block -----------------------------------
+
+
+class FusedAddRMSNormFunction(torch.autograd.Function):
+    """Residual add + RMSNorm (rmsnorm_add_forward/backward) as an autograd Function:
+    apply(input, residual, weight, bias, normalized_shape, eps, partial, flags) ->
+    (output, new_residual). The backward gives both input and residual the gradient
+    dres + RMSNorm backward(dy) at new_residual. Gradients of gradients are not
+    available."""
+
+    @staticmethod
+    def forward(ctx, input, residual, weight, bias, normalized_shape, eps, partial, flags):
+        r = _core.add_forward(TORCH, input, residual, normalized_shape, weight, bias, eps,
+                              partial, flags, True, torch.get_num_threads())
+        ctx.args = (normalized_shape, eps, partial, flags)
+        ctx.save_for_backward(r.h, weight, bias, r.rstd)
+        ctx.set_materialize_grads(False)  # an unused new_residual: dres NULL, not zeros
+        return r.y, r.h
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output, grad_residual):
+        h, weight, bias, rstd = ctx.saved_tensors
+        normalized_shape, eps, partial, flags = ctx.args
+        if grad_output is None:
+            grad_output = torch.zeros_like(h)
+        dh, dw, db = _core.add_backward(TORCH, grad_output, grad_residual, h, normalized_shape,
+                                        weight, bias, rstd, eps, partial, flags,
+                                        ctx.needs_input_grad[2], ctx.needs_input_grad[3],
+                                        torch.get_num_threads())
+        di = dh if ctx.needs_input_grad[0] else None
+        # one tensor for both would let autograd accumulate into one grad through the other
+        dr = (dh.clone() if di is not None else dh) if ctx.needs_input_grad[1] else None
+        return di, dr, dw, db, None, None, None, None
+
+
+def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: _Shape,
+                       weight: Optional[torch.Tensor] = None, eps: Optional[float] = None, *,
+                       bias: Optional[torch.Tensor] = None, offset: bool = False,
+                       eps_outside: bool = False, partial: float = 1.0,
+                       inplace: bool = False):
+    """(output, new_residual) = (rms_norm(residual + input, ...), residual + input) in
+    one pass (rmsnorm.fused_add_rms_norm for tensors), differentiable in input,
+    residual, weight and bias. inplace=True (vLLM's semantics: new_residual written
+    into residual, output into input) only without autograd."""
+    flags = _core.make_flags(offset, eps_outside, False)
+    if _needs_autograd(input, residual, weight, bias):
+        if inplace:
+            raise ValueError("fused_add_rms_norm(): inplace=True does not take part in "
+                             "autograd; call it under torch.no_grad() or with tensors that do "
+                             "not require grad")
+        return FusedAddRMSNormFunction.apply(input, residual, weight, bias,
+                                             _core.normalized(normalized_shape)[0], eps, partial,
+                                             flags)
+    r = _core.add_forward(TORCH, input, residual, normalized_shape, weight, bias, eps, partial,
+                          flags, False, torch.get_num_threads(), inplace)
+    return r.y, r.h
+
+
+class RMSNormLinearFunction(torch.autograd.Function):
+    """RMSNorm + linear with the gain folded (rmsnorm_fold_weight,
+    rmsnorm_linear_forward/backward) as an autograd Function:
+    apply(input, weight_matrix, norm_weight, bias, eps, partial, flags) -> Z, with
+    gradients for input, weight_matrix, norm_weight and bias matching autograd of
+    rms_norm(input) @ weight_matrix + bias."""
+
+    @staticmethod
+    def forward(ctx, input, weight_matrix, norm_weight, bias, eps, partial, flags):
+        a = _core.linear_args(TORCH, input, weight_matrix, norm_weight, bias)
+        wf = _core.fold(TORCH, a, eps, partial, flags)
+        z, _ = _core.linear_forward(TORCH, a, wf, eps, partial, flags, torch.get_num_threads())
+        ctx.args = (eps, partial, flags)
+        ctx.save_for_backward(input, weight_matrix, norm_weight, bias, wf)
+        return z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output):
+        input, weight_matrix, norm_weight, bias, wf = ctx.saved_tensors
+        eps, partial, flags = ctx.args
+        a = _core.linear_args(TORCH, input, weight_matrix, norm_weight, bias)
+        need = ctx.needs_input_grad
+        dx, dg, dw, db = _core.linear_backward(TORCH, a, wf, grad_output, eps, partial, flags,
+                                               need[0], need[2], need[1], need[3],
+                                               torch.get_num_threads())
+        return dx, dw, dg, db, None, None, None
+
+
+def rms_norm_linear(input: torch.Tensor, weight_matrix: torch.Tensor,
+                    norm_weight: Optional[torch.Tensor] = None, eps: Optional[float] = None,
+                    bias: Optional[torch.Tensor] = None, offset: bool = False, *,
+                    eps_outside: bool = False, partial: float = 1.0) -> torch.Tensor:
+    """rms_norm(input, (d,), norm_weight, eps) @ weight_matrix + bias with the gain
+    folded into the matrix (rmsnorm.rms_norm_linear for tensors), differentiable in
+    input, weight_matrix (d, n), norm_weight and bias."""
+    flags = _core.make_flags(offset, eps_outside, False)
+    if _needs_autograd(input, weight_matrix, norm_weight, bias):
+        return RMSNormLinearFunction.apply(input, weight_matrix, norm_weight, bias, eps, partial,
+                                           flags)
+    a = _core.linear_args(TORCH, input, weight_matrix, norm_weight, bias)
+    wf = _core.fold(TORCH, a, eps, partial, flags)
+    return _core.linear_forward(TORCH, a, wf, eps, partial, flags, torch.get_num_threads())[0]
+
+
+def _quant(qtype, input, normalized_shape, weight, eps, bias, scale, offset, eps_outside,
+           partial):
+    with torch.no_grad():
+        return _core.forward_quant(TORCH, qtype, input, normalized_shape, weight, bias, eps,
+                                   partial, _core.make_flags(offset, eps_outside, False), scale,
+                                   torch.get_num_threads())
+
+
+def rms_norm_int8(input: torch.Tensor, normalized_shape: _Shape,
+                  weight: Optional[torch.Tensor] = None, eps: Optional[float] = None, *,
+                  bias: Optional[torch.Tensor] = None, scale: Optional[float] = None,
+                  offset: bool = False, eps_outside: bool = False, partial: float = 1.0):
+    """(q, scale): RMSNorm to int8 with a per-row (scale=None) or static scale, as
+    rmsnorm.rms_norm_int8; q is a torch.int8 tensor. Not differentiable."""
+    return _quant(_capi.Q_INT8, input, normalized_shape, weight, eps, bias, scale, offset,
+                  eps_outside, partial)
+
+
+def rms_norm_fp8(input: torch.Tensor, normalized_shape: _Shape,
+                 weight: Optional[torch.Tensor] = None, eps: Optional[float] = None, *,
+                 bias: Optional[torch.Tensor] = None, scale: Optional[float] = None,
+                 offset: bool = False, eps_outside: bool = False, partial: float = 1.0):
+    """(q, scale): RMSNorm to fp8 E4M3 (torch.float8_e4m3fn) with a per-row or static
+    scale, as rmsnorm.rms_norm_fp8. Not differentiable."""
+    return _quant(_capi.Q_FP8_E4M3, input, normalized_shape, weight, eps, bias, scale, offset,
+                  eps_outside, partial)
 
 
 # ---- modules ---------------------------------------------------------------------

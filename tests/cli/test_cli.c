@@ -728,6 +728,313 @@ static void test_versions_and_sources(void) {
   unlink("dw.npy");
 }
 
+/* ---- the fused commands: add-forward and linear ------------------------------ */
+
+typedef struct fcase {
+  int dims;       /* add-forward only; 0: the default (1) */
+  double eps;     /* < 0: the default */
+  int eps_outside, offset;
+  double partial; /* 0: the default (1) */
+  int weight;     /* 0 none, 1 in the data's dtype, 2 float32 */
+  int bias;       /* add-forward: the norm's bias; linear: the linear bias (shape (N,)) */
+  int stats;      /* --rstd */
+  int residual;   /* add-forward: --residual-out */
+} fcase;
+
+static const fcase add_cases[] = {
+  {0, -1, 0, 0, 0, 0, 0, 0, 0},
+  {0, 0.25, 0, 0, 0, 1, 1, 1, 1},
+  {0, 0.25, 1, 0, 0.5, 2, 2, 1, 1},
+  {0, 0.01, 0, 1, 0, 1, 0, 0, 1},
+  {2, 0.25, 0, 0, 0, 2, 0, 1, 1},
+};
+
+static const fcase linear_cases[] = {
+  {0, -1, 0, 0, 0, 0, 0, 0, 0},
+  {0, 0.25, 0, 0, 0, 1, 1, 1, 0},
+  {0, 0.25, 1, 0, 0.5, 2, 2, 1, 0},
+  {0, 0.01, 0, 1, 0, 1, 0, 1, 0},
+  {0, 0.25, 0, 0, 0, 0, 2, 0, 0},
+};
+
+/* The options a case shares between the two commands. */
+static int fused_options(const fcase *c, tdt dt, const char **args, int n, char *eps_text,
+                         char *p_text, char *dims_text) {
+  if (c->eps >= 0) {
+    snprintf(eps_text, 64, "%.17g", c->eps);
+    args[n++] = "--eps";
+    args[n++] = eps_text;
+  }
+  if (c->eps_outside) args[n++] = "--eps-outside";
+  if (c->offset) args[n++] = "--offset";
+  if (c->partial > 0) {
+    snprintf(p_text, 64, "--partial=%.17g", c->partial);
+    args[n++] = p_text;
+  }
+  if (c->dims) {
+    snprintf(dims_text, 16, "%d", c->dims);
+    args[n++] = "--dims";
+    args[n++] = dims_text;
+  }
+  if (dt == TBF16) args[n++] = "--bf16";
+  args[n] = NULL;
+  return n;
+}
+
+static void fused_config(const fcase *c, tdt dt, tdt pdt, rmsnorm_config *cfg) {
+  rmsnorm_config_init(cfg, tdt_lib[dt]);
+  cfg->param_dtype = tdt_lib[pdt];
+  if (c->eps >= 0) cfg->eps = c->eps;
+  if (c->partial > 0) cfg->partial = c->partial;
+  cfg->flags = (c->eps_outside ? RMSNORM_FLAG_EPS_OUTSIDE : 0u) |
+               (c->offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u);
+}
+
+static oracle_cfg fused_oracle_cfg(const fcase *c, tdt dt) {
+  oracle_cfg oc = {0, c->eps >= 0 ? (ld)c->eps : (dt == TF64 ? 0x1p-52L : 0x1p-23L),
+                   c->eps_outside, c->offset, c->partial > 0 ? c->partial : 1};
+  return oc;
+}
+
+/* Checks a float32 statistics file against the library's values (float, or
+ * double rounded) and the oracle. */
+static void check_rstd_file(const char *label, tdt dt, int lead, const size_t *shape, size_t rows,
+                            const unsigned char *lib, const ld *oracle) {
+  arr got;
+  if (!read_npy("rstd.npy", TF32, lead, shape, &got)) return;
+  for (size_t i = 0; i < rows; i++) {
+    float want = dt == TF64 ? (float)((const double *)(const void *)lib)[i]
+                            : ((const float *)(const void *)lib)[i];
+    float have;
+    memcpy(&have, got.bytes + 4 * i, 4);
+    check(memcmp(&want, &have, 4) == 0, "%s: rstd[%zu] %g, library %g", label, i, have, want);
+  }
+  close_all(label, &got, oracle, rows, 1e-5);
+  arr_free(&got);
+}
+
+/* add-forward H U: y and h' bit for bit as rmsnorm_add_forward gives them, and
+ * against the oracle: h' = h + u rounded to the dtype, y = RMSNorm(h'). */
+static void run_add_case(const fcase *c, tdt dt) {
+  static const size_t shape[3] = {3, 5, 8};
+  int k = c->dims ? c->dims : 1, lead = 3 - k;
+  size_t rows = 1, d = 1;
+  for (int i = 0; i < lead; i++) rows *= shape[i];
+  for (int i = lead; i < 3; i++) d *= shape[i];
+  tdt pdt = c->weight ? (c->weight == 2 ? TF32 : dt) : c->bias ? (c->bias == 2 ? TF32 : dt) : dt;
+  char label[160];
+  snprintf(label, sizeof label, "add-forward %s dims=%d eps=%g%s%s p=%g w=%d b=%d", tdt_name[dt],
+           k, c->eps, c->eps_outside ? " eps-outside" : "", c->offset ? " offset" : "",
+           c->partial, c->weight, c->bias);
+  arr h = arr_new(dt, 3, shape), u = arr_new(dt, 3, shape);
+  arr w = arr_new(pdt, k, shape + lead), b = arr_new(pdt, k, shape + lead);
+  arr_fill(&h, FILL_DATA);
+  arr_fill(&u, FILL_DATA);
+  arr_fill(&w, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
+  arr_fill(&b, FILL_DATA);
+  write_npy("h.npy", &h);
+  write_npy("u.npy", &u);
+  write_npy("w.npy", &w);
+  write_npy("b.npy", &b);
+  unlink("out.npy"), unlink("h2.npy"), unlink("rstd.npy");
+
+  const char *args[40];
+  char eps_text[64], p_text[64], dims_text[16];
+  int n = 0;
+  args[n++] = "add-forward", args[n++] = "h.npy", args[n++] = "u.npy";
+  args[n++] = "-o", args[n++] = "out.npy";
+  if (c->residual) args[n++] = "--residual-out", args[n++] = "h2.npy";
+  if (c->stats) args[n++] = "--rstd", args[n++] = "rstd.npy";
+  if (c->weight) args[n++] = "--weight", args[n++] = "w.npy";
+  if (c->bias) args[n++] = "--bias", args[n++] = "b.npy";
+  fused_options(c, dt, args, n, eps_text, p_text, dims_text);
+  int rc = run_with(NULL, args);
+  if (!check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label, rc,
+             err_text))
+    goto done;
+
+  /* the library on a copy of h (it updates h in place) */
+  rmsnorm_context *ctx;
+  rmsnorm_config cfg;
+  rmsnorm_context_create(&ctx);
+  fused_config(c, dt, pdt, &cfg);
+  unsigned char *lh = malloc(h.n * tdt_size[dt]), *ly = calloc(h.n, tdt_size[dt]),
+                *lr = calloc(rows + 1, 8);
+  memcpy(lh, h.bytes, h.n * tdt_size[dt]);
+  rmsnorm_status st = rmsnorm_add_forward(ctx, &cfg, rows, d, lh, d, u.bytes, d,
+                                          c->weight ? w.bytes : NULL, c->bias ? b.bytes : NULL,
+                                          ly, d, lr);
+  rmsnorm_context_free(ctx);
+  check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
+
+  /* the oracle: h' rounded to the dtype (exactly representable inputs, so the
+   * double sum is exact), then the textbook RMSNorm of it */
+  arr hp = arr_new(dt, 3, shape);
+  for (size_t i = 0; i < h.n; i++) {
+    store(dt, hp.bytes, i, h.v[i] + u.v[i]);
+    hp.v[i] = load(dt, hp.bytes, i);
+  }
+  oracle_cfg oc = fused_oracle_cfg(c, dt);
+  ld *oy = calloc(h.n, sizeof(ld)), *om = calloc(rows + 1, sizeof(ld)),
+     *orr = calloc(rows + 1, sizeof(ld));
+  oracle_forward(&oc, rows, d, hp.v, c->weight ? w.v : NULL, c->bias ? b.v : NULL, oy, om, orr);
+
+  arr got;
+  if (read_npy("out.npy", dt, 3, shape, &got)) {
+    check(!memcmp(got.bytes, ly, h.n * tdt_size[dt]), "%s: y differs from the library", label);
+    close_all(label, &got, oy, h.n, tol_of(dt));
+    arr_free(&got);
+  }
+  if (!c->residual) {
+    check(!file_exists("h2.npy"), "%s: h2.npy written unasked", label);
+  } else if (read_npy("h2.npy", dt, 3, shape, &got)) {
+    check(!memcmp(got.bytes, lh, h.n * tdt_size[dt]), "%s: h' differs from the library", label);
+    check(!memcmp(got.bytes, hp.bytes, h.n * tdt_size[dt]), "%s: h' is not h + u rounded", label);
+    arr_free(&got);
+  }
+  if (c->stats) check_rstd_file(label, dt, lead, shape, rows, lr, orr);
+  /* the input is read, never changed */
+  arr h_again;
+  if (read_npy("h.npy", dt, 3, shape, &h_again)) {
+    check(!memcmp(h_again.bytes, h.bytes, h.n * tdt_size[dt]), "%s: h.npy was changed", label);
+    arr_free(&h_again);
+  }
+  free(lh), free(ly), free(lr), free(oy), free(om), free(orr);
+  arr_free(&hp);
+done:
+  arr_free(&h), arr_free(&u), arr_free(&w), arr_free(&b);
+}
+
+/* linear X W: Z bit for bit as rmsnorm_fold_weight + rmsnorm_linear_forward
+ * give it, and against the oracle of the unfused Z = RMSNorm(X; g) W + bias. */
+static void run_linear_case(const fcase *c, tdt dt) {
+  static const size_t xshape[3] = {3, 5, 8}, zshape[3] = {3, 5, 6};
+  const size_t rows = 15, d = 8, nn = 6, wshape[2] = {8, 6}, bshape[1] = {6};
+  tdt pdt = c->weight ? (c->weight == 2 ? TF32 : dt) : c->bias ? (c->bias == 2 ? TF32 : dt) : dt;
+  tdt mdt = dt == TF64 ? TF64 : TF32; /* the matrix: the compute type */
+  char label[160];
+  snprintf(label, sizeof label, "linear %s eps=%g%s%s p=%g w=%d b=%d", tdt_name[dt], c->eps,
+           c->eps_outside ? " eps-outside" : "", c->offset ? " offset" : "", c->partial,
+           c->weight, c->bias);
+  arr x = arr_new(dt, 3, xshape), wm = arr_new(mdt, 2, wshape);
+  arr g = arr_new(pdt, 1, xshape + 2), lb = arr_new(pdt, 1, bshape);
+  arr_fill(&x, FILL_DATA);
+  arr_fill(&wm, FILL_DATA);
+  arr_fill(&g, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
+  arr_fill(&lb, FILL_DATA);
+  write_npy("x.npy", &x);
+  write_npy("wm.npy", &wm);
+  write_npy("g.npy", &g);
+  write_npy("lb.npy", &lb);
+  unlink("out.npy"), unlink("rstd.npy");
+
+  const char *args[40];
+  char eps_text[64], p_text[64], dims_text[16];
+  int n = 0;
+  args[n++] = "linear", args[n++] = "x.npy", args[n++] = "wm.npy";
+  args[n++] = "-o", args[n++] = "out.npy";
+  if (c->stats) args[n++] = "--rstd", args[n++] = "rstd.npy";
+  if (c->weight) args[n++] = "--weight", args[n++] = "g.npy";
+  if (c->bias) args[n++] = "--linear-bias", args[n++] = "lb.npy";
+  fused_options(c, dt, args, n, eps_text, p_text, dims_text);
+  int rc = run_with(NULL, args);
+  if (rmsnorm_linear_available() != RMSNORM_OK) {
+    check(rc == 1 && strstr(err_text, "linear: not available") && !file_exists("out.npy"),
+          "%s without a BLAS: exit %d: %s", label, rc, err_text);
+    goto done;
+  }
+  if (!check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label, rc,
+             err_text))
+    goto done;
+
+  rmsnorm_context *ctx;
+  rmsnorm_config cfg;
+  rmsnorm_context_create(&ctx);
+  fused_config(c, dt, pdt, &cfg);
+  unsigned char *wf = calloc(d * nn, tdt_size[mdt]), *lz = calloc(rows * nn, tdt_size[dt]),
+                *lr = calloc(rows, 8);
+  rmsnorm_status st = rmsnorm_fold_weight(&cfg, d, nn, c->weight ? g.bytes : NULL, wm.bytes, nn,
+                                          wf, nn);
+  if (st == RMSNORM_OK)
+    st = rmsnorm_linear_forward(ctx, &cfg, rows, d, nn, x.bytes, d, wf, nn,
+                                c->bias ? lb.bytes : NULL, lz, nn, lr);
+  rmsnorm_context_free(ctx);
+  check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
+
+  /* the oracle, unfused: y = RMSNorm(x; g), then z = y W + bias */
+  oracle_cfg oc = fused_oracle_cfg(c, dt);
+  ld *oy = calloc(x.n, sizeof(ld)), *oz = calloc(rows * nn, sizeof(ld)),
+     *om = calloc(rows, sizeof(ld)), *orr = calloc(rows, sizeof(ld));
+  oracle_forward(&oc, rows, d, x.v, c->weight ? g.v : NULL, NULL, oy, om, orr);
+  for (size_t i = 0; i < rows; i++)
+    for (size_t o = 0; o < nn; o++) {
+      ld s = c->bias ? lb.v[o] : 0;
+      for (size_t j = 0; j < d; j++) s += oy[i * d + j] * wm.v[j * nn + o];
+      oz[i * nn + o] = s;
+    }
+  arr got;
+  if (read_npy("out.npy", dt, 3, zshape, &got)) {
+    check(!memcmp(got.bytes, lz, rows * nn * tdt_size[dt]), "%s: Z differs from the library",
+          label);
+    close_all(label, &got, oz, rows * nn, 2 * tol_of(dt));
+    arr_free(&got);
+  }
+  if (c->stats) check_rstd_file(label, dt, 2, xshape, rows, lr, orr);
+  free(wf), free(lz), free(lr), free(oy), free(oz), free(om), free(orr);
+done:
+  arr_free(&x), arr_free(&wm), arr_free(&g), arr_free(&lb);
+}
+
+static void test_fused(void) {
+  for (int dt = TF32; dt <= TF64; dt++) {
+    for (size_t i = 0; i < sizeof add_cases / sizeof add_cases[0]; i++)
+      run_add_case(&add_cases[i], (tdt)dt);
+    for (size_t i = 0; i < sizeof linear_cases / sizeof linear_cases[0]; i++)
+      run_linear_case(&linear_cases[i], (tdt)dt);
+  }
+
+  /* --residual-out naming H itself updates the residual stream in place */
+  static const size_t shape[2] = {4, 6};
+  arr h = arr_new(TF32, 2, shape), u = arr_new(TF32, 2, shape);
+  arr_fill(&h, FILL_DATA);
+  arr_fill(&u, FILL_DATA);
+  write_npy("h.npy", &h);
+  write_npy("u.npy", &u);
+  int rc = RUN("add-forward", "h.npy", "u.npy", "-o", "ref_y.npy", "--residual-out", "ref_h.npy");
+  check(rc == 0, "add-forward reference: %s", err_text);
+  rc = RUN("add-forward", "h.npy", "u.npy", "-o", "out.npy", "--residual-out", "h.npy");
+  check(rc == 0 && same_file("h.npy", "ref_h.npy") && same_file("out.npy", "ref_y.npy"),
+        "add-forward --residual-out H in place: %d %s", rc, err_text);
+  /* and Y may replace U (the sub-layer output consumed) */
+  write_npy("h.npy", &h);
+  rc = RUN("add-forward", "h.npy", "u.npy", "-o", "u.npy");
+  check(rc == 0 && same_file("u.npy", "ref_y.npy"), "add-forward -o U: %d %s", rc, err_text);
+  unlink("h.npy"), unlink("u.npy"), unlink("ref_y.npy"), unlink("ref_h.npy"), unlink("out.npy");
+  arr_free(&h), arr_free(&u);
+
+  /* a 1-d X: one row, Z of shape (N,) and a 0-d rstd; no rows: an empty Z */
+  if (rmsnorm_linear_available() == RMSNORM_OK) {
+    static const size_t x1[1] = {8}, w1[2] = {8, 3}, z1[1] = {3}, x0[2] = {0, 8}, z0[2] = {0, 3};
+    arr x = arr_new(TF32, 1, x1), wm = arr_new(TF32, 2, w1), xe = arr_new(TF32, 2, x0);
+    arr_fill(&x, FILL_DATA);
+    arr_fill(&wm, FILL_DATA);
+    write_npy("x.npy", &x);
+    write_npy("wm.npy", &wm);
+    write_npy("xe.npy", &xe);
+    arr got;
+    rc = RUN("linear", "x.npy", "wm.npy", "-o", "out.npy", "--rstd", "rstd.npy");
+    if (check(rc == 0, "linear 1-d: %s", err_text) && read_npy("out.npy", TF32, 1, z1, &got)) {
+      arr_free(&got);
+      if (read_npy("rstd.npy", TF32, 0, z1, &got)) arr_free(&got);
+    }
+    rc = RUN("linear", "xe.npy", "wm.npy", "-o", "out.npy");
+    if (check(rc == 0, "linear no rows: %s", err_text) && read_npy("out.npy", TF32, 2, z0, &got))
+      arr_free(&got);
+    unlink("x.npy"), unlink("wm.npy"), unlink("xe.npy"), unlink("out.npy"), unlink("rstd.npy");
+    arr_free(&x), arr_free(&wm), arr_free(&xe);
+  }
+}
+
 /* Outputs that are not plain files: a symbolic link (the file it names is
  * replaced, the link kept), a dangling link (replaced by the file), standard
  * output redirected to a file, and a pipe (written in place, not replaced). */
@@ -841,7 +1148,7 @@ typedef struct err_case {
   const char *args[24];
 } err_case;
 
-#define OUTS "out.npy", "r.npy", "m.npy", "dw.npy", "db.npy"
+#define OUTS "out.npy", "r.npy", "m.npy", "dw.npy", "db.npy", "h2.npy"
 static const char *const outputs[] = {OUTS};
 
 static const err_case err_cases[] = {
@@ -885,6 +1192,21 @@ static const err_case err_cases[] = {
   {2, "forward: 'out.npy' is named by two outputs", {"forward", "x.npy", "-o", "out.npy", "--rstd", "out.npy"}},
   {2, "demo: unexpected argument 'now'", {"demo", "now"}},
   {2, "info: unexpected argument '-v'", {"info", "-v"}},
+  {2, "=add-forward: missing input file (H.npy U.npy) (see 'rmsnorm add-forward --help')", {"add-forward", "x.npy", "-o", "out.npy"}},
+  {2, "add-forward: missing the output: -o Y.npy", {"add-forward", "x.npy", "x.npy", "--residual-out", "h2.npy"}},
+  {2, "add-forward: 'out.npy' is named by two outputs", {"add-forward", "x.npy", "x.npy", "-o", "out.npy", "--residual-out", "out.npy"}},
+  {2, "add-forward: unknown option '--dweight'", {"add-forward", "x.npy", "x.npy", "-o", "out.npy", "--dweight", "dw.npy"}},
+  {2, "add-forward: unexpected argument 'x.npy'", {"add-forward", "x.npy", "x.npy", "x.npy", "-o", "out.npy"}},
+  {2, "--eps must be a finite number >= 0, not '-1'", {"add-forward", "x.npy", "x.npy", "-o", "out.npy", "--eps", "-1"}},
+  {2, "forward: unknown option '--residual-out'", {"forward", "x.npy", "-o", "out.npy", "--residual-out", "h2.npy"}},
+  {2, "forward: unknown option '--linear-bias'", {"forward", "x.npy", "-o", "out.npy", "--linear-bias", "w.npy"}},
+  {2, "=linear: missing input file (X.npy W.npy) (see 'rmsnorm linear --help')", {"linear", "x.npy", "-o", "out.npy"}},
+  {2, "linear: missing the output: -o Z.npy", {"linear", "x.npy", "wm.npy"}},
+  {2, "linear: unknown option '--bias'", {"linear", "x.npy", "wm.npy", "-o", "out.npy", "--bias", "w.npy"}},
+  {2, "linear: unknown option '--dims'", {"linear", "x.npy", "wm.npy", "-o", "out.npy", "--dims", "1"}},
+  {2, "linear: unknown option '--residual-out'", {"linear", "x.npy", "wm.npy", "-o", "out.npy", "--residual-out", "h2.npy"}},
+  {2, "--partial must be a number in (0, 1], not '2'", {"linear", "x.npy", "wm.npy", "-o", "out.npy", "--partial", "2"}},
+  {2, "linear: 'out.npy' is named by two outputs", {"linear", "x.npy", "wm.npy", "-o", "out.npy", "--rstd", "out.npy"}},
   /* failures: 1 */
   {1, "=nope.npy: cannot open: No such file or directory", {"forward", "nope.npy", "-o", "out.npy"}},
   {1, "=adir: is a directory", {"forward", "adir", "-o", "out.npy"}},
@@ -924,17 +1246,43 @@ static const err_case err_cases[] = {
   {1, "=adir: is a directory", {"layernorm", "x.npy", "-o", "out.npy", "--mean", "m.npy", "--rstd", "adir"}},
   {1, "nodir/db.npy: cannot write: No such file", {"backward", "x.npy", "x.npy", "-o", "out.npy", "--weight", "w.npy", "--dweight", "dw.npy", "--dbias", "nodir/db.npy"}},
   {1, "=./out.npy: is named by two outputs", {"forward", "x.npy", "-o", "out.npy", "--rstd", "./out.npy"}},
+  /* add-forward: U must match H */
+  {1, "=x8.npy: shape (8,) does not match x.npy's shape (2, 4)", {"add-forward", "x.npy", "x8.npy", "-o", "out.npy"}},
+  {1, "=x16.npy: dtype '<f2' does not match x.npy's dtype '<f4'", {"add-forward", "x.npy", "x16.npy", "-o", "out.npy"}},
+  {1, "=w8.npy: weight shape (8,) does not match normalized shape (4,)", {"add-forward", "x.npy", "x.npy", "-o", "out.npy", "--weight", "w8.npy"}},
+  {1, "=nodir/h2.npy: cannot write: No such file or directory", {"add-forward", "x.npy", "x.npy", "-o", "out.npy", "--residual-out", "nodir/h2.npy"}},
+  {1, "=xb.npy: dtype '<u2' is read as bf16 bits only with --bf16", {"add-forward", "xb.npy", "xb.npy", "-o", "out.npy"}},
+  /* linear (these need a BLAS; without one every linear run says so) */
+  {1, "=nope.npy: cannot open: No such file or directory", {"linear", "x.npy", "nope.npy", "-o", "out.npy"}},
+  {1, "=w.npy: matrix shape (4,) must be (4, N): X's last axis is 4", {"linear", "x.npy", "w.npy", "-o", "out.npy"}},
+  {1, "=x.npy: matrix shape (2, 4) must be (4, N): X's last axis is 4", {"linear", "x.npy", "x.npy", "-o", "out.npy"}},
+  {1, "=wm0.npy: matrix shape (4, 0) has no columns", {"linear", "x.npy", "wm0.npy", "-o", "out.npy"}},
+  {1, "=wm64.npy: matrix dtype '<f8' must be '<f4' for '<f4' data (the compute type)", {"linear", "x.npy", "wm64.npy", "-o", "out.npy"}},
+  {1, "=wm.npy: matrix dtype '<f4' must be '<f8' for '<f8' data (the compute type)", {"linear", "x64.npy", "wm.npy", "-o", "out.npy"}},
+  {1, "=w8.npy: weight shape (8,) does not match normalized shape (4,)", {"linear", "x.npy", "wm.npy", "-o", "out.npy", "--weight", "w8.npy"}},
+  {1, "=w.npy: linear bias shape (4,) does not match (3,), W's columns", {"linear", "x.npy", "wm.npy", "-o", "out.npy", "--linear-bias", "w.npy"}},
+  {1, "=lb16.npy: linear bias dtype '<f2' must be '<f4' or the data's dtype '<f4'", {"linear", "x.npy", "wm.npy", "-o", "out.npy", "--linear-bias", "lb16.npy"}},
+  {1, "=lb.npy: linear bias dtype '<f4' does not match the weight's dtype '<f2' (w16.npy)", {"linear", "x16.npy", "wm.npy", "-o", "out.npy", "--weight", "w16.npy", "--linear-bias", "lb.npy"}},
+  {1, "=x.npy: --bf16 expects '<u2' arrays of raw bf16 bits, got '<f4'", {"linear", "x.npy", "wm.npy", "-o", "out.npy", "--bf16"}},
+  {1, "=scalar.npy: a 0-d array has no axis to normalize", {"linear", "scalar.npy", "wm.npy", "-o", "out.npy"}},
+  {1, "=empty_axis.npy: normalized shape (0,) is empty", {"linear", "empty_axis.npy", "wm.npy", "-o", "out.npy"}},
+  {1, "=nodir/r.npy: cannot write: No such file or directory", {"linear", "x.npy", "wm.npy", "-o", "out.npy", "--rstd", "nodir/r.npy"}},
 };
 
 static void make_error_fixtures(void) {
   static const size_t s24[2] = {2, 4}, s8[1] = {8}, s4[1] = {4}, s2x4[2] = {2, 4};
+  static const size_t s4x3[2] = {4, 3}, s3[1] = {3};
   arr x = arr_new(TF32, 2, s24), x8 = arr_new(TF32, 1, s8), x16 = arr_new(TF16, 2, s24);
   arr xb = arr_new(TBF16, 2, s24), w8 = arr_new(TF32, 1, s8), w = arr_new(TF32, 1, s4);
   arr w16 = arr_new(TF16, 1, s4), w2x4 = arr_new(TF32, 2, s2x4), w64 = arr_new(TF64, 1, s4);
-  arr *all[] = {&x, &x8, &x16, &xb, &w8, &w, &w16, &w2x4, &w64};
+  /* for linear: a (4, 3) matrix in both compute types, linear biases, fp64 data */
+  arr wm = arr_new(TF32, 2, s4x3), wm64 = arr_new(TF64, 2, s4x3), lb = arr_new(TF32, 1, s3);
+  arr lb16 = arr_new(TF16, 1, s3), x64 = arr_new(TF64, 2, s24);
+  arr *all[] = {&x, &x8, &x16, &xb, &w8, &w, &w16, &w2x4, &w64, &wm, &wm64, &lb, &lb16, &x64};
   const char *names[] = {"x.npy",  "x8.npy", "x16.npy",  "xb.npy", "w8.npy",
-                         "w.npy",  "w16.npy", "w2x4.npy", "w64.npy"};
-  for (int i = 0; i < 9; i++) {
+                         "w.npy",  "w16.npy", "w2x4.npy", "w64.npy", "wm.npy",
+                         "wm64.npy", "lb.npy", "lb16.npy", "x64.npy"};
+  for (int i = 0; i < 14; i++) {
     arr_fill(all[i], FILL_DATA);
     write_npy(names[i], all[i]);
     arr_free(all[i]);
@@ -961,6 +1309,7 @@ static void make_error_fixtures(void) {
     {"u2.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 4), }", 16},
     {"scalar.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (), }", 4},
     {"empty_axis.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 0), }", 0},
+    {"wm0.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 0), }", 0},
     {"vast.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387904, 4611686018427387904), }", 0},
   };
   for (size_t i = 0; i < sizeof raw / sizeof raw[0]; i++) {
@@ -980,8 +1329,10 @@ static void make_error_fixtures(void) {
 static void test_errors(void) {
   make_error_fixtures();
   char before[4096], after[4096];
+  int blas = rmsnorm_linear_available() == RMSNORM_OK;
   for (size_t c = 0; c < sizeof err_cases / sizeof err_cases[0]; c++) {
     const err_case *e = &err_cases[c];
+    if (!blas && e->code == 1 && !strcmp(e->args[0], "linear")) continue;
     for (int pass = 0; pass < 2; pass++) {
       /* pass 0: no outputs exist; pass 1: they exist and must survive */
       for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; i++) {
@@ -1134,6 +1485,24 @@ static void test_demo(void) {
     for (int j = 0; j < 4; j++)
       check(fabsl(ln1[j] - want1[j]) <= 1e-6, "demo LN(x1)[%d] %g", j, ln1[j]);
   }
+  /* step 5 folded: W' = diag(g) W as printed, and the same Z */
+  double wf[3], zf[2][3];
+  if (check(numbers_after(out_text, "W'", wf, 3) == 3, "demo: W' not found")) {
+    for (int o = 0; o < 3; o++)
+      check(fabs(wf[o] - g[0] * w[0][o]) <= 1e-6, "demo W'[0][%d] %g, g0*W %g", o, wf[o], g[0] * w[0][o]);
+  }
+  if (rmsnorm_linear_available() == RMSNORM_OK) {
+    if (check(numbers_after(out_text, "z1'", zf[0], 3) == 3 && numbers_after(out_text, "z2'", zf[1], 3) == 3,
+              "demo: folded z1', z2' not found"))
+      for (int i = 0; i < 2; i++)
+        for (int o = 0; o < 3; o++)
+          check(zf[i][o] == z[i][o], "demo folded z%d'[%d] %g, unfolded %g", i + 1, o, zf[i][o], z[i][o]);
+    check(strstr(out_text, "the same Z: largest difference from the unfolded one") != NULL,
+          "demo: no difference line");
+  } else {
+    check(strstr(out_text, "rmsnorm_linear_forward is not available") != NULL,
+          "demo without a BLAS does not say so");
+  }
   rc = RUN("demo", "--help");
   check(rc == 0 && !strncmp(out_text, "usage: rmsnorm demo", 19), "demo --help");
 }
@@ -1168,9 +1537,11 @@ static void test_info_help_version(void) {
   snprintf(want, sizeof want, "rmsnorm %s\n", RMSNORM_VERSION_STRING);
   check(rc == 0 && !strcmp(out_text, want), "--version: '%s'", out_text);
   rc = RUN("--help");
-  check(rc == 0 && strstr(out_text, "usage: rmsnorm COMMAND") && strstr(out_text, "layernorm-backward"),
+  check(rc == 0 && strstr(out_text, "usage: rmsnorm COMMAND") && strstr(out_text, "layernorm-backward") &&
+            strstr(out_text, "add-forward") && strstr(out_text, "  linear "),
         "--help: %s", out_text);
-  static const char *const cmds[] = {"forward", "backward", "layernorm", "layernorm-backward", "demo", "info"};
+  static const char *const cmds[] = {"forward", "backward", "layernorm", "layernorm-backward",
+                                     "add-forward", "linear", "demo", "info"};
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
     char usage[64];
     snprintf(usage, sizeof usage, "usage: rmsnorm %s", cmds[i]);
@@ -1191,6 +1562,14 @@ static void test_info_help_version(void) {
   rc = RUN("backward", "--help");
   check(strstr(out_text, "--dweight") && strstr(out_text, "--partial") && !strstr(out_text, "--rstd"),
         "backward --help options");
+  rc = RUN("add-forward", "--help");
+  check(strstr(out_text, "--residual-out") && strstr(out_text, "--bias") && strstr(out_text, "--dims") &&
+            !strstr(out_text, "--linear-bias") && !strstr(out_text, "--dweight"),
+        "add-forward --help options");
+  rc = RUN("linear", "--help");
+  check(strstr(out_text, "--linear-bias") && strstr(out_text, "--weight") && strstr(out_text, "--rstd") &&
+            !strstr(out_text, "--bias ") && !strstr(out_text, "--dims") && !strstr(out_text, "--residual-out"),
+        "linear --help options");
 }
 
 /* ---- main ------------------------------------------------------------------------- */
@@ -1230,6 +1609,7 @@ int main(int argc, char **argv) {
   if (mkdir(work, 0755) != 0 || chdir(work) != 0) die(work);
 
   test_matrix();
+  test_fused();
   test_versions_and_sources();
   test_modes();
   test_special_outputs();
