@@ -119,7 +119,7 @@ static void team_stop(team *t) {
 
 typedef struct buffers {
   void *x, *y, *dy, *dx, *mc_src, *mc_dst;
-  float *w, *dw, *db, *mean, *rstd;
+  float *w, *dw, *db, *mean, *rstd, *ln_rstd; /* stats: RMSNorm's, LayerNorm's */
 } buffers;
 
 typedef struct job {
@@ -134,17 +134,17 @@ static rmsnorm_status run_op(const job *j) {
   size_t r = j->s.rows, d = j->s.d;
   const buffers *b = j->b;
   switch (j->op) {
-    case OP_RMS_FWD:
-      return rmsnorm_forward(j->ctx, &j->cfg, r, d, b->x, d, b->w, NULL, b->y, d, NULL);
+    case OP_RMS_FWD: /* saving the statistics, as in training */
+      return rmsnorm_forward(j->ctx, &j->cfg, r, d, b->x, d, b->w, NULL, b->y, d, b->rstd);
     case OP_RMS_BWD: /* with the forward's saved statistics, as in training */
       return rmsnorm_backward(j->ctx, &j->cfg, r, d, b->x, d, b->dy, d, b->w, b->rstd, b->dx, d,
                               b->dw, NULL);
     case OP_LN_FWD:
       return rmsnorm_layernorm_forward(j->ctx, &j->cfg, r, d, b->x, d, b->w, NULL, b->y, d,
-                                       NULL, NULL);
+                                       b->mean, b->ln_rstd);
     default:
       return rmsnorm_layernorm_backward(j->ctx, &j->cfg, r, d, b->x, d, b->dy, d, b->w, b->mean,
-                                        b->rstd, b->dx, d, b->dw, NULL);
+                                        b->ln_rstd, b->dx, d, b->dw, NULL);
   }
 }
 
@@ -176,43 +176,58 @@ static double median_time(void (*fn)(const void *), const void *arg, double budg
 }
 
 static void run_op_void(const void *j) { (void)run_op(j); }
-/* the team is shared state: its barriers change, so the const is dropped */
-static void team_copy_void(const void *t) { team_copy((team *)t); }
 
-/* Median seconds of one op (see median_time). A backward gets the statistics
- * of a forward run just before. */
-static double time_op(const job *j, double budget, int lo, int hi, rmsnorm_status *st) {
-  if (j->op == OP_RMS_BWD || j->op == OP_LN_BWD) {
-    job f = *j;
-    f.op = j->op == OP_RMS_BWD ? OP_RMS_FWD : OP_LN_FWD;
-    const buffers *b = j->b;
-    *st = f.op == OP_RMS_FWD
-              ? rmsnorm_forward(f.ctx, &f.cfg, f.s.rows, f.s.d, b->x, f.s.d, b->w, NULL, b->y,
-                                f.s.d, b->rstd)
-              : rmsnorm_layernorm_forward(f.ctx, &f.cfg, f.s.rows, f.s.d, b->x, f.s.d, b->w, NULL,
-                                          b->y, f.s.d, b->mean, b->rstd);
-    if (*st != RMSNORM_OK) return 0;
-  }
-  *st = run_op(j);
-  return median_time(run_op_void, j, budget, lo, hi);
+/* A memcpy of `bytes` by a team (1 thread or all). */
+typedef struct copy_job {
+  team *t;
+  size_t bytes;
+  char *dst;
+  const char *src;
+} copy_job;
+
+static void copy_job_run(const void *p) {
+  const copy_job *c = p;
+  c->t->dst = c->dst;
+  c->t->src = c->src;
+  c->t->bytes = c->bytes;
+  team_copy(c->t);
 }
 
-/* Best median memcpy bandwidth (bytes read + written per second) for a copy
- * of `bytes`, over team sizes 1 and `threads`. */
-static double memcpy_bw(team *teams, int threads, buffers *b, size_t bytes, double budget,
-                        int lo, int hi) {
-  double best = 0;
-  for (int k = 0; k < 2; k++) {
-    team *t = &teams[k == 0 ? 0 : 1];
-    if (k == 1 && threads == 1) break;
-    t->dst = b->mc_dst;
-    t->src = b->mc_src;
-    t->bytes = bytes;
-    double med = median_time(team_copy_void, t, budget, lo, hi);
-    double bw = 2.0 * (double)bytes / med;
-    if (bw > best) best = bw;
+/* Something to time, and its median seconds. */
+typedef struct timed {
+  void (*fn)(const void *);
+  const void *arg;
+  double median;
+} timed;
+
+/* Medians of several items measured in rounds, each round running every item
+ * in order: the bandwidth of a shared VM drifts over seconds, and this way a
+ * drift hits every item alike, so their ratios hold. Each timed call follows
+ * an untimed one of the same item, so cache-resident shapes are timed warm.
+ * Rounds fill about `budget` seconds, within [lo, hi]. */
+static void interleaved_medians(timed *items, int n, double budget, int lo, int hi) {
+  for (int i = 0; i < n; i++) items[i].fn(items[i].arg); /* warm-up */
+  double t0 = now();
+  for (int i = 0; i < n; i++) items[i].fn(items[i].arg);
+  int rounds = reps_for(2 * (now() - t0), budget, lo, hi);
+  double *t = malloc((size_t)rounds * (size_t)n * sizeof *t);
+  if (!t) {
+    for (int i = 0; i < n; i++) items[i].median = NAN;
+    return;
   }
-  return best;
+  for (int r = 0; r < rounds; r++)
+    for (int i = 0; i < n; i++) {
+      items[i].fn(items[i].arg);
+      double a = now();
+      items[i].fn(items[i].arg);
+      t[(size_t)i * (size_t)rounds + (size_t)r] = now() - a;
+    }
+  for (int i = 0; i < n; i++) {
+    double *ti = t + (size_t)i * (size_t)rounds;
+    qsort(ti, (size_t)rounds, sizeof *ti, cmp_double);
+    items[i].median = rounds % 2 ? ti[rounds / 2] : 0.5 * (ti[rounds / 2 - 1] + ti[rounds / 2]);
+  }
+  free(t);
 }
 
 /* ---- results ---------------------------------------------------------------- */
@@ -383,8 +398,9 @@ static int alloc_buffers(buffers *b, const options *o) {
   b->mc_src = malloc(mc), b->mc_dst = malloc(mc);
   b->w = malloc(dmax * 8), b->dw = malloc(dmax * 8), b->db = malloc(dmax * 8);
   b->mean = malloc(rows_most * 8), b->rstd = malloc(rows_most * 8);
+  b->ln_rstd = malloc(rows_most * 8);
   if (!b->x || !b->y || !b->dy || !b->dx || !b->mc_src || !b->mc_dst || !b->w || !b->dw ||
-      !b->db || !b->mean || !b->rstd)
+      !b->db || !b->mean || !b->rstd || !b->ln_rstd)
     return -1;
   /* touch everything once: page faults stay out of the timings */
   memset(b->y, 0, bytes), memset(b->dx, 0, bytes);
@@ -473,31 +489,57 @@ int rn_cli_bench(int argc, char **argv) {
         rmsnorm_context_set_threads(scalar, threads);
         double fwd_bytes = 2.0 * (double)(n * es) + 4.0 * (double)s.d;
         double bwd_bytes = 3.0 * (double)(n * es) + 8.0 * (double)s.d;
-        double mc_fwd = memcpy_bw(teams, threads, &b, (size_t)(fwd_bytes / 2), budget, lo, hi);
-        double mc_bwd = memcpy_bw(teams, threads, &b, (size_t)(bwd_bytes / 2), budget, lo, hi);
-        result res[NUM_OPS];
+        if (interactive)
+          fprintf(stderr, "\r[%d/%d] %s %zux%zu threads=%d   ", done += NUM_OPS, total,
+                  dtype_names[dt], s.rows, s.d, threads);
+        /* memcpy of the same byte totals (1 thread and all: the better one
+         * counts), then the four ops, in rounds */
+        copy_job copies[4];
+        job jobs[NUM_OPS];
+        timed items[4 + NUM_OPS];
+        int ncopies = 0;
+        for (int bwd = 0; bwd < 2; bwd++)
+          for (int k = 0; k < (threads > 1 ? 2 : 1); k++) {
+            copy_job c = {&teams[k], (size_t)((bwd ? bwd_bytes : fwd_bytes) / 2), b.mc_dst,
+                          b.mc_src};
+            copies[ncopies] = c;
+            items[ncopies].fn = copy_job_run;
+            items[ncopies].arg = &copies[ncopies];
+            ncopies++;
+          }
         for (int op = 0; op < NUM_OPS; op++) {
-          if (interactive)
-            fprintf(stderr, "\r[%d/%d] %s %s %zux%zu threads=%d   ", ++done, total,
-                    op_names[op], dtype_names[dt], s.rows, s.d, threads);
           job j = {fast, {0}, (op_kind)op, s, &b};
           rmsnorm_config_init(&j.cfg, (rmsnorm_dtype)dt);
           j.cfg.param_dtype = RMSNORM_F32;
-          rmsnorm_status st;
-          result *r = &res[op];
-          r->op = (op_kind)op, r->dtype = dt, r->threads = threads, r->s = s;
-          r->median = time_op(&j, budget, lo, hi, &st);
+          jobs[op] = j;
+          rmsnorm_status st = run_op(&jobs[op]);
           if (st != RMSNORM_OK) {
             rn_cli_error("bench: %s: %s", op_names[op], rmsnorm_status_message(st));
             return RN_EXIT_FAILURE;
           }
+          items[ncopies + op].fn = run_op_void;
+          items[ncopies + op].arg = &jobs[op];
+        }
+        interleaved_medians(items, ncopies + NUM_OPS, budget * 4, lo, hi);
+        double mc_fwd = 0, mc_bwd = 0;
+        for (int c = 0; c < ncopies; c++) {
+          double bw = 2.0 * (double)copies[c].bytes / items[c].median;
+          double *best = c < ncopies / 2 ? &mc_fwd : &mc_bwd;
+          if (bw > *best) *best = bw;
+        }
+        result res[NUM_OPS];
+        for (int op = 0; op < NUM_OPS; op++) {
+          result *r = &res[op];
           int bwd = op == OP_RMS_BWD || op == OP_LN_BWD;
+          r->op = (op_kind)op, r->dtype = dt, r->threads = threads, r->s = s;
+          r->median = items[ncopies + op].median;
           r->gbps = (bwd ? bwd_bytes : fwd_bytes) / r->median / 1e9;
           r->memcpy_gbps = (bwd ? mc_bwd : mc_fwd) / 1e9;
           r->scalar_median = 0;
-          if (o.scalar) {
+          if (o.scalar) { /* the reference, on its own: only a speedup rides on it */
+            job j = jobs[op];
             j.ctx = scalar;
-            r->scalar_median = time_op(&j, sbudget, slo, shi, &st);
+            r->scalar_median = median_time(run_op_void, &j, sbudget, slo, shi);
           }
           r->ln_over_rms = NAN;
         }
@@ -514,6 +556,6 @@ int rn_cli_bench(int argc, char **argv) {
   rmsnorm_context_free(fast);
   rmsnorm_context_free(scalar);
   free(b.x), free(b.y), free(b.dy), free(b.dx), free(b.mc_src), free(b.mc_dst);
-  free(b.w), free(b.dw), free(b.db), free(b.mean), free(b.rstd);
+  free(b.w), free(b.dw), free(b.db), free(b.mean), free(b.rstd), free(b.ln_rstd);
   return RN_EXIT_OK;
 }
