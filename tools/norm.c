@@ -369,6 +369,29 @@ static void doubles_to_floats(void *buf, size_t n) {
   }
 }
 
+/* Writes every requested output to its temporary file, then renames them all
+ * into place. @return 0, or -1 after printing the file and the problem. */
+static int write_outputs(out_set *outs, output *outv, size_t n_out, rmsnorm_dtype dt,
+                         size_t rows) {
+  char err[512];
+  for (size_t i = 0; i < n_out; i++) {
+    const output *o = &outv[i];
+    if (!o->path) continue;
+    if (o->stat && dt == RMSNORM_F64) doubles_to_floats(o->data, rows);
+    if (out_write_npy(outs, o->slot, o->dt, o->ndim, o->shape, o->data, o->bytes, err,
+                      sizeof err) != 0) {
+      rn_cli_error("%s: %s", o->path, err);
+      return -1;
+    }
+  }
+  const char *failed = NULL;
+  if (out_commit(outs, &failed, err, sizeof err) != 0) {
+    rn_cli_error("%s: %s", failed, err);
+    return -1;
+  }
+  return 0;
+}
+
 static void *alloc_bytes(size_t bytes, int zero) {
   if (bytes == 0) bytes = 1;
   return zero ? calloc(1, bytes) : malloc(bytes);
@@ -523,22 +546,7 @@ static int run(const op_spec *op, const norm_args *a) {
     goto done;
   }
 
-  for (size_t i = 0; i < n_out; i++) {
-    const output *o = &outv[i];
-    if (!o->path) continue;
-    if (o->stat && dt == RMSNORM_F64) doubles_to_floats(o->data, rows);
-    if (out_write_npy(outs, o->slot, o->dt, o->ndim, o->shape, o->data, o->bytes, err,
-                      sizeof err) != 0) {
-      rn_cli_error("%s: %s", o->path, err);
-      goto done;
-    }
-  }
-  const char *failed = NULL;
-  if (out_commit(outs, &failed, err, sizeof err) != 0) {
-    rn_cli_error("%s: %s", failed, err);
-    goto done;
-  }
-  rc = RN_EXIT_OK;
+  if (write_outputs(outs, outv, n_out, dt, rows) == 0) rc = RN_EXIT_OK;
 
 done:
   out_abort(outs);
@@ -687,22 +695,7 @@ static int run_linear(const op_spec *op, const norm_args *a) {
     goto done;
   }
 
-  for (size_t i = 0; i < n_out; i++) {
-    const output *o = &outv[i];
-    if (!o->path) continue;
-    if (o->stat && dt == RMSNORM_F64) doubles_to_floats(o->data, rows);
-    if (out_write_npy(outs, o->slot, o->dt, o->ndim, o->shape, o->data, o->bytes, err,
-                      sizeof err) != 0) {
-      rn_cli_error("%s: %s", o->path, err);
-      goto done;
-    }
-  }
-  const char *failed = NULL;
-  if (out_commit(outs, &failed, err, sizeof err) != 0) {
-    rn_cli_error("%s: %s", failed, err);
-    goto done;
-  }
-  rc = RN_EXIT_OK;
+  if (write_outputs(outs, outv, n_out, dt, rows) == 0) rc = RN_EXIT_OK;
 
 done:
   out_abort(outs);
