@@ -67,12 +67,8 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
 
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(d * as) : 0;
-  rn_context_lock(ctx);
-  char *scratch = rn_context_scratch(ctx, wcopy + bcopy);
-  if (!scratch && wcopy + bcopy) {
-    rn_context_unlock(ctx);
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
-  }
+  char *scratch = rn_context_acquire(ctx, wcopy + bcopy);
+  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   rn_forward_args a = {norm, cfg->dtype, d, norm == RN_LAYERNORM ? d : rn_partial_k(cfg->partial, d),
                        x, ldx, y, ldy,
                        rn_param_as_acc(cfg, weight, 1, d, scratch),
@@ -143,12 +139,8 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias))
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
-  rn_context_lock(ctx);
-  char *scratch = rn_context_scratch(ctx, wcopy + plan.bytes);
-  if (!scratch && wcopy + plan.bytes) {
-    rn_context_unlock(ctx);
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
-  }
+  char *scratch = rn_context_acquire(ctx, wcopy + plan.bytes);
+  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   rn_backward_args a = {norm, cfg->dtype, d, norm == RN_LAYERNORM ? d : rn_partial_k(cfg->partial, d),
                         x, ldx, dy, lddy, dx, lddx,
                         rn_param_as_acc(cfg, weight, 1, d, scratch),

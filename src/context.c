@@ -99,6 +99,13 @@ void *rn_context_scratch(rmsnorm_context *ctx, size_t bytes) {
   return p;
 }
 
+void *rn_context_acquire(rmsnorm_context *ctx, size_t bytes) {
+  rn_context_lock(ctx);
+  void *p = rn_context_scratch(ctx, bytes < 64 ? 64 : bytes);
+  if (!p) rn_context_unlock(ctx);
+  return p;
+}
+
 const rn_kernel_set *rn_context_kernels(const rmsnorm_context *ctx) { return ctx->kernels; }
 
 int rn_context_threads(const rmsnorm_context *ctx) { return ctx->threads; }

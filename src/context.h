@@ -15,6 +15,9 @@ void rn_context_unlock(rmsnorm_context *ctx);
 /* At least `bytes` of 64-byte-aligned scratch, or NULL when it cannot be had
  * (the old scratch is kept). Call with the lock held. */
 void *rn_context_scratch(rmsnorm_context *ctx, size_t bytes);
+/* Locks the context and returns at least `bytes` (and at least 64) of its
+ * scratch; on allocation failure unlocks it again and returns NULL. */
+void *rn_context_acquire(rmsnorm_context *ctx, size_t bytes);
 const rn_kernel_set *rn_context_kernels(const rmsnorm_context *ctx);
 /* The most threads a call may use. */
 int rn_context_threads(const rmsnorm_context *ctx);

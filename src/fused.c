@@ -82,12 +82,8 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
 
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(d * as) : 0;
-  rn_context_lock(ctx);
-  char *scratch = rn_context_scratch(ctx, wcopy + bcopy);
-  if (!scratch && wcopy + bcopy) {
-    rn_context_unlock(ctx);
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
-  }
+  char *scratch = rn_context_acquire(ctx, wcopy + bcopy);
+  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   add_fwd_job job;
   job.ks = rn_context_kernels(ctx);
   job.add = (rn_add_args){cfg->dtype, d, h, ldh, u, ldu, h, ldh};
@@ -175,12 +171,8 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
   size_t task_bytes = dres ? rn_align64(block * d * es) : 0;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bytes = wcopy + plan.bytes + (size_t)ntasks * task_bytes;
-  rn_context_lock(ctx);
-  char *scratch = rn_context_scratch(ctx, bytes);
-  if (!scratch && bytes) {
-    rn_context_unlock(ctx);
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
-  }
+  char *scratch = rn_context_acquire(ctx, bytes);
+  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   add_bwd_job job;
   job.ks = rn_context_kernels(ctx);
   job.bwd = (rn_backward_args){RN_RMSNORM, cfg->dtype, d, rn_partial_k(cfg->partial, d),
@@ -242,12 +234,8 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(d * as) : 0;
   size_t task_bytes = RN_QUANT_SCRATCH(d);
   size_t bytes = wcopy + bcopy + (size_t)ntasks * task_bytes;
-  rn_context_lock(ctx);
-  char *scratch = rn_context_scratch(ctx, bytes);
-  if (!scratch) {
-    rn_context_unlock(ctx);
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
-  }
+  char *scratch = rn_context_acquire(ctx, bytes);
+  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   quant_job job;
   job.kernel = rn_context_kernels(ctx)->quant[cfg->dtype];
   job.args.f = (rn_forward_args){RN_RMSNORM, cfg->dtype, d, rn_partial_k(cfg->partial, d),
@@ -359,12 +347,8 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
 
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(head_dim * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(head_dim * as) : 0;
-  rn_context_lock(ctx);
-  char *scratch = rn_context_scratch(ctx, wcopy + bcopy);
-  if (!scratch && wcopy + bcopy) {
-    rn_context_unlock(ctx);
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
-  }
+  char *scratch = rn_context_acquire(ctx, wcopy + bcopy);
+  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   qk_fwd_job job;
   job.kernel = rn_context_kernels(ctx)->forward[cfg->dtype];
   job.g = (qk_strides){tokens, heads, ldx_token, ldy_token, 0,
@@ -445,12 +429,8 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
   if (!rn_grad_plan_init(&plan, cfg, tokens, chunk_tokens, head_dim, dweight, dbias))
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(head_dim * as) : 0;
-  rn_context_lock(ctx);
-  char *scratch = rn_context_scratch(ctx, wcopy + plan.bytes);
-  if (!scratch && wcopy + plan.bytes) {
-    rn_context_unlock(ctx);
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
-  }
+  char *scratch = rn_context_acquire(ctx, wcopy + plan.bytes);
+  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   qk_bwd_job job;
   job.kernel = rn_context_kernels(ctx)->backward[cfg->dtype];
   job.g = (qk_strides){tokens, heads, ldx_token, lddx_token, lddy_token,
@@ -622,12 +602,8 @@ rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rmsnorm_config
   size_t tbytes = (size_t)ntasks * RN_QUANT_SCRATCH(d);
   size_t xbytes = rn_align64(chunk * d * as), zbytes = rn_align64(chunk * n * as);
   size_t bytes = bcopy + rbytes + tbytes + xbytes + zbytes;
-  rn_context_lock(ctx);
-  char *scratch = rn_context_scratch(ctx, bytes);
-  if (!scratch) {
-    rn_context_unlock(ctx);
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
-  }
+  char *scratch = rn_context_acquire(ctx, bytes);
+  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   const void *b = rn_param_as_acc(cfg, bias, 0, n, scratch);
   char *r = scratch + bcopy, *xc = r + rbytes + tbytes, *zc = xc + xbytes;
   lin_stats(ctx, cfg, rows, d, x, ldx, r, r + rbytes, ntasks);
@@ -708,12 +684,8 @@ rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx, const rmsnorm_confi
   if (need_m && n > SIZE_MAX / 16 / d) return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t mbytes = need_m ? rn_align64(d * n * as) : 0, sbytes = dbias ? rn_align64(n * 8) : 0;
   size_t bytes = rbytes + tbytes + 2 * xbytes + zbytes + mbytes + sbytes;
-  rn_context_lock(ctx);
-  char *scratch = rn_context_scratch(ctx, bytes);
-  if (!scratch) {
-    rn_context_unlock(ctx);
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
-  }
+  char *scratch = rn_context_acquire(ctx, bytes);
+  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   char *r = scratch, *xc = r + rbytes + tbytes, *gc = xc + xbytes, *zc = gc + xbytes;
   char *m = zc + zbytes;
   double *bsum = (double *)(void *)(m + mbytes);
