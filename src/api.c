@@ -7,6 +7,7 @@
 #include "context.h"
 #include "dtype.h"
 #include "kernels.h"
+#include "rescue.h"
 #include "rowmath.h"
 #include "validate.h"
 #include "work.h"
@@ -30,6 +31,41 @@ rmsnorm_status rmsnorm_config_init(rmsnorm_config *cfg, rmsnorm_dtype dtype) {
   cfg->partial = 1.0;
   cfg->flags = 0;
   return RMSNORM_OK;
+}
+
+/* ---- long rows split across threads --------------------------------------- */
+
+/* With fewer rows than threads, rows at least this long are split: the
+ * caller's thread computes a row's statistics in the spec's order, then the
+ * threads write disjoint column ranges from them (the same bits as unsplit). */
+#define SPLIT_ROW_BYTES ((size_t)256 << 10)
+
+static int split_rows(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
+  return rows < (size_t)rn_context_threads(ctx) && d * es >= SPLIT_ROW_BYTES;
+}
+
+/* Column range of task t of n: multiples of 64 elements, the last to d. */
+static size_t split_cols(size_t d, int t, int n) {
+  return t == n ? d : rn_split_begin(d, t, n) & ~(size_t)63;
+}
+
+typedef struct cols_job {
+  const rn_kernel_set *k;
+  rmsnorm_dtype dt;
+  const rn_forward_args *fa;
+  const rn_backward_args *ba;
+  size_t row, d;
+  double coef[4];
+  void *dw_part, *db_part;
+} cols_job;
+
+static void cols_task(void *p, int t, int n) {
+  const cols_job *j = p;
+  size_t j0 = split_cols(j->d, t, n), j1 = split_cols(j->d, t + 1, n);
+  if (j->fa)
+    j->k->row_cols[j->dt](j->fa, j->row, j0, j1, j->coef);
+  else
+    j->k->grad_cols[j->dt](j->ba, j->row, j0, j1, j->coef, j->dw_part, j->db_part);
 }
 
 /* ---- forward ------------------------------------------------------------ */
@@ -75,8 +111,20 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
                        rn_param_as_acc(cfg, bias, 0, d, scratch + wcopy),
                        cfg->eps, cfg->flags, mean, rstd,
                        y != x && rows * d * es >= RN_STREAM_BYTES};
-  forward_job job = {rn_context_kernels(ctx)->forward[cfg->dtype], &a, rows};
-  rn_run_tasks(ctx, rn_threads_for(ctx, rows * d * 2 * es, rows), forward_task, &job);
+  const rn_kernel_set *k = rn_context_kernels(ctx);
+  if (split_rows(ctx, rows, d, es)) {
+    cols_job job = {k, cfg->dtype, &a, NULL, 0, d, {0}, NULL, NULL};
+    int ntasks = rn_threads_for(ctx, d * 2 * es, d / 64);
+    for (job.row = 0; job.row < rows; job.row++) {
+      if (k->row_coef[cfg->dtype](&a, job.row, job.coef))
+        rn_run_tasks(ctx, ntasks, cols_task, &job);
+      else
+        rn_rescue_forward_row(&a, job.row);
+    }
+  } else {
+    forward_job job = {k->forward[cfg->dtype], &a, rows};
+    rn_run_tasks(ctx, rn_threads_for(ctx, rows * d * 2 * es, rows), forward_task, &job);
+  }
   rn_context_unlock(ctx);
   return RMSNORM_OK;
 }
@@ -97,17 +145,31 @@ rmsnorm_status rmsnorm_layernorm_forward(rmsnorm_context *ctx, const rmsnorm_con
 /* ---- backward ----------------------------------------------------------- */
 
 typedef struct backward_job {
-  rn_backward_fn kernel;
+  rmsnorm_context *ctx;
+  const rn_kernel_set *k;
   const rn_backward_args *args;
+  int split_tasks; /* > 0: long rows, each split across this many tasks */
 } backward_job;
 
 /* One chunk of rows: its dweight/dbias terms go to its own partial, so the
- * split between tasks cannot change a bit. */
+ * split between tasks cannot change a bit. Split rows run their columns on
+ * the pool (this chunk then runs on the caller's thread, alone). */
 static void backward_chunk(void *p, size_t r0, size_t r1, void *dw_part, void *db_part,
                            int task) {
   const backward_job *job = p;
+  const rn_backward_args *a = job->args;
   (void)task;
-  job->kernel(job->args, r0, r1, dw_part, db_part);
+  if (!job->split_tasks) {
+    job->k->backward[a->dtype](a, r0, r1, dw_part, db_part);
+    return;
+  }
+  cols_job cj = {job->k, a->dtype, NULL, a, 0, a->d, {0}, dw_part, db_part};
+  for (cj.row = r0; cj.row < r1; cj.row++) {
+    if (job->k->grad_coef[a->dtype](a, cj.row, cj.coef))
+      rn_run_tasks(job->ctx, job->split_tasks, cols_task, &cj);
+    else
+      rn_rescue_backward_row(a, cj.row, dw_part, db_part);
+  }
 }
 
 static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
@@ -146,9 +208,13 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                         rn_param_as_acc(cfg, weight, 1, d, scratch),
                         cfg->eps, cfg->flags, mean, rstd,
                         dx != dy && dx != x && rows * d * es >= RN_STREAM_BYTES};
-  backward_job job = {rn_context_kernels(ctx)->backward[cfg->dtype], &a};
-  rn_grad_run(ctx, &plan, scratch + wcopy, rn_threads_for(ctx, rows * d * 3 * es, plan.nchunks),
-              backward_chunk, &job);
+  backward_job job = {ctx, rn_context_kernels(ctx), &a, 0};
+  int ntasks = rn_threads_for(ctx, rows * d * 3 * es, plan.nchunks);
+  if (split_rows(ctx, rows, d, es)) {
+    job.split_tasks = rn_threads_for(ctx, d * 3 * es, d / 64);
+    ntasks = 1;
+  }
+  rn_grad_run(ctx, &plan, scratch + wcopy, ntasks, backward_chunk, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
 }

@@ -107,6 +107,18 @@ typedef void (*rn_quant_fn)(const rn_quant_args *a, size_t row_begin, size_t row
  * calling task (rescued rows and the quantizer's row of y pass through it). */
 #define RN_QUANT_SCRATCH(d) ((((d) * 8 + 63) & ~(size_t)63) * 2)
 
+/* Long rows split across threads: the row's coefficients are computed once,
+ * in the spec's order, then elements [j0, j1) of the row from them, so any
+ * split gives the same bits. coef: forward {mean, r}; backward {mean, r,
+ * mean_gy, c} (values of the compute type). @return of the coefficient
+ * functions: 0 when the row must take the rescue path instead. */
+typedef int (*rn_row_coef_fn)(const rn_forward_args *a, size_t row, double coef[2]);
+typedef void (*rn_row_cols_fn)(const rn_forward_args *a, size_t row, size_t j0, size_t j1,
+                               const double coef[2]);
+typedef int (*rn_grad_coef_fn)(const rn_backward_args *a, size_t row, double coef[4]);
+typedef void (*rn_grad_cols_fn)(const rn_backward_args *a, size_t row, size_t j0, size_t j1,
+                                const double coef[4], void *dw_part, void *db_part);
+
 /* One ISA's kernels, indexed by rmsnorm_dtype. */
 typedef struct rn_kernel_set {
   const char *name;
@@ -116,6 +128,11 @@ typedef struct rn_kernel_set {
   rn_add_fn add[RN_NUM_DTYPES];
   rn_rstd_fn rstd[RN_NUM_DTYPES];
   rn_quant_fn quant[RN_NUM_DTYPES];
+  /* long rows split across threads (api.c) */
+  rn_row_coef_fn row_coef[RN_NUM_DTYPES];
+  rn_row_cols_fn row_cols[RN_NUM_DTYPES];
+  rn_grad_coef_fn grad_coef[RN_NUM_DTYPES];
+  rn_grad_cols_fn grad_cols[RN_NUM_DTYPES];
 } rn_kernel_set;
 
 /* The scalar reference: the spec every other set is tested against. */

@@ -163,6 +163,16 @@ int main(void) {
                       1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0};
         compare(&s, seed);
       }
+  /* one long row, and two: split across threads by columns (at least 1 MiB
+   * of traffic per thread) */
+  for (int dt = 0; dt < 4; dt++)
+    for (int ln = 0; ln < 2; ln++)
+      for (int bw = 0; bw < 2; bw++, seed++) {
+        size_t d = (dt == RMSNORM_F64 ? 150000 : dt == RMSNORM_F32 ? 300000 : 600000) + 3;
+        run_spec s = {(rmsnorm_dtype)dt, RMSNORM_F32, ln, bw, 1 + (size_t)bw, d, d, d + 1,
+                      1, 1, 1, 1, bw, 0, 0, 1e-6, ln ? 1.0 : 0.7};
+        compare(&s, seed);
+      }
   for (int c = 0; c < nctx; c++) rmsnorm_context_free(ctxs[c]);
   rmsnorm_context_free(ref_ctx);
   return tu_finish("test_isa");
