@@ -59,7 +59,9 @@ class NumpyBackend(_core.Backend):
         return a.__array_interface__["data"][0]
 
     def empty(self, shape: tuple, code: int) -> np.ndarray:
-        return np.empty(shape, _DTYPES[code])
+        out = np.empty(shape, _DTYPES[code])
+        _capi.advise_huge_pages(out.ctypes.data, out.nbytes)
+        return out
 
     def full(self, shape: tuple, code: int, value: float) -> np.ndarray:
         return np.full(shape, value, _DTYPES[code])

@@ -81,7 +81,9 @@ class TorchBackend(_core.Backend):
         return a.data_ptr()
 
     def empty(self, shape: tuple, code: int) -> torch.Tensor:
-        return torch.empty(shape, dtype=_DTYPES[code])
+        out = torch.empty(shape, dtype=_DTYPES[code])
+        _capi.advise_huge_pages(out.data_ptr(), out.numel() * out.element_size())
+        return out
 
     def full(self, shape: tuple, code: int, value: float) -> torch.Tensor:
         return torch.full(shape, value, dtype=_DTYPES[code])
