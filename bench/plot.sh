@@ -33,10 +33,10 @@ set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1
 set boxwidth 0.9
-set yrange [0:*]
+set yrange [0:140]
 set grid ytics
 set xtics rotate by -25
-set key top left
+set key top center horizontal
 set arrow from graph 0, first 90 to graph 1, first 90 nohead dt 2 lc rgb "gray40"
 plot "$data" using 2:xtic(1) title "forward, 1 thread", \
      "" using 3 title "forward, ${threads:-N} threads", \
