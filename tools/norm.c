@@ -369,6 +369,33 @@ static void doubles_to_floats(void *buf, size_t n) {
   }
 }
 
+/* Reserves a temporary file for every requested output. @return 0, or -1
+ * after printing the file and the problem. */
+static int register_outputs(out_set *outs, output *outv, size_t n_out) {
+  char err[512];
+  for (size_t i = 0; i < n_out; i++) {
+    if (outv[i].path && (outv[i].slot = out_add(outs, outv[i].path, err, sizeof err)) < 0) {
+      rn_cli_error("%s: %s", outv[i].path, err);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* A context, and the config the options ask for. */
+static rmsnorm_status start_library(const norm_args *a, rmsnorm_dtype dt, npy_dtype param,
+                                    rmsnorm_context **ctx, rmsnorm_config *cfg) {
+  rmsnorm_status st = rmsnorm_context_create(ctx);
+  if (st == RMSNORM_OK) st = rmsnorm_config_init(cfg, dt);
+  if (st != RMSNORM_OK) return st;
+  cfg->param_dtype = dtype_of(param);
+  if (a->have_eps) cfg->eps = a->eps;
+  cfg->partial = a->partial;
+  cfg->flags = (a->eps_outside ? RMSNORM_FLAG_EPS_OUTSIDE : 0u) |
+               (a->offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u);
+  return RMSNORM_OK;
+}
+
 /* Writes every requested output to its temporary file, then renames them all
  * into place. @return 0, or -1 after printing the file and the problem. */
 static int write_outputs(out_set *outs, output *outv, size_t n_out, rmsnorm_dtype dt,
@@ -502,22 +529,11 @@ static int run(const op_spec *op, const norm_args *a) {
     {a->residual_out, -1, xi->dtype, xi->ndim, xi->shape, h, xi->data_bytes, 0},
   };
   size_t n_out = sizeof outv / sizeof outv[0];
-  for (size_t i = 0; i < n_out; i++) {
-    if (outv[i].path && (outv[i].slot = out_add(outs, outv[i].path, err, sizeof err)) < 0) {
-      rn_cli_error("%s: %s", outv[i].path, err);
-      goto done;
-    }
-  }
+  if (register_outputs(outs, outv, n_out) != 0) goto done;
 
-  rmsnorm_status st = rmsnorm_context_create(&ctx);
   rmsnorm_config cfg;
-  if (st == RMSNORM_OK) st = rmsnorm_config_init(&cfg, dt);
+  rmsnorm_status st = start_library(a, dt, param, &ctx, &cfg);
   if (st == RMSNORM_OK) {
-    cfg.param_dtype = dtype_of(param);
-    if (a->have_eps) cfg.eps = a->eps;
-    cfg.partial = a->partial;
-    cfg.flags = (a->eps_outside ? RMSNORM_FLAG_EPS_OUTSIDE : 0u) |
-                (a->offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u);
     const void *wp = a->weight ? w.data : NULL, *bp = a->bias ? b.data : NULL;
     switch (op->kind) {
       case OP_RMS_FORWARD:
@@ -667,22 +683,11 @@ static int run_linear(const op_spec *op, const norm_args *a) {
     {a->rstd, -1, NPY_F32, lead, xi->shape, rstd, rows * sizeof(float), 1},
   };
   size_t n_out = sizeof outv / sizeof outv[0];
-  for (size_t i = 0; i < n_out; i++) {
-    if (outv[i].path && (outv[i].slot = out_add(outs, outv[i].path, err, sizeof err)) < 0) {
-      rn_cli_error("%s: %s", outv[i].path, err);
-      goto done;
-    }
-  }
+  if (register_outputs(outs, outv, n_out) != 0) goto done;
 
-  rmsnorm_status st = rmsnorm_context_create(&ctx);
   rmsnorm_config cfg;
-  if (st == RMSNORM_OK) st = rmsnorm_config_init(&cfg, dt);
+  rmsnorm_status st = start_library(a, dt, param, &ctx, &cfg);
   if (st == RMSNORM_OK) {
-    cfg.param_dtype = dtype_of(param);
-    if (a->have_eps) cfg.eps = a->eps;
-    cfg.partial = a->partial;
-    cfg.flags = (a->eps_outside ? RMSNORM_FLAG_EPS_OUTSIDE : 0u) |
-                (a->offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u);
     /* W' = diag(g) W once, then Z = diag(r) (X W') + bias */
     st = rmsnorm_fold_weight(&cfg, d, n, a->weight ? g.data : NULL, wm.data, n, wf, n);
     if (st == RMSNORM_OK)
