@@ -349,17 +349,15 @@ def _shape_tuple(normalized_shape: _Shape) -> tuple:
     return tuple(normalized_shape)
 
 
-class RMSNorm(nn.Module):
-    """torch.nn.RMSNorm on the C library: the same constructor (with one more
-    keyword, bias), parameter names, state_dict keys and numerics."""
+class _AffineNorm(nn.Module):
+    """What RMSNorm and LayerNorm share with torch's modules: normalized_shape,
+    eps, the optional weight (ones) and bias (zeros), registered in torch's order."""
 
     __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
 
-    def __init__(self, normalized_shape: _Shape, eps: Optional[float] = None,
-                 elementwise_affine: bool = True, device=None, dtype=None, *,
-                 bias: bool = False) -> None:
+    def _init_affine(self, normalized_shape: _Shape, eps: Optional[float],
+                     elementwise_affine: bool, bias: bool, device, dtype) -> None:
         factory = {"device": device, "dtype": dtype}
-        super().__init__()
         self.normalized_shape = _shape_tuple(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
@@ -379,52 +377,36 @@ class RMSNorm(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.normalized_shape, self.weight, self.eps, bias=self.bias)
-
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, "
                 f"elementwise_affine={self.elementwise_affine}")
 
 
-class LayerNorm(nn.Module):
+class RMSNorm(_AffineNorm):
+    """torch.nn.RMSNorm on the C library: the same constructor (with one more
+    keyword, bias), parameter names, state_dict keys and numerics."""
+
+    def __init__(self, normalized_shape: _Shape, eps: Optional[float] = None,
+                 elementwise_affine: bool = True, device=None, dtype=None, *,
+                 bias: bool = False) -> None:
+        super().__init__()
+        self._init_affine(normalized_shape, eps, elementwise_affine, bias, device, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps, bias=self.bias)
+
+class LayerNorm(_AffineNorm):
     """torch.nn.LayerNorm on the C library: the same constructor, parameter names,
     state_dict keys and numerics."""
-
-    __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
 
     def __init__(self, normalized_shape: _Shape, eps: float = 1e-5,
                  elementwise_affine: bool = True, bias: bool = True, device=None,
                  dtype=None) -> None:
-        factory = {"device": device, "dtype": dtype}
         super().__init__()
-        self.normalized_shape = _shape_tuple(normalized_shape)
-        self.eps = eps
-        self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-            if bias:
-                self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        self._init_affine(normalized_shape, eps, elementwise_affine, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
-
-    def extra_repr(self) -> str:
-        return (f"{self.normalized_shape}, eps={self.eps}, "
-                f"elementwise_affine={self.elementwise_affine}")
-
 
 class LlamaRMSNorm(nn.Module):
     """transformers' LlamaRMSNorm (also Mistral's, Qwen2's, ...): weight starts at
