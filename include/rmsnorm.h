@@ -403,6 +403,98 @@ RMSNORM_API rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx,
                                                    void *dweight, void *dw, size_t lddw,
                                                    void *dbias);
 
+/* ---- Sharded hidden dimension: rows split by columns across processes ----
+ * With tensor parallelism over the hidden dimension, each process holds a
+ * column shard: columns [offset, offset + width) of every row of d_global
+ * columns. RMSNorm then needs one sum of rows doubles over the shards in the
+ * forward and one in the backward; these steps do everything else, so any
+ * transport can carry the sums (librmsnorm_mpi does it with MPI, see
+ * rmsnorm_mpi.h). Per call, every holder of a shard runs:
+ *
+ *   forward:  rmsnorm_shard_stats(x)              -> p  (rows doubles)
+ *             s = the sum of p over the shards          (all-reduce)
+ *             rmsnorm_shard_forward(x, s)         -> y  (keep s for the backward)
+ *   backward: rmsnorm_shard_backward_dots(x, dy, s) -> q  (rows doubles)
+ *             t = the sum of q over the shards          (all-reduce)
+ *             rmsnorm_shard_backward(x, dy, s, t) -> dx, dweight, dbias
+ *
+ * s is each row's sum of x_j^2 over its first k = ceil(partial * d_global)
+ * columns (pRMSNorm: only the shards holding columns below k add anything),
+ * t its sum over all columns of dy_j w_j x_j r. The result is RMSNorm of the
+ * whole rows, as rmsnorm_forward/backward define it, with every option they
+ * take (dtypes, weight with or without the offset, bias, eps inside or
+ * outside, partial, rounding before the weight, accumulation); LayerNorm is
+ * not offered. weight, bias, dweight and dbias hold the shard's width
+ * elements; dweight and dbias are summed over this call's rows only (see
+ * rmsnorm_mpi_backward for replicas). Strides, dtypes and in-place rules are
+ * those of rmsnorm_forward/backward; a shard of width 0 is valid (its partial
+ * sums are 0 and its matrices may be NULL); s and t are checked to be sums of
+ * squares (no negative value: RMSNORM_ERROR_BAD_ARGUMENT).
+ *
+ * Order of the sums: element t of the shard is added in the lane and block of
+ * its global column offset + t in the library's blocked row sums (README.md,
+ * Numerics); a shard that starts inside a block adds its part of that block,
+ * lanes halved, to the rest in double. With every shard boundary a multiple
+ * of the block (1024 columns for fp32/fp16/bf16 data, 512 for fp64) the
+ * partials consist of the unsharded row's own block sums, and only the order
+ * of the final additions differs (README.md, "Sharded hidden dimension", says
+ * what that means for the bits). fp32/fp16/bf16 partials that the compute
+ * type cannot hold (overflow, or sums below 2^-100) are recomputed in double,
+ * where their squares are exact; an fp64 row whose sum of squares leaves
+ * double's range (|x| above about 1e154) gives NaN outputs. */
+
+/* Per-row partial statistic of a shard: partial[i] = sum of x_ij^2 over the
+ * shard's columns below k, in the order above. x: rows x width of cfg->dtype.
+ * @return RMSNORM_OK or an error status (nothing written); a shard outside
+ * the row (offset + width > d_global) or d_global = 0 is
+ * RMSNORM_ERROR_BAD_SIZE. */
+RMSNORM_API rmsnorm_status rmsnorm_shard_stats(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                               size_t rows, size_t d_global, size_t offset,
+                                               size_t width, const void *x, size_t ldx,
+                                               double *partial);
+
+/* Forward of the shard's columns from the summed statistics s (rows
+ * doubles): r = 1/sqrt(s/k + eps) (or 1/(sqrt(s/k) + eps)), y_j = x_j r w_j
+ * + b_j, computed as rmsnorm_forward computes a row from its sum. rstd
+ * (optional) as rmsnorm_forward's. y may be x (same ldy).
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_shard_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                                 size_t rows, size_t d_global, size_t offset,
+                                                 size_t width, const void *x, size_t ldx,
+                                                 const void *weight, const void *bias,
+                                                 const double *stats, void *y, size_t ldy,
+                                                 void *rstd);
+
+/* Per-row partial of the backward's dot product: partial[i] = sum over the
+ * shard's columns of gy_j xhat_j, gy_j = dy_j w_j, xhat_j = x_j r with r from
+ * the summed statistics (the forward's stats). weight: width elements or
+ * NULL, as in the forward.
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_shard_backward_dots(rmsnorm_context *ctx,
+                                                       const rmsnorm_config *cfg, size_t rows,
+                                                       size_t d_global, size_t offset,
+                                                       size_t width, const void *x, size_t ldx,
+                                                       const void *dy, size_t lddy,
+                                                       const void *weight, const double *stats,
+                                                       double *partial);
+
+/* Backward of the shard's columns from the summed statistics (stats) and
+ * dot products (dots): dx_j = r (gy_j - [j < k] xhat_j c) with c = dots/k
+ * (eps outside: as rmsnorm_backward), and, when non-NULL, dweight and dbias of
+ * the shard's columns summed over the rows (overwritten, or added to with
+ * RMSNORM_FLAG_ACCUMULATE; same fixed order as rmsnorm_backward). dx may be
+ * dy or x (same ld).
+ * @return RMSNORM_OK or an error status (nothing written); dweight with a
+ * NULL weight is RMSNORM_ERROR_BAD_ARGUMENT. */
+RMSNORM_API rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx,
+                                                  const rmsnorm_config *cfg, size_t rows,
+                                                  size_t d_global, size_t offset, size_t width,
+                                                  const void *x, size_t ldx, const void *dy,
+                                                  size_t lddy, const void *weight,
+                                                  const double *stats, const double *dots,
+                                                  void *dx, size_t lddx, void *dweight,
+                                                  void *dbias);
+
 #ifdef __cplusplus
 }
 #endif

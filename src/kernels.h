@@ -119,6 +119,26 @@ typedef int (*rn_grad_coef_fn)(const rn_backward_args *a, size_t row, double coe
 typedef void (*rn_grad_cols_fn)(const rn_backward_args *a, size_t row, size_t j0, size_t j1,
                                 const double coef[4], void *dw_part, void *db_part);
 
+/* Partial row sums of a column shard (the sharded hidden dimension,
+ * src/shard.c), in the blocked order of the whole row: element t of the shard
+ * is column offset + t of the row and goes to that column's lane and block.
+ * A shard that starts inside a block sums its part of that block on its own
+ * (lanes halved), then the blocks from the next boundary on (the library's
+ * order); the two are added in double. */
+typedef struct rn_shard_args {
+  int grad;            /* 0: sum x_t^2; 1: sum gy_t * (x_t * r), RMSNorm backward's B */
+  size_t offset;       /* global column of x[0] */
+  size_t n;            /* elements summed: [0, n) of the shard */
+  const void *x;       /* x: (rows, ldx) of the data dtype */
+  size_t ldx;
+  const void *dy;      /* dy: (rows, lddy), grad only */
+  size_t lddy;
+  const void *w;       /* w: (n,) acc effective gain, or NULL (grad only) */
+  const void *r;       /* r: (rows,) acc, each row's r (grad only) */
+  double *out;         /* out: (rows,) the partial sums */
+} rn_shard_args;
+typedef void (*rn_shard_fn)(const rn_shard_args *a, size_t row_begin, size_t row_end);
+
 /* One ISA's kernels, indexed by rmsnorm_dtype. */
 typedef struct rn_kernel_set {
   const char *name;
@@ -133,6 +153,8 @@ typedef struct rn_kernel_set {
   rn_row_cols_fn row_cols[RN_NUM_DTYPES];
   rn_grad_coef_fn grad_coef[RN_NUM_DTYPES];
   rn_grad_cols_fn grad_cols[RN_NUM_DTYPES];
+  /* column shards of a row (shard.c) */
+  rn_shard_fn shard_sums[RN_NUM_DTYPES];
 } rn_kernel_set;
 
 /* The scalar reference: the spec every other set is tested against. */

@@ -23,6 +23,7 @@
 #define RN_RT(v) (v)
 #include "norm_ref.inc"
 #include "fused_ref.inc"
+#include "shard_ref.inc"
 #undef RN_NAME
 #undef RN_T
 #undef RN_LD
@@ -36,6 +37,7 @@
 #define RN_RT(v) rn_f16_to_f32(rn_f32_to_f16(v))
 #include "norm_ref.inc"
 #include "fused_ref.inc"
+#include "shard_ref.inc"
 #undef RN_NAME
 #undef RN_T
 #undef RN_LD
@@ -49,6 +51,7 @@
 #define RN_RT(v) rn_bf16_to_f32(rn_f32_to_bf16(v))
 #include "norm_ref.inc"
 #include "fused_ref.inc"
+#include "shard_ref.inc"
 #undef RN_NAME
 #undef RN_T
 #undef RN_LD
@@ -72,6 +75,7 @@
 #define RN_RT(v) (v)
 #include "norm_ref.inc"
 #include "fused_ref.inc"
+#include "shard_ref.inc"
 
 const rn_kernel_set rn_kernels_ref = {
     "scalar",
@@ -84,4 +88,5 @@ const rn_kernel_set rn_kernels_ref = {
     {forward_cols_f32, forward_cols_f16, forward_cols_bf16, forward_cols_f64},
     {backward_coef_f32, backward_coef_f16, backward_coef_bf16, backward_coef_f64},
     {backward_cols_f32, backward_cols_f16, backward_cols_bf16, backward_cols_f64},
+    {shard_sums_f32, shard_sums_f16, shard_sums_bf16, shard_sums_f64},
 };
