@@ -9,39 +9,12 @@
  * then the same bits across kernel sets and thread counts, special rows, and
  * the statuses. */
 #include "oracle.h"
+#include "shardcmp.h"
 #include "testutil.h"
 
 static rmsnorm_context *ctx;
 
-/* ---- helpers ----------------------------------------------------------------- */
-
-/* ulp of v in dtype dt (the subnormal step below the normal range). */
-static double ulp_of(rmsnorm_dtype dt, double v) {
-  int bits = dt == RMSNORM_F16 ? 10 : dt == RMSNORM_BF16 ? 7 : dt == RMSNORM_F32 ? 23 : 52;
-  int emin = dt == RMSNORM_F16 ? -14 : dt == RMSNORM_F64 ? -1022 : -126;
-  int e = v != 0 ? ilogb(v) : emin;
-  if (e < emin) e = emin;
-  return ldexp(1.0, e - bits);
-}
-
-/* Distance in ulps of dt, exact for fp64 too (integer arithmetic on the bit
- * patterns); NaN is 0 from NaN and infinitely far from anything else. */
-static double ulps(rmsnorm_dtype dt, double a, double b) {
-  if (dt != RMSNORM_F64) return tu_ulps(dt, a, b);
-  if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? 0 : INFINITY;
-  int64_t ia, ib;
-  memcpy(&ia, &a, 8);
-  memcpy(&ib, &b, 8);
-  if (ia < 0) ia = INT64_MIN - ia; /* sign-magnitude to a monotone integer line */
-  if (ib < 0) ib = INT64_MIN - ib;
-  return ia > ib ? (double)(uint64_t)(ia - ib) : (double)(uint64_t)(ib - ia);
-}
-
-/* Bitwise equality of two stored values (NaN payloads included). */
-static int same_bits(const void *a, const void *b, size_t es) { return memcmp(a, b, es) == 0; }
-
-/* The blocked sums' block of a dtype (kernels.h): aligned cuts are multiples. */
-static size_t block_of(rmsnorm_dtype dt) { return dt == RMSNORM_F64 ? 512 : 1024; }
+/* ---- cuts ------------------------------------------------------------------- */
 
 enum { CUT_ONE, CUT_ALIGNED, CUT_THIRDS, CUT_RAGGED, CUT_EIGHTHS, CUT_KINDS };
 static const char *cut_names[] = {"one", "aligned", "thirds", "ragged", "eighths"};
@@ -75,19 +48,6 @@ static size_t make_cuts(int kind, size_t d, size_t block, size_t *c) {
       break;
   }
   return n;
-}
-
-/* Whether README promises the unsharded bits: one non-empty shard, or fp32,
- * fp16, bf16 data with every non-empty shard starting on a block boundary. */
-static int promises_bits(rmsnorm_dtype dt, const size_t *c, size_t n) {
-  size_t nonempty = 0;
-  int aligned = 1;
-  for (size_t i = 0; i + 1 < n; i++)
-    if (c[i + 1] > c[i]) {
-      nonempty++;
-      aligned &= c[i] % block_of(dt) == 0;
-    }
-  return nonempty <= 1 || (aligned && dt != RMSNORM_F64);
 }
 
 /* ---- the sharded pipeline -------------------------------------------------- */
@@ -189,13 +149,10 @@ static rmsnorm_config config_of(const scase *c) {
   return cfg;
 }
 
-/* Statistics over a case's outputs. */
-static double worst_fwd[4], worst_r[4];
-
 static void run_case(const scase *c, const double *x_override) {
   char what[256];
   describe(c, what, sizeof what);
-  size_t rows = c->rows, d = c->d, es = rn_dtype_size(c->dt), as = rn_acc_size(c->dt);
+  size_t rows = c->rows, d = c->d, as = rn_acc_size(c->dt);
   rmsnorm_dtype dt = c->dt, pdt = c->pdt;
   int f64 = rn_acc_is_f64(dt);
   size_t cuts[16];
@@ -267,76 +224,23 @@ static void run_case(const scase *c, const double *x_override) {
   }
 
   /* versus the unsharded library */
-  int rf = c->round_first && (dt == RMSNORM_F16 || dt == RMSNORM_BF16);
-  double e_terms = dt == RMSNORM_F64 ? 0x1p-49 : dt == RMSNORM_F32 ? 0x1p-20
-                   : rf ? ldexp(1.0, dt == RMSNORM_F16 ? -9 : -6) : 0x1p-20;
-  for (size_t i = 0; i < rows; i++) {
-    double ra = rn_load_acc(r0, f64, i), rb = rn_load_acc(r1, f64, i);
-    double du = ulps(f64 ? RMSNORM_F64 : RMSNORM_F32, ra, rb);
-    if (du > worst_r[dt]) worst_r[dt] = du;
-    if (bitwise)
-      tu_check(same_bits((char *)r0 + i * as, (char *)r1 + i * as, as), "%s: row %zu: rstd "
-               "%.17g, unsharded %.17g (bits promised)", what, i, rb, ra);
-    else
-      tu_check(du <= (f64 ? 8 : 1), "%s: row %zu: rstd %.17g is %g ulps from unsharded %.17g",
-               what, i, rb, du, ra);
-    for (size_t j = 0; j < d; j++) {
-      const char *pa = (const char *)y0.data + (i * c->ldy + j) * es;
-      const char *pb = (const char *)y1.data + (i * y1.ld + j) * es;
-      if (bitwise) {
-        if (!tu_check(same_bits(pa, pb, es), "%s: y[%zu][%zu] = %.17g, unsharded %.17g (bits "
-                      "promised)", what, i, j, tu_get(&y1, i, j), tu_get(&y0, i, j)))
-          goto done;
-        continue;
-      }
-      double ya = tu_get(&y0, i, j), yb = tu_get(&y1, i, j);
-      double wj = c->weight ? (c->weight == 2 ? 1 : 0) + tu_get(&w, 0, j) : 1;
-      double xrw = fabs(tu_get(&x, i, j) * ra * wj);
-      /* r within an ulp moves x r w by a few of its ulps; one more rounding */
-      double bound = ulp_of(dt, ya) + e_terms * xrw;
-      double u = ulps(dt, ya, yb);
-      if (!c->bias && u > worst_fwd[dt]) worst_fwd[dt] = u;
-      if (!tu_check(fabs(ya - yb) <= bound || u == 0, "%s: y[%zu][%zu] = %.17g, unsharded "
-                    "%.17g (%g ulps)", what, i, j, yb, ya, u))
-        goto done;
-      if (!c->bias && (dt == RMSNORM_F16 || dt == RMSNORM_BF16))
-        tu_check(u <= (rf ? 2 : 1), "%s: y[%zu][%zu] %g ulps from unsharded", what, i, j, u);
-    }
+  {
+    double *weff = malloc(d * sizeof(double));
+    for (size_t j = 0; j < d; j++) weff[j] = (c->weight == 2 ? 1 : 0) + tu_get(&w, 0, j);
+    int ok = cmp_rstd(what, dt, bitwise, rows, r0, r1) &&
+             cmp_y(what, dt, bitwise, c->round_first, c->bias, rows, 0, d, x.data, c->ldx,
+                   c->weight ? weff : NULL, r0, y0.data, c->ldy, y1.data, y1.ld) &&
+             cmp_grad(what, "dx", dt, bitwise, rows, 0, d, dx0.data, c->ldy, dx1.data, c->ldy,
+                      grad_scale(dt, rows, d, dx0.data, c->ldy));
+    if (ok && dwp0)
+      cmp_grad(what, "dweight", pdt, bitwise, 1, 0, d, dw0.data, d, dw1.data, d,
+               grad_scale(pdt, 1, d, dw0.data, d));
+    if (ok && dbp0)
+      cmp_grad(what, "dbias", pdt, bitwise, 1, 0, d, db0.data, d, db1.data, d,
+               grad_scale(pdt, 1, d, db0.data, d));
+    free(weff);
   }
-  /* backward: bits, or the fp32 backward bound (1e-5 of the largest magnitude,
-   * 2^-10 / 2^-7 for fp16 / bf16 storage, 1e-12 for fp64) */
-  double tol = dt == RMSNORM_F32 ? 1e-5 : dt == RMSNORM_F64 ? 1e-12
-               : dt == RMSNORM_F16 ? 0x1p-10 : 0x1p-7;
-  double ptol = pdt == RMSNORM_F32 ? 1e-5 : pdt == RMSNORM_F64 ? 1e-12
-                : pdt == RMSNORM_F16 ? 0x1p-10 : 0x1p-7;
-  double mx = 0, ex = 0;
-  for (size_t i = 0; i < rows; i++)
-    for (size_t j = 0; j < d; j++) mx = fmax(mx, fabs(tu_get(&dx0, i, j)));
-  for (size_t i = 0; i < rows; i++)
-    for (size_t j = 0; j < d; j++) {
-      const char *pa = (const char *)dx0.data + (i * c->ldy + j) * es;
-      const char *pb = (const char *)dx1.data + (i * c->ldy + j) * es;
-      if (bitwise && !tu_check(same_bits(pa, pb, es), "%s: dx[%zu][%zu] = %.17g, unsharded "
-                               "%.17g (bits promised)", what, i, j, tu_get(&dx1, i, j),
-                               tu_get(&dx0, i, j)))
-        goto done;
-      ex = fmax(ex, fabs(tu_get(&dx0, i, j) - tu_get(&dx1, i, j)) / (mx > 0 ? mx : 1));
-    }
-  tu_check(ex <= tol, "%s: dx %.3g of its largest magnitude from unsharded", what, ex);
-  for (int v = 0; v < 2; v++) {
-    const tu_tensor *a = v ? &db0 : &dw0, *bb = v ? &db1 : &dw1;
-    if (!(v ? dbp0 : dwp0)) continue;
-    double m = 0, e = 0;
-    for (size_t j = 0; j < d; j++) m = fmax(m, fabs(tu_get(a, 0, j)));
-    for (size_t j = 0; j < d; j++) {
-      if (bitwise)
-        tu_check(same_bits((char *)a->data + j * rn_dtype_size(pdt),
-                           (char *)bb->data + j * rn_dtype_size(pdt), rn_dtype_size(pdt)),
-                 "%s: %s[%zu] bits", what, v ? "dbias" : "dweight", j);
-      e = fmax(e, fabs(tu_get(a, 0, j) - tu_get(bb, 0, j)) / (m > 0 ? m : 1));
-    }
-    tu_check(e <= ptol, "%s: %s %.3g from unsharded", what, v ? "dbias" : "dweight", e);
-  }
+  double tol = grad_tol(dt);
 
   /* versus the oracle, on the bounds README states for the unsharded library */
   {
@@ -413,7 +317,7 @@ static void test_grid(void) {
   printf("grid: %zu cases; largest differences from unsharded where bits are not promised "
          "(rstd, y without bias, in ulps):", n);
   for (int dt = 0; dt < 4; dt++)
-    printf(" %s %g, %g;", tu_dtype_name((rmsnorm_dtype)dt), worst_r[dt], worst_fwd[dt]);
+    printf(" %s %g, %g;", tu_dtype_name((rmsnorm_dtype)dt), cmp_worst_r[dt], cmp_worst_y[dt]);
   printf("\n");
 }
 
