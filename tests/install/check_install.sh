@@ -39,3 +39,9 @@ check find_package-static "$work/consumer/consumer_static"
 bad=$(nm -D --defined-only "$libdir/librmsnorm.so" | awk '$2 ~ /[TDBR]/ {print $3}' | grep -v '^rmsnorm_' || true)
 [ -z "$bad" ] || { echo "non-rmsnorm_ exports: $bad"; exit 1; }
 echo "exports: ok"
+# librmsnorm_mpi, where it was built, exports only rmsnorm_mpi_ symbols
+if [ -e "$libdir/librmsnorm_mpi.so" ]; then
+  bad=$(nm -D --defined-only "$libdir/librmsnorm_mpi.so" | awk '$2 ~ /[TDBR]/ {print $3}' | grep -v '^rmsnorm_mpi_' || true)
+  [ -z "$bad" ] || { echo "non-rmsnorm_mpi_ exports: $bad"; exit 1; }
+  echo "mpi exports: ok"
+fi
