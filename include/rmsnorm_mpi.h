@@ -8,18 +8,20 @@
  * (any order of ranks, widths of 0 allowed). Each forward and each backward
  * costs one MPI_Allreduce of `rows` doubles (MPI_SUM) on `comm`: rows x 8
  * bytes, whatever d_global. Every rank must call with the same rows, d_global,
- * config and optional arguments, as for any collective.
+ * config and optional arguments, as for any collective, from a thread that may
+ * make MPI calls (the main thread under MPI_THREAD_FUNNELED).
  *
  * Checks: with checks on (rmsnorm_mpi_set_checks, or the environment variable
  * RMSNORM_MPI_CHECK=1 on every rank), each call first exchanges a small
  * record (one MPI_Allgather of 16 integers per rank, on `comm` and on
- * `replicas`) and every rank returns the same error when any rank's arguments
- * are invalid or the ranks disagree: rows or d_global differ, or the shards do
+ * `replicas`) and every rank returns an error when any rank's arguments are
+ * invalid or the ranks disagree: rows or d_global differ, or the shards do
  * not cover [0, d_global) exactly once (widths not summing to d_global,
  * overlaps, gaps): RMSNORM_ERROR_BAD_SIZE; dtype or param_dtype differ:
  * RMSNORM_ERROR_BAD_DTYPE; eps, partial, flags, the operation, or which
  * optional buffers are given differ: RMSNORM_ERROR_BAD_ARGUMENT; a rank's
- * own argument error: that rank's status (others get it too). Nothing is
+ * own argument error: that rank's status, and the lowest such rank's status
+ * on the ranks without one. Nothing is
  * written and no rank waits in a collective the others skip. Without checks,
  * an argument error on one rank returns before the collective and the other
  * ranks wait there: use checks while developing.
@@ -27,7 +29,9 @@
  * MPI errors: MPI calls use the communicator's error handler (by default
  * MPI_ERRORS_ARE_FATAL aborts the job). With MPI_ERRORS_RETURN, a failed MPI
  * call makes the function return RMSNORM_ERROR_NOT_AVAILABLE; outputs may
- * then be partly written. */
+ * then be partly written. So may `stats` when a rank runs out of memory for
+ * the context's scratch after the sums (that rank alone returns
+ * RMSNORM_ERROR_OUT_OF_MEMORY; the others are not left waiting). */
 #ifndef RMSNORM_MPI_H
 #define RMSNORM_MPI_H
 
@@ -56,8 +60,8 @@ RMSNORM_MPI_API void rmsnorm_mpi_set_checks(int mode);
  * summed statistic, for rmsnorm_mpi_backward; NULL allocates a temporary.
  * rstd (optional) as rmsnorm_forward's. Arguments otherwise as
  * rmsnorm_shard_forward's.
- * @return RMSNORM_OK or an error status, the same on every rank with checks
- * on (nothing written). */
+ * @return RMSNORM_OK or an error status (nothing written; with checks on, an
+ * error on every rank). */
 RMSNORM_MPI_API rmsnorm_status rmsnorm_mpi_forward(rmsnorm_context *ctx,
                                                    const rmsnorm_config *cfg, size_t rows,
                                                    size_t d_global, size_t offset, size_t width,
@@ -82,8 +86,8 @@ RMSNORM_MPI_API rmsnorm_status rmsnorm_mpi_forward(rmsnorm_context *ctx,
  * holds. Cost: about 2 x width x 8 bytes per rank (x 2 with dbias). The
  * replicas must agree on offset, width, dtype, flags and which of dweight and
  * dbias they ask for; rows may differ.
- * @return RMSNORM_OK or an error status, the same on every rank with checks
- * on (nothing written). */
+ * @return RMSNORM_OK or an error status (nothing written; with checks on, an
+ * error on every rank). */
 RMSNORM_MPI_API rmsnorm_status rmsnorm_mpi_backward(rmsnorm_context *ctx,
                                                     const rmsnorm_config *cfg, size_t rows,
                                                     size_t d_global, size_t offset, size_t width,
