@@ -14,8 +14,8 @@ PY_REQUIREMENTS := python/requirements-test.txt
 PY_DEPS_STAMP := $(VENV)/.rmsnorm-deps.stamp
 PY_PKG_STAMP := $(VENV)/.rmsnorm-package.stamp
 # Everything the installed package is built from.
-PY_PKG_SOURCES := $(shell find python/rmsnorm python/CMakeLists.txt python/pyproject.toml \
-  CMakeLists.txt cmake include src -type f ! -name '*.pyc' 2>/dev/null)
+PY_PKG_SOURCES := $(shell find python/rmsnorm python/src python/CMakeLists.txt \
+  python/pyproject.toml CMakeLists.txt cmake include src -type f ! -name '*.pyc' 2>/dev/null)
 PIP := $(VENV_PY) -m pip --disable-pip-version-check
 TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
@@ -38,9 +38,11 @@ $(PY_DEPS_STAMP): $(PY_REQUIREMENTS) | $(VENV_PY)
 	$(PIP) install --progress-bar off -r $(PY_REQUIREMENTS)
 	touch $@
 
-# The build folder python/build/ is kept, so a change rebuilds incrementally.
+# The build folder python/build/ is kept, so a change rebuilds incrementally. The
+# torch ops are required here (torch is in .venv): a failure to build them fails.
 $(PY_PKG_STAMP): $(PY_DEPS_STAMP) $(PY_PKG_SOURCES)
-	$(PIP) install --progress-bar off --no-build-isolation --no-deps ./python
+	$(PIP) install --progress-bar off --no-build-isolation --no-deps \
+	  -Ccmake.define.RMSNORM_PYTHON_TORCH=ON -Cbuild.verbose=false ./python
 	touch $@
 
 python-install: $(PY_PKG_STAMP)

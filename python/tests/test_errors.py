@@ -77,22 +77,6 @@ def test_backward_argument_checks():
         rmsnorm.layer_norm_backward(X, X, 8, rstd=np.ones(2, np.float32))
 
 
-def test_eps_outside_is_rms_only():
-    from rmsnorm import _core, _numpy
-
-    with pytest.raises(ValueError, match="eps_outside applies to rms_norm only"):
-        _core.forward(_numpy.NUMPY, _core.LAYER, X, 8, None, None, 1e-5, 1.0,
-                      rmsnorm._capi.FLAG_EPS_OUTSIDE, False, False, None)
-
-
-def test_missing_library_message(monkeypatch, tmp_path):
-    monkeypatch.setenv("RMSNORM_LIBRARY", str(tmp_path / "nope.so"))
-    from rmsnorm import _capi
-
-    with pytest.raises(ImportError, match="pip install ./python"):
-        _capi._load()
-
-
 # ---- torch ------------------------------------------------------------------------------
 
 

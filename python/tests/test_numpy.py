@@ -326,7 +326,6 @@ def test_results_do_not_depend_on_threads(rng):
 
 def test_concurrent_python_threads(rng):
     # Each Python thread gets its own context; the GIL is released in the C call.
-    assert not isinstance(rmsnorm._capi.lib, __import__("ctypes").PyDLL)
     xs = [data(rng, (256, 512), np.float32) for _ in range(4)]
     want = [rmsnorm.rms_norm(x, 512) for x in xs]
     got = [None] * len(xs)
