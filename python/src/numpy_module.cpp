@@ -737,6 +737,10 @@ PyObject *py_set_cache_limit(PyObject *, PyObject *arg) {
   return PyLong_FromSize_t(rnpy::cache_set_limit(static_cast<std::size_t>(n)));
 }
 
+PyObject *py_context_threads(PyObject *, PyObject *) {
+  return PyLong_FromLong(rnpy::thread_context_threads());
+}
+
 PyObject *py_empty_cache(PyObject *, PyObject *) {
   rnpy::cache_release();
   Py_RETURN_NONE;
@@ -874,6 +878,10 @@ PyMethodDef methods[] = {
      "set_cache_limit($module, nbytes, /)\n--\n\n"
      "The most bytes of free output blocks kept for reuse (0: none); trims to it at\n"
      "once and returns the previous limit."},
+    {"_context_threads", py_context_threads, METH_NOARGS,
+     "_context_threads($module, /)\n--\n\n"
+     "The thread count the calling thread's context was last set to (-1: none yet);\n"
+     "for tests: rmsnorm.torch sets it to torch.get_num_threads() on every call."},
     {"empty_cache", py_empty_cache, METH_NOARGS,
      "empty_cache($module, /)\n--\n\nReturns every kept output block to the system."},
     {nullptr, nullptr, 0, nullptr}};

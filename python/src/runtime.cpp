@@ -63,6 +63,8 @@ rmsnorm_status thread_context(int threads, rmsnorm_context **out) {
   return RMSNORM_OK;
 }
 
+int thread_context_threads() { return t_context.ctx ? t_context.threads : -1; }
+
 /* ---- the output cache ------------------------------------------------------ */
 
 struct Block {

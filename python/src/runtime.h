@@ -21,6 +21,10 @@ namespace rnpy {
  * rmsnorm_context_set_threads (then *ctx is untouched). */
 RNPY_API rmsnorm_status thread_context(int threads, rmsnorm_context **ctx);
 
+/* The thread count the calling thread's context was last set to (-1: it has
+ * no context yet). For tests. */
+RNPY_API int thread_context_threads();
+
 /* ---- the output cache ----------------------------------------------------
  * Outputs of at least kCacheMinBytes are placed in blocks of whole 2 MiB
  * pages, mapped 2 MiB-aligned and advised onto transparent huge pages. A freed
