@@ -160,6 +160,52 @@ def run_shape(rows: int, d: int, threads: int, rounds: int, batch_s: float):
             yield name, peer, med[(name, "peer")], med[(name, "ours")]
 
 
+def llama(threads: int, rounds: int) -> None:
+    """A patched random-init transformers Llama (hidden 512, 4 layers, 9 norms):
+    forward of a 32-token prompt and of a single token (no KV cache), eager against
+    torch.compile(fullgraph=True) (the compile itself is not timed)."""
+    import torch
+    import transformers
+
+    import rmsnorm.torch as rt
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1408,
+                                   num_hidden_layers=4, num_attention_heads=8,
+                                   num_key_value_heads=4, max_position_embeddings=128)
+    cfg._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    rt.patch(model)
+    compiled = torch.compile(model, fullgraph=True)
+    prompt = torch.randint(0, 1000, (1, 32))
+    torch.set_num_threads(threads)
+
+    def step(m, ids):
+        return lambda: m(input_ids=ids, use_cache=False).logits
+
+    with torch.no_grad():
+        fns = {"eager": step(model, prompt), "compiled": step(compiled, prompt),
+               "eager, 1 token": step(model, prompt[:, :1]),
+               "compiled, 1 token": step(compiled, prompt[:, :1])}
+        for fn in fns.values():
+            fn()
+            fn()
+        inner = {k: batch(f, 0.05) for k, f in fns.items()}
+        samples = {k: [] for k in fns}
+        for _ in range(rounds):
+            for k, f in fns.items():
+                t0 = time.perf_counter()
+                for _ in range(inner[k]):
+                    f()
+                samples[k].append((time.perf_counter() - t0) / inner[k])
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    print(f"| Llama 512x4, 32 tokens | {threads} | {fmt(med['eager'])} | "
+          f"{fmt(med['compiled'])} | {med['compiled'] / med['eager']:.2f} |")
+    print(f"| Llama 512x4, 1 token | {threads} | {fmt(med['eager, 1 token'])} | "
+          f"{fmt(med['compiled, 1 token'])} | "
+          f"{med['compiled, 1 token'] / med['eager, 1 token']:.2f} |", flush=True)
+
+
 def fmt(s: float) -> str:
     return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} µs"
 
@@ -171,6 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=9, help="timed rounds (median)")
     ap.add_argument("--batch-ms", type=float, default=20.0, help="least time of one batch")
     ap.add_argument("--quick", action="store_true", help="--rounds 5 --batch-ms 5")
+    ap.add_argument("--llama", action="store_true",
+                    help="also a patched transformers Llama, eager against torch.compile")
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.batch_ms = 5, 5.0
@@ -203,6 +251,11 @@ def main(argv=None) -> int:
                                                     args.batch_ms / 1e3):
                     print(f"| {rows}x{d} | {n} | {name} | {peer} | {fmt(tp)} | {fmt(to)} | "
                           f"{to / tp:.2f} |", flush=True)
+        if args.llama:
+            print("\n| model | threads | eager | compiled | compiled/eager |")
+            print("|---|---:|---:|---:|---:|")
+            for n in (int(t) for t in args.threads.split(",")):
+                llama(n, args.rounds)
     finally:
         torch.set_num_threads(before)
         rmsnorm.set_num_threads(0)
