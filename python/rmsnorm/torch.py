@@ -354,7 +354,8 @@ class RMSNorm(_AffineNorm):
         self._init_affine(normalized_shape, eps, elementwise_affine, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.normalized_shape, self.weight, self.eps, bias=self.bias)
+        p = self._parameters  # (one dict read instead of two Module.__getattr__ calls)
+        return rms_norm(x, self.normalized_shape, p["weight"], self.eps, bias=p["bias"])
 
 
 class LayerNorm(_AffineNorm):
@@ -368,7 +369,8 @@ class LayerNorm(_AffineNorm):
         self._init_affine(normalized_shape, eps, elementwise_affine, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        p = self._parameters
+        return layer_norm(x, self.normalized_shape, p["weight"], p["bias"], self.eps)
 
 
 class LlamaRMSNorm(nn.Module):
@@ -389,9 +391,9 @@ class LlamaRMSNorm(nn.Module):
         self.exact_hf = exact_hf
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = self._parameters["weight"]
         if self.exact_hf:
-            return hf_rms_norm(hidden_states, self.weight, self.variance_epsilon)
-        weight = self.weight
+            return hf_rms_norm(hidden_states, weight, self.variance_epsilon)
         if weight.dtype == hidden_states.dtype:
             return rms_norm(hidden_states, weight.shape, weight, self.variance_epsilon,
                             round_before_weight=True)
@@ -424,7 +426,7 @@ class GemmaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
+        weight = self._parameters["weight"]
         return rms_norm(x, weight.shape, weight, self.eps, offset=True)
 
     def extra_repr(self) -> str:

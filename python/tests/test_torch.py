@@ -294,7 +294,7 @@ def test_out_without_autograd():
     torch.testing.assert_close(y, want)
     xg = x.clone().requires_grad_()
     with pytest.raises(ValueError, match=r"rmsnorm::layer_norm.out: writing in place \(out=, "
-                       "inplace=True\) does not take part in autograd"):
+                       r"inplace=True\) does not take part in autograd"):
         rt.layer_norm(xg, 16, out=out)
     with torch.no_grad():
         rt.layer_norm(xg, 16, out=out)
