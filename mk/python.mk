@@ -1,7 +1,8 @@
 # mk/python.mk - the Python package in python/. `make test-python` creates .venv
 # when missing, installs what the tests need from PyPI when missing, builds and
 # installs the package through the project's CMake when its sources changed
-# (stamp files), then runs pytest. `make bench-python` runs the benchmark.
+# (stamp files), then runs pytest. `make bench-python` runs the benchmark (and installs
+# its peers, python/requirements-bench.txt, when missing).
 
 # This fragment is included before the top Makefile's first rule: keep `all`
 # the default goal (restored at the end of the file).
@@ -11,11 +12,13 @@ PYTHON ?= python3
 VENV ?= .venv
 VENV_PY := $(VENV)/bin/python
 PY_REQUIREMENTS := python/requirements-test.txt
+PY_BENCH_REQUIREMENTS := python/requirements-bench.txt
 PY_DEPS_STAMP := $(VENV)/.rmsnorm-deps.stamp
+PY_BENCH_STAMP := $(VENV)/.rmsnorm-bench.stamp
 PY_PKG_STAMP := $(VENV)/.rmsnorm-package.stamp
 # Everything the installed package is built from.
-PY_PKG_SOURCES := $(shell find python/rmsnorm python/CMakeLists.txt python/pyproject.toml \
-  CMakeLists.txt cmake include src -type f ! -name '*.pyc' 2>/dev/null)
+PY_PKG_SOURCES := $(shell find python/rmsnorm python/src python/CMakeLists.txt \
+  python/pyproject.toml CMakeLists.txt cmake include src -type f ! -name '*.pyc' 2>/dev/null)
 PIP := $(VENV_PY) -m pip --disable-pip-version-check
 TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
@@ -38,9 +41,11 @@ $(PY_DEPS_STAMP): $(PY_REQUIREMENTS) | $(VENV_PY)
 	$(PIP) install --progress-bar off -r $(PY_REQUIREMENTS)
 	touch $@
 
-# The build folder python/build/ is kept, so a change rebuilds incrementally.
+# The build folder python/build/ is kept, so a change rebuilds incrementally. The
+# torch ops are required here (torch is in .venv): a failure to build them fails.
 $(PY_PKG_STAMP): $(PY_DEPS_STAMP) $(PY_PKG_SOURCES)
-	$(PIP) install --progress-bar off --no-build-isolation --no-deps ./python
+	$(PIP) install --progress-bar off --no-build-isolation --no-deps \
+	  -Ccmake.define.RMSNORM_PYTHON_TORCH=ON -Cbuild.verbose=false ./python
 	touch $@
 
 python-install: $(PY_PKG_STAMP)
@@ -48,7 +53,12 @@ python-install: $(PY_PKG_STAMP)
 test-python: $(PY_PKG_STAMP)
 	$(VENV_PY) -m pytest python/tests $(PYTEST_ARGS)
 
-bench-python: $(PY_PKG_STAMP)
+# The benchmark's peers beyond the tests' (onnxruntime, and onnx to build its model).
+$(PY_BENCH_STAMP): $(PY_BENCH_REQUIREMENTS) $(PY_DEPS_STAMP)
+	$(PIP) install --progress-bar off -r $(PY_BENCH_REQUIREMENTS)
+	touch $@
+
+bench-python: $(PY_PKG_STAMP) $(PY_BENCH_STAMP)
 	$(VENV_PY) -m rmsnorm.bench $(BENCH_ARGS)
 
 clean-python:

@@ -1,7 +1,13 @@
-"""bench.py - `python -m rmsnorm.bench`: rmsnorm.torch against torch's own CPU
-kernels (F.rms_norm, the HF-Llama composite, F.layer_norm), forward and
-forward+backward, on 1 thread and on all, as medians of timed batches, with
-ratios (> 1: ours is faster). Prints a Markdown table.
+"""bench.py - `python -m rmsnorm.bench` (`make bench-python`): the package against its
+peers in one process, fp32 RMSNorm with a weight: rmsnorm.torch (function, modules,
+out=) against torch's F.rms_norm and nn.RMSNorm (and transformers' LlamaRMSNorm
+when installed), the numpy function (fresh output and out=) against ONNX Runtime's
+RMSNormalization through InferenceSession.run, and forward+backward against torch.
+
+Every case of one shape and thread count is timed interleaved: in each round, each
+case runs one timed batch (calls lasting at least --batch-ms, after a warm call);
+the table gives each case's median over the rounds. Default malloc, torch's default
+allocator, one ORT session per thread count (intra_op_num_threads). Prints Markdown.
 """
 
 from __future__ import annotations
@@ -13,8 +19,7 @@ import statistics
 import sys
 import time
 
-SHAPES = ["4096x4096", "2048x8192", "512x4096", "16x4096", "1x4096", "8x5120", "65536x128",
-          "1x1048576"]
+SHAPES = ["1x4096", "16x4096", "8x5120", "512x4096", "4096x4096", "1x1048576"]
 
 
 def _cpu_name() -> str:
@@ -28,129 +33,232 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def time_call(fn, reps: int, min_batch_s: float) -> float:
-    """Median seconds per call: batches of calls lasting at least min_batch_s."""
-    fn()  # warm: first-touch allocations, thread pools
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-7)
-    inner = max(1, int(min_batch_s / one))
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        samples.append((time.perf_counter() - t0) / inner)
-    return statistics.median(samples)
+def ort_session(d: int, eps: float, threads: int):
+    """An InferenceSession of one RMSNormalization node (opset 23), y = rmsnorm(x) * w,
+    or None without onnxruntime/onnx."""
+    try:
+        import numpy as np
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    w = numpy_helper.from_array(np.ones(d, np.float32), "w")
+    node = helper.make_node("RMSNormalization", ["x", "w"], ["y"], axis=-1, epsilon=eps)
+    graph = helper.make_graph([node], "rmsnorm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", d])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", d])],
+                              initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
 
 
-def cases(torch, F, rt, rows: int, d: int, dtype):
-    """(op, {implementation: callable}) for one shape; an op without "torch"
-    is compared with the torch time of the op before it."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, d, generator=g).to(dtype)
-    dy = torch.randn(rows, d, generator=g).to(dtype)
-    w = (torch.randn(d, generator=g) * 0.1 + 1).to(dtype)
-    b = (torch.randn(d, generator=g) * 0.1).to(dtype)
-    eps = 1e-6
-    xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
-
-    def hf_llama(x, w):  # transformers' LlamaRMSNorm.forward
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        return w * h.to(x.dtype)
-
-    def ours_llama(x, w):  # rmsnorm.torch.LlamaRMSNorm.forward
-        return rt.rms_norm(x, (d,), w, eps, round_before_weight=True)
-
-    def ours(x, w):
-        return rt.rms_norm(x, (d,), w, eps)
-
-    def fwd(f, *args):
-        def run():
-            with torch.no_grad():
-                f(*args)
-        return run
-
-    def fwd_bwd(f, x, *params):
-        inputs = (x,) + params
-
-        def run():
-            torch.autograd.grad(f(x, *params), inputs, dy)
-        return run
-
-    rms = {"torch": lambda x, w: F.rms_norm(x, (d,), w, eps), "hf": hf_llama, "ours": ours}
-    if dtype in (torch.float16, torch.bfloat16):  # HF's rounding order differs there
-        rms["ours_hf"] = ours_llama
-    ln = {"torch": lambda x, w, b: F.layer_norm(x, (d,), w, b, eps),
-          "ours": lambda x, w, b: rt.layer_norm(x, (d,), w, b, eps)}
-    out = torch.empty_like(x)
-    return [
-        ("rms_norm fwd", {k: fwd(f, x, w) for k, f in rms.items()}),
-        # The same into a reused output: no fresh pages to fault in (torch: its
-        # allocating call of the row above).
-        ("rms_norm fwd, out=", {"ours": fwd(lambda x, w: rt.rms_norm(x, (d,), w, eps, out=out),
-                                            x, w)}),
-        ("rms_norm fwd+bwd", {k: fwd_bwd(f, xg, wg) for k, f in rms.items()}),
-        ("layer_norm fwd", {k: fwd(f, x, w, b) for k, f in ln.items()}),
-        ("layer_norm fwd+bwd", {k: fwd_bwd(f, xg, wg, bg) for k, f in ln.items()}),
-    ]
-
-
-def fmt_time(s: float) -> str:
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} µs"
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rmsnorm.bench", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="fewer and shorter repetitions")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated ROWSxD")
-    ap.add_argument("--threads", default=None,
-                    help="comma-separated thread counts (default: 1 and all CPUs)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
-    args = ap.parse_args(argv)
-
+def cases(rows: int, d: int, threads: int):
+    """[(name, peer name or None, {impl: callable})] for one shape."""
+    import numpy as np
     import torch
     import torch.nn.functional as F
 
     import rmsnorm
     import rmsnorm.torch as rt
 
-    dtype = getattr(torch, args.dtype)
-    ncpu = os.cpu_count() or 1
-    threads = ([int(t) for t in args.threads.split(",")] if args.threads
-               else sorted({1, ncpu}))
-    reps, min_batch = (5, 0.005) if args.quick else (15, 0.02)
-    shapes = [tuple(int(n) for n in s.lower().split("x")) for s in args.shapes.split(",")]
+    eps = 1e-6
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, d, generator=g)
+    w = (torch.randn(d, generator=g) * 0.1 + 1)
+    dy = torch.randn(rows, d, generator=g)
+    out = torch.empty_like(x)
+    xn, wn = x.numpy(), w.numpy()
+    outn = np.empty_like(xn)
+    tnorm = torch.nn.RMSNorm(d, eps=eps)
+    onorm = rt.RMSNorm(d, eps=eps)
+    ollama = rt.LlamaRMSNorm(d, eps=eps)
+    for m in (tnorm, onorm, ollama):
+        with torch.no_grad():
+            m.weight.copy_(w)
+        m.requires_grad_(False)
+    try:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm as HF
+        hf = HF(d, eps=eps)
+        with torch.no_grad():
+            hf.weight.copy_(w)
+        hf.requires_grad_(False)
+    except ImportError:
+        hf = None
+    sess = ort_session(d, eps, threads)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
 
+    def fwd_bwd(f):
+        return lambda: torch.autograd.grad(f(xg, wg), (xg, wg), dy)
+
+    out_cases = [
+        ("fwd, function", "F.rms_norm", {
+            "peer": lambda: F.rms_norm(x, (d,), w, eps),
+            "ours": lambda: rt.rms_norm(x, (d,), w, eps)}),
+        ("fwd, module", "nn.RMSNorm", {
+            "peer": lambda: tnorm(x), "ours": lambda: onorm(x)}),
+    ]
+    if hf is not None:
+        out_cases.append(("fwd, LlamaRMSNorm", "HF module", {
+            "peer": lambda: hf(x), "ours": lambda: ollama(x)}))
+    out_cases.append(("fwd, fresh output vs out=", "ours out=", {
+        "peer": lambda: rt.rms_norm(x, (d,), w, eps, out=out),
+        "ours": lambda: rt.rms_norm(x, (d,), w, eps)}))
+    if sess is not None:
+        out_cases.append(("numpy fwd", "ORT run", {
+            "peer": lambda: sess.run(None, {"x": xn}),
+            "ours": lambda: rmsnorm.rms_norm(xn, d, wn, eps)}))
+    out_cases.append(("numpy fwd, fresh output vs out=", "numpy out=", {
+        "peer": lambda: rmsnorm.rms_norm(xn, d, wn, eps, out=outn),
+        "ours": lambda: rmsnorm.rms_norm(xn, d, wn, eps)}))
+    out_cases.append(("fwd+bwd", "F.rms_norm", {
+        "peer": fwd_bwd(lambda a, b: F.rms_norm(a, (d,), b, eps)),
+        "ours": fwd_bwd(lambda a, b: rt.rms_norm(a, (d,), b, eps))}))
+    return out_cases
+
+
+def batch(fn, target_s: float) -> int:
+    fn()  # warm
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    return max(1, int(target_s / one))
+
+
+def run_shape(rows: int, d: int, threads: int, rounds: int, batch_s: float):
+    import torch
+
+    flat = []
+    for name, peer, impls in cases(rows, d, threads):
+        for who, fn in impls.items():
+            flat.append((name, peer, who, fn))
+    def grad_mode(name):  # forward cases without autograd, as inference runs
+        return torch.enable_grad() if "bwd" in name else torch.no_grad()
+
+    inner = []
+    for name, _, _, fn in flat:
+        with grad_mode(name):
+            inner.append(batch(fn, batch_s))
+    samples = [[] for _ in flat]
+    for _ in range(rounds):
+        for i, (name, _, _, fn) in enumerate(flat):
+            with grad_mode(name):
+                t0 = time.perf_counter()
+                for _ in range(inner[i]):
+                    fn()
+                samples[i].append((time.perf_counter() - t0) / inner[i])
+    med = {(n, who): statistics.median(s) for (n, _, who, _), s in zip(flat, samples)}
+    seen = []
+    for name, peer, _, _ in flat:
+        if name not in seen:
+            seen.append(name)
+            yield name, peer, med[(name, "peer")], med[(name, "ours")]
+
+
+def llama(threads: int, rounds: int) -> None:
+    """A patched random-init transformers Llama (hidden 512, 4 layers, 9 norms):
+    forward of a 32-token prompt and of a single token (no KV cache), eager against
+    torch.compile(fullgraph=True) (the compile itself is not timed)."""
+    import torch
+    import transformers
+
+    import rmsnorm.torch as rt
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1408,
+                                   num_hidden_layers=4, num_attention_heads=8,
+                                   num_key_value_heads=4, max_position_embeddings=128)
+    cfg._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    rt.patch(model)
+    compiled = torch.compile(model, fullgraph=True)
+    prompt = torch.randint(0, 1000, (1, 32))
+    torch.set_num_threads(threads)
+
+    def step(m, ids):
+        return lambda: m(input_ids=ids, use_cache=False).logits
+
+    with torch.no_grad():
+        fns = {"eager": step(model, prompt), "compiled": step(compiled, prompt),
+               "eager, 1 token": step(model, prompt[:, :1]),
+               "compiled, 1 token": step(compiled, prompt[:, :1])}
+        for fn in fns.values():
+            fn()
+            fn()
+        inner = {k: batch(f, 0.05) for k, f in fns.items()}
+        samples = {k: [] for k in fns}
+        for _ in range(rounds):
+            for k, f in fns.items():
+                t0 = time.perf_counter()
+                for _ in range(inner[k]):
+                    f()
+                samples[k].append((time.perf_counter() - t0) / inner[k])
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    print(f"| Llama 512x4, 32 tokens | {threads} | {fmt(med['eager'])} | "
+          f"{fmt(med['compiled'])} | {med['compiled'] / med['eager']:.2f} |")
+    print(f"| Llama 512x4, 1 token | {threads} | {fmt(med['eager, 1 token'])} | "
+          f"{fmt(med['compiled, 1 token'])} | "
+          f"{med['compiled, 1 token'] / med['eager, 1 token']:.2f} |", flush=True)
+
+
+def fmt(s: float) -> str:
+    return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} µs"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rmsnorm.bench", description=__doc__)
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated ROWSxD")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    ap.add_argument("--rounds", type=int, default=9, help="timed rounds (median)")
+    ap.add_argument("--batch-ms", type=float, default=20.0, help="least time of one batch")
+    ap.add_argument("--quick", action="store_true", help="--rounds 5 --batch-ms 5")
+    ap.add_argument("--llama", action="store_true",
+                    help="also a patched transformers Llama, eager against torch.compile")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.rounds, args.batch_ms = 5, 5.0
+
+    import torch
+
+    import rmsnorm
+
+    try:
+        import onnxruntime
+        ort_version = onnxruntime.__version__
+    except ImportError:
+        ort_version = "not installed"
     print(f"rmsnorm {rmsnorm.__version__} (kernels {rmsnorm.isa()}), torch {torch.__version__} "
-          f"(cpu capability {torch.backends.cpu.get_cpu_capability()}), {args.dtype}, "
-          f"{_cpu_name()}, {ncpu} CPUs, python {platform.python_version()}")
-    print(f"median of {reps} batches of >= {min_batch * 1e3:.0f} ms; x = torch time / ours "
-          "(> 1: rmsnorm is faster); HF = transformers' LlamaRMSNorm composite (compared "
-          "with rmsnorm.torch.LlamaRMSNorm's call in half precision)\n")
-    print("| shape | threads | op | torch | HF | rmsnorm | x torch | x HF |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
+          f"(cpu capability {torch.backends.cpu.get_cpu_capability()}), onnxruntime "
+          f"{ort_version}, float32, {_cpu_name()}, {os.cpu_count()} CPUs, python "
+          f"{platform.python_version()}")
+    print(f"medians of {args.rounds} interleaved rounds, batches of >= {args.batch_ms:g} ms; "
+          "ours/peer < 1: rmsnorm is faster (for the out= rows: what a fresh output costs)\n")
+    print("| shape | threads | case | peer | peer time | rmsnorm | ours/peer |")
+    print("|---|---:|---|---|---:|---:|---:|")
     before = torch.get_num_threads()
     try:
-        for rows, d in shapes:
-            for n in threads:
+        for shape in args.shapes.split(","):
+            rows, d = (int(v) for v in shape.lower().split("x"))
+            for n in (int(t) for t in args.threads.split(",")):
                 torch.set_num_threads(n)
-                prev = {}
-                for op, impls in cases(torch, F, rt, rows, d, dtype):
-                    t = {k: time_call(f, reps, min_batch) for k, f in impls.items()}
-                    t.setdefault("torch", prev.get("torch"))
-                    prev = t
-                    hf = fmt_time(t["hf"]) if "hf" in t else "—"
-                    xhf = (f"{t['hf'] / t.get('ours_hf', t['ours']):.2f}" if "hf" in t
-                           else "—")
-                    print(f"| {rows}x{d} | {n} | {op} | {fmt_time(t['torch'])} | {hf} | "
-                          f"{fmt_time(t['ours'])} | {t['torch'] / t['ours']:.2f} | {xhf} |",
-                          flush=True)
+                rmsnorm.set_num_threads(n)
+                for name, peer, tp, to in run_shape(rows, d, n, args.rounds,
+                                                    args.batch_ms / 1e3):
+                    print(f"| {rows}x{d} | {n} | {name} | {peer} | {fmt(tp)} | {fmt(to)} | "
+                          f"{to / tp:.2f} |", flush=True)
+        if args.llama:
+            print("\n| model | threads | eager | compiled | compiled/eager |")
+            print("|---|---:|---:|---:|---:|")
+            for n in (int(t) for t in args.threads.split(",")):
+                llama(n, args.rounds)
     finally:
         torch.set_num_threads(before)
+        rmsnorm.set_num_threads(0)
     return 0
 
 

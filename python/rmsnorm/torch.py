@@ -1,188 +1,80 @@
-"""rmsnorm.torch - the library for CPU torch tensors: rms_norm and layer_norm as
-autograd Functions whose backward is the C backward, drop-in modules (RMSNorm,
-LayerNorm, and HF-compatible LlamaRMSNorm and GemmaRMSNorm), and patch(model),
-which swaps a model's RMSNorm layers for these in place. The fused operations of a
-transformer block: fused_add_rms_norm and rms_norm_linear (autograd Functions whose
-backward is the C backward), rms_norm_int8 and rms_norm_fp8 (no gradient).
+"""rmsnorm.torch - the library for CPU torch tensors, as torch ops.
 
-Threads: every call runs on up to torch.get_num_threads() threads (so
-torch.set_num_threads and OMP_NUM_THREADS apply); results do not depend on it.
+Importing it registers the ops of namespace ``rmsnorm`` with torch.library
+(``torch.ops.rmsnorm.rms_norm``, ``.rms_norm_backward``, ``.layer_norm``, ...;
+compiled in rmsnorm._torch, with fake kernels for tracing in
+rmsnorm._torch_fake), so they work under autograd (gradients of any order),
+torch.compile(fullgraph=True), torch.export, fake and meta tensors. The
+functions here (rms_norm, layer_norm, fused_add_rms_norm, qk_norm,
+rms_norm_linear, rms_norm_int8, rms_norm_fp8) call those ops; the modules
+RMSNorm, LayerNorm, LlamaRMSNorm and GemmaRMSNorm are drop-in replacements for
+torch's and transformers', and patch(model) swaps a model's norms for them in
+place.
+
+Threads: every call runs on up to torch.get_num_threads() threads (read in C++
+on each call, so torch.set_num_threads and OMP_NUM_THREADS apply); results do
+not depend on it.
 """
 
 from __future__ import annotations
 
 import numbers
 import warnings
-from typing import Any, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
-from . import _capi, _core
+try:
+    from . import _torch as _C
+except ImportError as err:  # pragma: no cover - depends on how the package was built
+    raise ImportError(
+        f"rmsnorm.torch: the compiled module rmsnorm._torch cannot be loaded ({err}). It is "
+        "built only when torch is importable while the package builds: install torch first, "
+        "then the package with `pip install --no-build-isolation ./python`."
+    ) from None
+
+if _C.TORCH_VERSION != torch.__version__:  # pragma: no cover
+    raise ImportError(
+        f"rmsnorm.torch was built against torch {_C.TORCH_VERSION}, but torch {torch.__version__} "
+        "is installed: torch's C++ interface changes between versions. Rebuild the package "
+        "(`pip install --no-build-isolation ./python`).")
+
+from . import _torch_fake  # noqa: E402,F401  (the fake kernels)
 
 __all__ = [
     "rms_norm",
+    "rms_norm_with_rstd",
     "layer_norm",
-    "RMSNormFunction",
-    "LayerNormFunction",
+    "fused_add_rms_norm",
+    "qk_norm",
+    "rms_norm_linear",
+    "rms_norm_int8",
+    "rms_norm_fp8",
     "RMSNorm",
     "LayerNorm",
     "LlamaRMSNorm",
     "GemmaRMSNorm",
     "patch",
-    "fused_add_rms_norm",
-    "rms_norm_linear",
-    "rms_norm_int8",
-    "rms_norm_fp8",
-    "FusedAddRMSNormFunction",
-    "RMSNormLinearFunction",
 ]
 
-_DTYPES = {_capi.F32: torch.float32, _capi.F16: torch.float16, _capi.BF16: torch.bfloat16,
-           _capi.F64: torch.float64}
-_CODES = {dt: code for code, dt in _DTYPES.items()}
-
-
-class TorchBackend(_core.Backend):
-    def coerce(self, a: Any, what: str) -> torch.Tensor:
-        if not isinstance(a, torch.Tensor):
-            raise TypeError(f"{what} must be a torch.Tensor, got {type(a).__name__}")
-        if not a.is_cpu:
-            raise TypeError(
-                f"{what} is on device {a.device}; rmsnorm.torch runs on CPU tensors only "
-                "(move it with .cpu(), or keep torch's own norm on that device)"
-            )
-        if a.layout is not torch.strided:
-            raise TypeError(f"{what} has layout {a.layout}; rmsnorm.torch takes dense tensors")
-        if a.is_neg():  # a lazily negated view: make the values real
-            a = a.resolve_neg()
-        return a
-
-    def dtype_code(self, a: torch.Tensor) -> Optional[int]:
-        return _CODES.get(a.dtype)
-
-    def dtype_name(self, a: torch.Tensor) -> str:
-        return str(a.dtype).replace("torch.", "")
-
-    def shape(self, a: torch.Tensor) -> tuple:
-        return a.shape  # a torch.Size: a tuple
-
-    def is_contiguous(self, a: torch.Tensor) -> bool:
-        return a.is_contiguous()
-
-    def strides(self, a: torch.Tensor) -> tuple:
-        return a.stride()
-
-    def contiguous(self, a: torch.Tensor) -> torch.Tensor:
-        return a.contiguous()
-
-    def ptr(self, a: torch.Tensor) -> int:
-        return a.data_ptr()
-
-    def empty(self, shape: tuple, code: int) -> torch.Tensor:
-        out = torch.empty(shape, dtype=_DTYPES[code])
-        _capi.advise_huge_pages(out.data_ptr(), out.numel() * out.element_size())
-        return out
-
-    def full(self, shape: tuple, code: int, value: float) -> torch.Tensor:
-        return torch.full(shape, value, dtype=_DTYPES[code])
-
-    def cast(self, a: torch.Tensor, code: int) -> torch.Tensor:
-        return a.to(_DTYPES[code])
-
-    def copy(self, a: torch.Tensor) -> torch.Tensor:
-        return a.detach().clone(memory_format=torch.contiguous_format)
-
-    def empty_quant(self, shape: tuple, qtype: int) -> torch.Tensor:
-        dtype = torch.int8 if qtype == _capi.Q_INT8 else torch.float8_e4m3fn
-        return torch.empty(shape, dtype=dtype)
-
-    def prepare_out(self, a: torch.Tensor) -> torch.Tensor:
-        # Written behind autograd's back: bump its version counter, so a graph
-        # that saved this tensor notices, as after any in-place op.
-        if _increment_version is not None:
-            _increment_version(a)
-        return a
-
-
-TORCH = TorchBackend()
-_increment_version = getattr(torch.autograd.graph, "increment_version", None)  # torch >= 2.5
-
 _Shape = Union[int, Sequence[int], torch.Size]
+_ops = torch.ops.rmsnorm
+_compiling = torch.compiler.is_compiling
+_has_tf = torch._C._has_torch_function_variadic
+_handle_tf = torch.overrides.handle_torch_function
+
+def _ns(normalized_shape):
+    """normalized_shape as the ops' SymInt[] (an int means a 1-D shape, as in torch)."""
+    if isinstance(normalized_shape, (int, torch.SymInt)):
+        return (normalized_shape,)
+    return normalized_shape
 
 
-def _needs_autograd(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(
-        getattr(t, "requires_grad", False) for t in tensors)
-
-
-# ---- autograd Functions --------------------------------------------------------
-
-
-def _function_forward(kind, ctx, input, weight, bias, normalized_shape, eps, partial, flags):
-    """The C forward, keeping for the C backward the input as passed to the
-    library (a contiguous copy when the input had no row-strided view) and the
-    statistics: rstd, and mean for LayerNorm."""
-    out = _core.forward(TORCH, kind, input, normalized_shape, weight, bias, eps, partial, flags,
-                        kind == _core.LAYER, True, torch.get_num_threads())
-    ctx.args = (normalized_shape, eps, partial, flags)
-    ctx.save_for_backward(out.x.array, weight, bias, out.mean, out.rstd)
-    return out.y
-
-
-def _function_backward(kind, ctx, grad_output):
-    x, weight, bias, mean, rstd = ctx.saved_tensors
-    normalized_shape, eps, partial, flags = ctx.args
-    # The backward treats the forward's rounding before the weight as the identity.
-    flags &= ~_capi.FLAG_ROUND_BEFORE_WEIGHT
-    dx, dw, db = _core.backward(TORCH, kind, grad_output, x, normalized_shape, weight, bias,
-                                mean, rstd, eps, partial, flags, ctx.needs_input_grad[1],
-                                ctx.needs_input_grad[2], torch.get_num_threads())
-    return (dx if ctx.needs_input_grad[0] else None), dw, db, None, None, None, None
-
-
-class RMSNormFunction(torch.autograd.Function):
-    """RMSNorm as an autograd Function whose backward is the C backward:
-    apply(input, weight, bias, normalized_shape, eps, partial, flags), flags
-    being RMSNORM_FLAG_* bits. Gradients of gradients are not available."""
-
-    @staticmethod
-    def forward(ctx, input, weight, bias, normalized_shape, eps, partial, flags):
-        return _function_forward(_core.RMS, ctx, input, weight, bias, normalized_shape, eps,
-                                 partial, flags)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_output):
-        return _function_backward(_core.RMS, ctx, grad_output)
-
-
-class LayerNormFunction(torch.autograd.Function):
-    """LayerNorm as an autograd Function whose backward is the C backward:
-    apply(input, weight, bias, normalized_shape, eps, 1.0, flags)."""
-
-    @staticmethod
-    def forward(ctx, input, weight, bias, normalized_shape, eps, partial, flags):
-        return _function_forward(_core.LAYER, ctx, input, weight, bias, normalized_shape, eps,
-                                 partial, flags)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_output):
-        return _function_backward(_core.LAYER, ctx, grad_output)
-
-
-def _apply(kind, fn, input, weight, bias, normalized_shape, eps, partial, flags, out):
-    if _needs_autograd(input, weight, bias):
-        if out is not None:
-            raise ValueError(f"{kind}(): out= does not take part in autograd; call it under "
-                             "torch.no_grad() or with tensors that do not require grad")
-        return fn.apply(input, weight, bias, _core.normalized(normalized_shape)[0], eps,
-                        partial, flags)
-    # No graph to record: skip the autograd machinery and the saved statistics.
-    return _core.forward(TORCH, kind, input, normalized_shape, weight, bias, eps, partial,
-                         flags, False, False, torch.get_num_threads(), out).y
+# Each function: under torch.compile/export, the torch.ops call (what dynamo traces);
+# with __torch_function__ subclasses or modes, their handler; else the compiled entry
+# point, which calls the same op through the dispatcher without torch's per-argument
+# Python conversion (NotImplemented from it: an argument only torch.ops can take).
 
 
 def rms_norm(input: torch.Tensor, normalized_shape: _Shape, weight: Optional[torch.Tensor] = None,
@@ -190,11 +82,96 @@ def rms_norm(input: torch.Tensor, normalized_shape: _Shape, weight: Optional[tor
              offset: bool = False, eps_outside: bool = False, partial: float = 1.0,
              round_before_weight: bool = False,
              out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """torch.nn.functional.rms_norm on the C library, differentiable in input,
-    weight and bias. The keywords are those of rmsnorm.rms_norm (numpy); out=
-    (the input itself for in place) only without autograd."""
-    return _apply(_core.RMS, RMSNormFunction, input, weight, bias, normalized_shape, eps, partial,
-                  _core.make_flags(offset, eps_outside, round_before_weight), out)
+    """torch.nn.functional.rms_norm on the C library (op rmsnorm::rms_norm),
+    differentiable in input, weight and bias to any order.
+
+    The keywords are those of rmsnorm.rms_norm (numpy): bias, offset (multiply by
+    1 + weight, Gemma), eps_outside (1/(sqrt(mean(x^2)) + eps)), partial
+    (pRMSNorm), round_before_weight (HF Llama's rounding order for half
+    dtypes). eps None: torch's default, float32's epsilon (float64's for
+    float64 data). out: write into this tensor (rows at one stride; the input
+    itself normalizes in place), only without autograd (rmsnorm::rms_norm.out).
+    """
+    if _compiling():
+        if out is None:
+            return _ops.rms_norm(input, _ns(normalized_shape), weight, eps, bias=bias, offset=offset,
+                                 eps_outside=eps_outside, partial=partial,
+                                 round_before_weight=round_before_weight)
+        _ops.rms_norm.out(input, _ns(normalized_shape), weight, eps, bias=bias, offset=offset,
+                          eps_outside=eps_outside, partial=partial,
+                          round_before_weight=round_before_weight, out=out)
+        return out
+    if _has_tf(input, weight, bias, out):
+        return _handle_tf(rms_norm, (input, weight, bias, out), input, normalized_shape, weight,
+                          eps, bias=bias, offset=offset, eps_outside=eps_outside, partial=partial,
+                          round_before_weight=round_before_weight, out=out)
+    r = _C.rms_norm(input, normalized_shape, weight, eps, bias, offset, eps_outside, partial,
+                    round_before_weight, out)
+    if r is NotImplemented:
+        return _call_compiled(rms_norm, input, normalized_shape, weight, eps, bias, offset,
+                              eps_outside, partial, round_before_weight, out)
+    return r
+
+
+def _call_compiled(fn, *args):
+    """fn's torch.ops path, for arguments the compiled entry points do not take."""
+    if fn is rms_norm:
+        input, ns, weight, eps, bias, offset, eps_outside, partial, rbw, out = args
+        kw = dict(bias=bias, offset=offset, eps_outside=eps_outside, partial=partial,
+                  round_before_weight=rbw)
+        if out is None:
+            return _ops.rms_norm(input, _ns(ns), weight, eps, **kw)
+        _ops.rms_norm.out(input, _ns(ns), weight, eps, out=out, **kw)
+        return out
+    if fn is rms_norm_with_rstd:
+        input, ns, weight, eps, bias, offset, eps_outside, partial, rbw = args
+        return tuple(_ops.rms_norm_forward(input, _ns(ns), weight, eps, bias=bias, offset=offset,
+                                           eps_outside=eps_outside, partial=partial,
+                                           round_before_weight=rbw))
+    if fn is layer_norm:
+        input, ns, weight, bias, eps, offset, rbw, out = args
+        if out is None:
+            return _ops.layer_norm(input, _ns(ns), weight, bias, eps, offset=offset,
+                                   round_before_weight=rbw)
+        _ops.layer_norm.out(input, _ns(ns), weight, bias, eps, offset=offset, round_before_weight=rbw,
+                            out=out)
+        return out
+    if fn is fused_add_rms_norm:
+        input, residual, ns, weight, eps, bias, offset, eps_outside, partial, inplace = args
+        kw = dict(bias=bias, offset=offset, eps_outside=eps_outside, partial=partial)
+        if inplace:
+            _ops.fused_add_rms_norm_inplace(input, residual, _ns(ns), weight, eps, **kw)
+            return input, residual
+        return tuple(_ops.fused_add_rms_norm(input, residual, _ns(ns), weight, eps, **kw))
+    if fn in (rms_norm_int8, rms_norm_fp8):
+        op = _ops.rms_norm_int8 if fn is rms_norm_int8 else _ops.rms_norm_fp8
+        input, ns, weight, eps, bias, scale, offset, eps_outside, partial = args
+        return tuple(op(input, _ns(ns), weight, eps, bias=bias, scale=scale, offset=offset,
+                        eps_outside=eps_outside, partial=partial))
+    raise AssertionError(f"no torch.ops path for {fn.__name__}")  # pragma: no cover
+
+
+def rms_norm_with_rstd(input: torch.Tensor, normalized_shape: _Shape,
+                       weight: Optional[torch.Tensor] = None, eps: Optional[float] = None, *,
+                       bias: Optional[torch.Tensor] = None, offset: bool = False,
+                       eps_outside: bool = False, partial: float = 1.0,
+                       round_before_weight: bool = False):
+    """(output, rstd): rms_norm and the per-row r = 1/sqrt(mean(x^2) + eps), shape
+    (*leading, 1, ..., 1), float32 (float64 for float64 data); rstd has no
+    gradient (op rmsnorm::rms_norm_forward)."""
+    if _compiling():
+        return tuple(_ops.rms_norm_forward(input, _ns(normalized_shape), weight, eps, bias=bias,
+                                           offset=offset, eps_outside=eps_outside,
+                                           partial=partial,
+                                           round_before_weight=round_before_weight))
+    if _has_tf(input, weight, bias):
+        return _handle_tf(rms_norm_with_rstd, (input, weight, bias), input, normalized_shape,
+                          weight, eps, bias=bias, offset=offset, eps_outside=eps_outside,
+                          partial=partial, round_before_weight=round_before_weight)
+    args = (input, normalized_shape, weight, eps, bias, offset, eps_outside, partial,
+            round_before_weight)
+    r = _C.rms_norm_forward(*args)
+    return _call_compiled(rms_norm_with_rstd, *args) if r is NotImplemented else r
 
 
 def layer_norm(input: torch.Tensor, normalized_shape: _Shape,
@@ -202,46 +179,26 @@ def layer_norm(input: torch.Tensor, normalized_shape: _Shape,
                eps: Optional[float] = 1e-5, *, offset: bool = False,
                round_before_weight: bool = False,
                out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """torch.nn.functional.layer_norm on the C library, differentiable in input,
-    weight and bias; out= as for rms_norm."""
-    return _apply(_core.LAYER, LayerNormFunction, input, weight, bias, normalized_shape, eps, 1.0,
-                  _core.make_flags(offset, False, round_before_weight), out)
+    """torch.nn.functional.layer_norm on the C library (op rmsnorm::layer_norm),
+    differentiable in input, weight and bias to any order; offset,
+    round_before_weight and out= as for rms_norm."""
+    if _compiling():
+        if out is None:
+            return _ops.layer_norm(input, _ns(normalized_shape), weight, bias, eps, offset=offset,
+                                   round_before_weight=round_before_weight)
+        _ops.layer_norm.out(input, _ns(normalized_shape), weight, bias, eps, offset=offset,
+                            round_before_weight=round_before_weight, out=out)
+        return out
+    if _has_tf(input, weight, bias, out):
+        return _handle_tf(layer_norm, (input, weight, bias, out), input, normalized_shape, weight,
+                          bias, eps, offset=offset, round_before_weight=round_before_weight,
+                          out=out)
+    args = (input, normalized_shape, weight, bias, eps, offset, round_before_weight, out)
+    r = _C.layer_norm(*args)
+    return _call_compiled(layer_norm, *args) if r is NotImplemented else r
 
 
-# ---- fused operations of a transformer block -----------------------------------
-
-
-class FusedAddRMSNormFunction(torch.autograd.Function):
-    """Residual add + RMSNorm (rmsnorm_add_forward/backward) as an autograd Function:
-    apply(input, residual, weight, bias, normalized_shape, eps, partial, flags) ->
-    (output, new_residual). The backward gives both input and residual the gradient
-    dres + RMSNorm backward(dy) at new_residual. Gradients of gradients are not
-    available."""
-
-    @staticmethod
-    def forward(ctx, input, residual, weight, bias, normalized_shape, eps, partial, flags):
-        r = _core.add_forward(TORCH, input, residual, normalized_shape, weight, bias, eps,
-                              partial, flags, True, torch.get_num_threads())
-        ctx.args = (normalized_shape, eps, partial, flags)
-        ctx.save_for_backward(r.h, weight, bias, r.rstd)
-        ctx.set_materialize_grads(False)  # an unused new_residual: dres NULL, not zeros
-        return r.y, r.h
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_output, grad_residual):
-        h, weight, bias, rstd = ctx.saved_tensors
-        normalized_shape, eps, partial, flags = ctx.args
-        if grad_output is None:
-            grad_output = torch.zeros_like(h)
-        dh, dw, db = _core.add_backward(TORCH, grad_output, grad_residual, h, normalized_shape,
-                                        weight, bias, rstd, eps, partial, flags,
-                                        ctx.needs_input_grad[2], ctx.needs_input_grad[3],
-                                        torch.get_num_threads())
-        di = dh if ctx.needs_input_grad[0] else None
-        # one tensor for both would let autograd accumulate into one grad through the other
-        dr = (dh.clone() if di is not None else dh) if ctx.needs_input_grad[1] else None
-        return di, dr, dw, db, None, None, None, None
+# ---- fused operations of a transformer block -------------------------------------------
 
 
 def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: _Shape,
@@ -250,50 +207,45 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_s
                        eps_outside: bool = False, partial: float = 1.0,
                        inplace: bool = False):
     """(output, new_residual) = (rms_norm(residual + input, ...), residual + input) in
-    one pass (rmsnorm.fused_add_rms_norm for tensors), differentiable in input,
-    residual, weight and bias. inplace=True (vLLM's semantics: new_residual written
-    into residual, output into input) only without autograd."""
-    flags = _core.make_flags(offset, eps_outside, False)
-    if _needs_autograd(input, residual, weight, bias):
+    one pass (op rmsnorm::fused_add_rms_norm), differentiable in input, residual,
+    weight and bias. inplace=True (vLLM's: new_residual written into residual,
+    output into input; op rmsnorm::fused_add_rms_norm_inplace) only without
+    autograd."""
+    if _compiling():
+        kw = dict(bias=bias, offset=offset, eps_outside=eps_outside, partial=partial)
         if inplace:
-            raise ValueError("fused_add_rms_norm(): inplace=True does not take part in "
-                             "autograd; call it under torch.no_grad() or with tensors that do "
-                             "not require grad")
-        return FusedAddRMSNormFunction.apply(input, residual, weight, bias,
-                                             _core.normalized(normalized_shape)[0], eps, partial,
-                                             flags)
-    r = _core.add_forward(TORCH, input, residual, normalized_shape, weight, bias, eps, partial,
-                          flags, False, torch.get_num_threads(), inplace)
-    return r.y, r.h
+            _ops.fused_add_rms_norm_inplace(input, residual, _ns(normalized_shape), weight, eps, **kw)
+            return input, residual
+        return tuple(_ops.fused_add_rms_norm(input, residual, _ns(normalized_shape), weight, eps, **kw))
+    if _has_tf(input, residual, weight, bias):
+        return _handle_tf(fused_add_rms_norm, (input, residual, weight, bias), input, residual,
+                          normalized_shape, weight, eps, bias=bias, offset=offset,
+                          eps_outside=eps_outside, partial=partial, inplace=inplace)
+    args = (input, residual, normalized_shape, weight, eps, bias, offset, eps_outside, partial,
+            inplace)
+    r = _C.fused_add_rms_norm(*args)
+    return _call_compiled(fused_add_rms_norm, *args) if r is NotImplemented else r
 
 
-class RMSNormLinearFunction(torch.autograd.Function):
-    """RMSNorm + linear with the gain folded (rmsnorm_fold_weight,
-    rmsnorm_linear_forward/backward) as an autograd Function:
-    apply(input, weight_matrix, norm_weight, bias, eps, partial, flags) -> Z, with
-    gradients for input, weight_matrix, norm_weight and bias matching autograd of
-    rms_norm(input) @ weight_matrix + bias."""
-
-    @staticmethod
-    def forward(ctx, input, weight_matrix, norm_weight, bias, eps, partial, flags):
-        a = _core.linear_args(TORCH, input, weight_matrix, norm_weight, bias)
-        wf = _core.fold(TORCH, a, eps, partial, flags)
-        z, _ = _core.linear_forward(TORCH, a, wf, eps, partial, flags, torch.get_num_threads())
-        ctx.args = (eps, partial, flags)
-        ctx.save_for_backward(input, weight_matrix, norm_weight, bias, wf)
-        return z
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_output):
-        input, weight_matrix, norm_weight, bias, wf = ctx.saved_tensors
-        eps, partial, flags = ctx.args
-        a = _core.linear_args(TORCH, input, weight_matrix, norm_weight, bias)
-        need = ctx.needs_input_grad
-        dx, dg, dw, db = _core.linear_backward(TORCH, a, wf, grad_output, eps, partial, flags,
-                                               need[0], need[2], need[1], need[3],
-                                               torch.get_num_threads())
-        return dx, dw, dg, db, None, None, None
+def qk_norm(input: torch.Tensor, weight: Optional[torch.Tensor] = None,
+            eps: Optional[float] = None, *, bias: Optional[torch.Tensor] = None,
+            offset: bool = False, eps_outside: bool = False, partial: float = 1.0,
+            inplace: bool = False) -> torch.Tensor:
+    """QK-norm (op rmsnorm::qk_norm): RMSNorm over head_dim of input (*, heads,
+    head_dim) with one weight (head_dim,) for every head, read where the heads lie
+    (Q or K inside a fused QKV tensor, no copy), differentiable. inplace=True
+    (op rmsnorm::qk_norm_inplace) writes into input, only without autograd."""
+    if _compiling():
+        kw = dict(bias=bias, offset=offset, eps_outside=eps_outside, partial=partial)
+        if inplace:
+            _ops.qk_norm_inplace(input, weight, eps, **kw)
+            return input
+        return _ops.qk_norm(input, weight, eps, **kw)
+    if _has_tf(input, weight, bias):
+        return _handle_tf(qk_norm, (input, weight, bias), input, weight, eps, bias=bias,
+                          offset=offset, eps_outside=eps_outside, partial=partial,
+                          inplace=inplace)
+    return _C.qk_norm(input, weight, eps, bias, offset, eps_outside, partial, inplace)
 
 
 def rms_norm_linear(input: torch.Tensor, weight_matrix: torch.Tensor,
@@ -301,23 +253,31 @@ def rms_norm_linear(input: torch.Tensor, weight_matrix: torch.Tensor,
                     bias: Optional[torch.Tensor] = None, offset: bool = False, *,
                     eps_outside: bool = False, partial: float = 1.0) -> torch.Tensor:
     """rms_norm(input, (d,), norm_weight, eps) @ weight_matrix + bias with the gain
-    folded into the matrix (rmsnorm.rms_norm_linear for tensors), differentiable in
-    input, weight_matrix (d, n), norm_weight and bias."""
-    flags = _core.make_flags(offset, eps_outside, False)
-    if _needs_autograd(input, weight_matrix, norm_weight, bias):
-        return RMSNormLinearFunction.apply(input, weight_matrix, norm_weight, bias, eps, partial,
-                                           flags)
-    a = _core.linear_args(TORCH, input, weight_matrix, norm_weight, bias)
-    wf = _core.fold(TORCH, a, eps, partial, flags)
-    return _core.linear_forward(TORCH, a, wf, eps, partial, flags, torch.get_num_threads())[0]
+    folded into the matrix (op rmsnorm::rms_norm_linear), differentiable in input,
+    weight_matrix (d, n), norm_weight and bias."""
+    if _compiling():
+        return _ops.rms_norm_linear(input, weight_matrix, norm_weight, eps, bias, offset,
+                                    eps_outside=eps_outside, partial=partial)
+    if _has_tf(input, weight_matrix, norm_weight, bias):
+        return _handle_tf(rms_norm_linear, (input, weight_matrix, norm_weight, bias), input,
+                          weight_matrix, norm_weight, eps, bias, offset, eps_outside=eps_outside,
+                          partial=partial)
+    return _C.rms_norm_linear(input, weight_matrix, norm_weight, eps, bias, offset, eps_outside,
+                              partial)
 
 
-def _quant(qtype, input, normalized_shape, weight, eps, bias, scale, offset, eps_outside,
+def _quant(fn, op, entry, input, normalized_shape, weight, eps, bias, scale, offset, eps_outside,
            partial):
-    with torch.no_grad():
-        return _core.forward_quant(TORCH, qtype, input, normalized_shape, weight, bias, eps,
-                                   partial, _core.make_flags(offset, eps_outside, False), scale,
-                                   torch.get_num_threads())
+    if _compiling():
+        return tuple(op(input, _ns(normalized_shape), weight, eps, bias=bias, scale=scale,
+                        offset=offset, eps_outside=eps_outside, partial=partial))
+    if _has_tf(input, weight, bias):
+        return _handle_tf(fn, (input, weight, bias), input, normalized_shape, weight, eps,
+                          bias=bias, scale=scale, offset=offset, eps_outside=eps_outside,
+                          partial=partial)
+    args = (input, normalized_shape, weight, eps, bias, scale, offset, eps_outside, partial)
+    r = entry(*args)
+    return _call_compiled(fn, *args) if r is NotImplemented else r
 
 
 def rms_norm_int8(input: torch.Tensor, normalized_shape: _Shape,
@@ -325,9 +285,10 @@ def rms_norm_int8(input: torch.Tensor, normalized_shape: _Shape,
                   bias: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                   offset: bool = False, eps_outside: bool = False, partial: float = 1.0):
     """(q, scale): RMSNorm to int8 with a per-row (scale=None) or static scale, as
-    rmsnorm.rms_norm_int8; q is a torch.int8 tensor. Not differentiable."""
-    return _quant(_capi.Q_INT8, input, normalized_shape, weight, eps, bias, scale, offset,
-                  eps_outside, partial)
+    rmsnorm.rms_norm_int8 (op rmsnorm::rms_norm_int8); q is a torch.int8 tensor.
+    Not differentiable."""
+    return _quant(rms_norm_int8, _ops.rms_norm_int8, _C.rms_norm_int8, input, normalized_shape,
+                  weight, eps, bias, scale, offset, eps_outside, partial)
 
 
 def rms_norm_fp8(input: torch.Tensor, normalized_shape: _Shape,
@@ -335,12 +296,12 @@ def rms_norm_fp8(input: torch.Tensor, normalized_shape: _Shape,
                  bias: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                  offset: bool = False, eps_outside: bool = False, partial: float = 1.0):
     """(q, scale): RMSNorm to fp8 E4M3 (torch.float8_e4m3fn) with a per-row or static
-    scale, as rmsnorm.rms_norm_fp8. Not differentiable."""
-    return _quant(_capi.Q_FP8_E4M3, input, normalized_shape, weight, eps, bias, scale, offset,
-                  eps_outside, partial)
+    scale, as rmsnorm.rms_norm_fp8 (op rmsnorm::rms_norm_fp8). Not differentiable."""
+    return _quant(rms_norm_fp8, _ops.rms_norm_fp8, _C.rms_norm_fp8, input, normalized_shape,
+                  weight, eps, bias, scale, offset, eps_outside, partial)
 
 
-# ---- modules ---------------------------------------------------------------------
+# ---- modules ---------------------------------------------------------------------------
 
 
 def _shape_tuple(normalized_shape: _Shape) -> tuple:
@@ -393,7 +354,9 @@ class RMSNorm(_AffineNorm):
         self._init_affine(normalized_shape, eps, elementwise_affine, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.normalized_shape, self.weight, self.eps, bias=self.bias)
+        p = self._parameters  # (one dict read instead of two Module.__getattr__ calls)
+        return rms_norm(x, self.normalized_shape, p["weight"], self.eps, bias=p["bias"])
+
 
 class LayerNorm(_AffineNorm):
     """torch.nn.LayerNorm on the C library: the same constructor, parameter names,
@@ -406,35 +369,56 @@ class LayerNorm(_AffineNorm):
         self._init_affine(normalized_shape, eps, elementwise_affine, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        p = self._parameters
+        return layer_norm(x, self.normalized_shape, p["weight"], p["bias"], self.eps)
+
 
 class LlamaRMSNorm(nn.Module):
     """transformers' LlamaRMSNorm (also Mistral's, Qwen2's, ...): weight starts at
-    ones, attribute variance_epsilon. Numerics as HF: normalize in float32, round to
-    the input dtype, then multiply by the weight (RMSNORM_FLAG_ROUND_BEFORE_WEIGHT);
-    a weight of another dtype than the input gives its promoted dtype, as HF."""
+    ones, attribute variance_epsilon. Numerics: normalize in float32, round to the
+    input dtype, then multiply by the weight (HF's order; round_before_weight);
+    a weight of another dtype than the input gives its promoted dtype, as HF.
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+    In float16/bfloat16 the result can differ from HF's where HF's float32 row
+    statistic differs from ours in its last bits (see README, "HF numerics").
+    exact_hf=True computes the statistic with torch's own kernels exactly as HF
+    writes it and rounds as HF does: the same bits as transformers' module."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *, exact_hf: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.variance_epsilon = eps
+        self.exact_hf = exact_hf
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        d = self.weight.shape[-1]
-        if self.weight.dtype == hidden_states.dtype:
-            return rms_norm(hidden_states, (d,), self.weight, self.variance_epsilon,
+        weight = self._parameters["weight"]
+        if self.exact_hf:
+            return hf_rms_norm(hidden_states, weight, self.variance_epsilon)
+        if weight.dtype == hidden_states.dtype:
+            return rms_norm(hidden_states, weight.shape, weight, self.variance_epsilon,
                             round_before_weight=True)
         # HF's `weight * normalized.to(input_dtype)` promotes: keep its dtype rules.
-        return self.weight * rms_norm(hidden_states, (d,), None, self.variance_epsilon)
+        return weight * rms_norm(hidden_states, weight.shape, None, self.variance_epsilon)
 
     def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+        hf = ", exact_hf=True" if self.exact_hf else ""
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}{hf}"
+
+
+def hf_rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward, operation for operation (the reference
+    exact_hf=True keeps)."""
+    input_dtype = hidden_states.dtype
+    h = hidden_states.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(input_dtype)
 
 
 class GemmaRMSNorm(nn.Module):
     """transformers' GemmaRMSNorm (Gemma 1-3): weight starts at zeros, attribute
     eps; y = x * rstd * (1 + weight) computed in float32 and rounded once to the
-    input dtype (RMSNORM_FLAG_WEIGHT_OFFSET)."""
+    input dtype (offset=True)."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -442,13 +426,14 @@ class GemmaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, (self.weight.shape[-1],), self.weight, self.eps, offset=True)
+        weight = self._parameters["weight"]
+        return rms_norm(x, weight.shape, weight, self.eps, offset=True)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
 
 
-# ---- patch(model) -----------------------------------------------------------------
+# ---- patch(model) ------------------------------------------------------------------------
 
 _OURS = (RMSNorm, LayerNorm, LlamaRMSNorm, GemmaRMSNorm)
 
@@ -461,18 +446,21 @@ def _hf_eps(module: nn.Module) -> Optional[float]:
     return None
 
 
-def _hf_candidate(module: nn.Module) -> Optional[nn.Module]:
+def _hf_candidate(module: nn.Module, exact_hf: bool) -> Optional[nn.Module]:
     """Ours in place of an HF-style RMSNorm (a class named *RMSNorm holding only a
     1-D weight), Gemma's form when the class name says Gemma, else Llama's."""
     params = dict(module.named_parameters(recurse=False))
     weight = params.get("weight")
-    if set(params) != {"weight"} or weight.dim() != 1 or list(module.buffers()) or list(module.children()):
+    if (set(params) != {"weight"} or weight.dim() != 1 or list(module.buffers())
+            or list(module.children())):
         return None
     eps = _hf_eps(module)
     if eps is None:
         return None
-    cls = GemmaRMSNorm if "gemma" in type(module).__name__.lower() else LlamaRMSNorm
-    new = cls(weight.shape[0], eps)
+    if "gemma" in type(module).__name__.lower():
+        new = GemmaRMSNorm(weight.shape[0], eps)
+    else:
+        new = LlamaRMSNorm(weight.shape[0], eps, exact_hf=exact_hf)
     new.weight = weight
     return new
 
@@ -498,8 +486,11 @@ def _same_numerics(old: nn.Module, new: nn.Module) -> bool:
             and torch.allclose(a, b, rtol=1e-5, atol=1e-6))
 
 
-def _replacement(module: nn.Module, layer_norm: bool, verify: bool) -> Optional[nn.Module]:
+def _replacement(module: nn.Module, layer_norm: bool, verify: bool,
+                 exact_hf: bool) -> Optional[nn.Module]:
     if isinstance(module, _OURS):
+        if isinstance(module, LlamaRMSNorm):
+            module.exact_hf = exact_hf
         return None
     for p in module.parameters(recurse=False):
         if p.device.type != "cpu":
@@ -518,7 +509,7 @@ def _replacement(module: nn.Module, layer_norm: bool, verify: bool) -> Optional[
         return new
     if not type(module).__name__.endswith("RMSNorm"):
         return None
-    new = _hf_candidate(module)
+    new = _hf_candidate(module, exact_hf)
     if new is None or (verify and not _same_numerics(module, new)):
         warnings.warn(
             f"rmsnorm.torch.patch: left {type(module).__module__}.{type(module).__name__} "
@@ -529,7 +520,8 @@ def _replacement(module: nn.Module, layer_norm: bool, verify: bool) -> Optional[
     return new
 
 
-def patch(model: nn.Module, *, layer_norm: bool = False, verify: bool = True) -> nn.Module:
+def patch(model: nn.Module, *, layer_norm: bool = False, verify: bool = True,
+          exact_hf: bool = False) -> nn.Module:
     """Replaces, in place, every RMSNorm-like module of `model` with ours:
     torch.nn.RMSNorm with rmsnorm.torch.RMSNorm; classes named *RMSNorm in the
     style of transformers (a 1-D `weight` and an eps in `variance_epsilon` or
@@ -539,14 +531,16 @@ def patch(model: nn.Module, *, layer_norm: bool = False, verify: bool = True) ->
     (optimizers and tied weights are unaffected) and keep training/eval mode.
 
     verify: first run each HF-style module and its replacement on a random input
-    and keep the original (with a warning) unless they agree. Returns the model,
-    or the replacement when the model itself is such a module.
+    and keep the original (with a warning) unless they agree. exact_hf: the
+    LlamaRMSNorm replacements keep HF's numerics bit for bit (LlamaRMSNorm's
+    exact_hf). Returns the model, or the replacement when the model itself is such
+    a module.
     """
     done = {}
     for module in list(model.modules()):
         if id(module) in done:
             continue
-        new = _replacement(module, layer_norm, verify)
+        new = _replacement(module, layer_norm, verify, exact_hf)
         if new is not None:
             new.train(module.training)
             done[id(module)] = new

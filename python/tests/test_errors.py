@@ -2,7 +2,6 @@
 what was wrong, from the Python checks and from the library's status codes."""
 
 import math
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -77,22 +76,6 @@ def test_backward_argument_checks():
         rmsnorm.layer_norm_backward(X, X, 8, rstd=np.ones(2, np.float32))
 
 
-def test_eps_outside_is_rms_only():
-    from rmsnorm import _core, _numpy
-
-    with pytest.raises(ValueError, match="eps_outside applies to rms_norm only"):
-        _core.forward(_numpy.NUMPY, _core.LAYER, X, 8, None, None, 1e-5, 1.0,
-                      rmsnorm._capi.FLAG_EPS_OUTSIDE, False, False, None)
-
-
-def test_missing_library_message(monkeypatch, tmp_path):
-    monkeypatch.setenv("RMSNORM_LIBRARY", str(tmp_path / "nope.so"))
-    from rmsnorm import _capi
-
-    with pytest.raises(ImportError, match="pip install ./python"):
-        _capi._load()
-
-
 # ---- torch ------------------------------------------------------------------------------
 
 
@@ -104,27 +87,86 @@ def rt():
     return rt
 
 
+def _cuda_like(torch, shape):
+    """A tensor whose dispatch keys are CUDA's, made without a GPU: a wrapper
+    subclass on device cuda:0 that passes every op on to the dispatcher below
+    the Python key, so it reaches the kernels registered for CUDA."""
+
+    class CudaLike(torch.Tensor):
+        @staticmethod
+        def __new__(cls):
+            return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32,
+                                                       device=torch.device("cuda", 0))
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            with torch._C._ExcludeDispatchKeyGuard(
+                    torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
+                return func(*args, **(kwargs or {}))
+
+    return CudaLike()
+
+
 def test_torch_cuda_tensor_is_refused(rt):
     import torch
 
-    # A tensor that says it lives on a CUDA device: the check needs no GPU.
-    fake = mock.NonCallableMagicMock(spec=torch.Tensor)
-    fake.device = torch.device("cuda", 0)
-    fake.is_cpu = False
-    fake.requires_grad = False
-    with pytest.raises(TypeError, match=r"input is on device cuda:0; rmsnorm.torch runs on CPU tensors only"):
-        rt.rms_norm(fake, 8)
-    with pytest.raises(TypeError, match="on device cuda:0"):
-        rt.layer_norm(fake, 8)
-    # And a real tensor on another device than the CPU.
-    meta = torch.empty(2, 8, device="meta")
-    with pytest.raises(TypeError, match="on device meta"):
-        rt.rms_norm(meta, 8)
-    with pytest.raises(TypeError, match="weight is on device meta"):
-        rt.rms_norm(torch.ones(2, 8), 8, torch.ones(8, device="meta"))
+    fake = _cuda_like(torch, (2, 8))
+    assert fake.device.type == "cuda" and fake.is_cuda
+    for fn, name in [(lambda: rt.rms_norm(fake, 8), "rms_norm"),
+                     (lambda: rt.layer_norm(fake, 8), "layer_norm"),
+                     (lambda: rt.qk_norm(fake.view(2, 2, 4)), "qk_norm"),
+                     (lambda: rt.rms_norm_int8(fake, 8), "rms_norm_int8")]:
+        with pytest.raises(TypeError, match=rf"rmsnorm::{name}: input is on device cuda:0; "
+                                            "rmsnorm runs on CPU tensors only"):
+            fn()
+    # a CUDA weight with a CPU input reaches the same kernels
+    with pytest.raises(TypeError, match="rmsnorm::rms_norm: weight is on device cuda:0"):
+        torch.ops.rmsnorm.rms_norm(torch.ones(2, 8), [8], _cuda_like(torch, (8,)))
     if torch.cuda.is_available():  # a machine with a GPU checks the real thing too
         with pytest.raises(TypeError, match="on device cuda"):
             rt.rms_norm(torch.ones(2, 8, device="cuda"), 8)
+
+
+def test_torch_other_layouts_and_dtypes_name_the_op(rt):
+    import torch
+
+    x = torch.ones(2, 8)
+    cases = [
+        (x.to_sparse(), r"input has layout torch.sparse_coo; rmsnorm takes dense \(strided\)"),
+        (x.to_sparse_csr(), "input has layout torch.sparse_csr"),
+        (torch.quantize_per_tensor(x, 0.1, 0, torch.qint8), "input is a quantized tensor"),
+        (x.to(torch.complex64), "input has dtype complex64; rmsnorm takes float32"),
+        (x.long(), "input has dtype int64"),
+    ]
+    for t, msg in cases:
+        with pytest.raises(TypeError, match="rmsnorm::rms_norm: " + msg):
+            rt.rms_norm(t, 8)
+        with pytest.raises(TypeError, match="rmsnorm::layer_norm: " + msg):
+            torch.ops.rmsnorm.layer_norm(t, [8])
+    with pytest.raises(TypeError, match="rmsnorm::fused_add_rms_norm: residual has layout"):
+        rt.fused_add_rms_norm(x, x.to_sparse(), 8)
+
+
+def test_torch_nothing_written_on_error(rt):
+    import torch
+
+    x = torch.randn(3, 8)
+    for bad in [dict(eps=float("nan")), dict(weight=torch.ones(4)), dict(partial=0.0)]:
+        out = torch.full((3, 8), 7.0)
+        kw = dict(eps=bad.get("eps", 1e-6), partial=bad.get("partial", 1.0))
+        with pytest.raises((ValueError, TypeError)):
+            rt.rms_norm(x, 8, bad.get("weight"), out=out, **kw)
+        assert torch.equal(out, torch.full((3, 8), 7.0))
+    h, u = torch.randn(3, 8), torch.randn(3, 8)
+    h0, u0 = h.clone(), u.clone()
+    with pytest.raises(ValueError, match="RMSNORM_ERROR_BAD_EPS"):
+        rt.fused_add_rms_norm(u, h, 8, eps=-1.0, inplace=True)
+    assert torch.equal(h, h0) and torch.equal(u, u0)
+    # an out= that cannot be written in place is refused, not copied
+    out = torch.zeros(8, 3).t()
+    with pytest.raises(ValueError, match="out must hold the normalized dims contiguously"):
+        rt.rms_norm(x, 8, out=out)
+    assert not out.any()
 
 
 def test_torch_bad_inputs(rt):
@@ -141,7 +183,7 @@ def test_torch_bad_inputs(rt):
         rt.layer_norm(torch.ones(2, 8, dtype=torch.complex64), [8])
     with pytest.raises(TypeError, match="input must be a torch.Tensor"):
         rt.rms_norm(np.ones((2, 8), np.float32), [8])
-    with pytest.raises(TypeError, match="dense tensors"):
+    with pytest.raises(TypeError, match=r"dense \(strided\) tensors"):
         rt.rms_norm(x.to_sparse(), [8])
     for eps in (math.nan, math.inf, -1.0):
         with pytest.raises(ValueError, match="eps must be finite"):

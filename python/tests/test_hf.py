@@ -189,3 +189,64 @@ def test_patch_leaves_unknown_numerics_alone():
     g = torch.get_rng_state()
     rt.patch(torch.nn.Sequential(MistralStyleRMSNorm(8)))
     assert torch.equal(g, torch.get_rng_state())  # the check used its own generator
+
+
+# ---- HF numerics on activations like a real model's ---------------------------------------
+
+
+def real_looking(dtype, rows=48, d=1024, seed=31):
+    """Rows with a few outlier channels 20-30x the row's RMS (as in trained LLMs),
+    and rows scaled so that r is close to 1.5 * 2^k, where x * r of a bfloat16 or
+    float16 x lands on or next to a rounding tie of the dtype."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, d, generator=g)
+    channels = torch.randperm(d, generator=g)[:5]
+    x[:, channels] *= 20 + 10 * torch.rand(5, generator=g)
+    x = x / x.pow(2).mean(-1, keepdim=True).sqrt()  # RMS 1 per row
+    x[rows // 2:] *= (2.0 / 3.0) * 2.0 ** torch.randint(-3, 4, (rows - rows // 2, 1), generator=g)
+    return x.to(dtype)
+
+
+def ulps(a, b, dtype):
+    fi = torch.finfo(dtype)
+    scale = a.double().abs().clamp_min(fi.smallest_normal)
+    return (a.double() - b.double()).abs() / (scale.log2().floor().exp2() * fi.eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_hf_numerics_bound_on_real_looking_activations(dtype):
+    x = real_looking(dtype)
+    d = x.shape[-1]
+    g = torch.Generator().manual_seed(32)
+    theirs = HFLlamaRMSNorm(d, eps=1e-5).to(dtype)
+    ours = rt.LlamaRMSNorm(d, eps=1e-5).to(dtype)
+    exact = rt.LlamaRMSNorm(d, eps=1e-5, exact_hf=True).to(dtype)
+    for weight in (torch.ones(d), (1 + 0.15 * torch.randn(d, generator=g)).clamp(0.5, 1.5)):
+        for m in (theirs, ours, exact):
+            with torch.no_grad():
+                m.weight.copy_(weight.to(dtype))
+        with torch.no_grad():
+            a, b, c = theirs(x), ours(x), exact(x)
+        # exact_hf: bit for bit
+        assert torch.equal(a, c)
+        # default: the row statistic may differ from HF's in its last float32 bits, so
+        # the normalized value (the output with a unit weight) is within 1 ulp of
+        # HF's and the output within 1 + max|w| ulps; almost all elements are equal
+        bound = 1.0 if bool((weight == 1).all()) else 1.0 + float(weight.abs().max())
+        assert float(ulps(a, b, dtype).max()) <= bound
+        assert float((a != b).double().mean()) < 1e-3
+    # our r is within one float32 ulp of the exact r
+    r = rt.rms_norm_with_rstd(x, d, None, 1e-5)[1].double()
+    exact_r = 1 / (x.double().pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
+    assert float(((r - exact_r) / exact_r).abs().max()) <= 2.0 ** -23
+
+
+def test_patch_exact_hf_keeps_hf_bits():
+    model = build("llama").bfloat16()
+    ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(33))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    rt.patch(model, exact_hf=True)
+    assert all(m.exact_hf for m in model.modules() if isinstance(m, rt.LlamaRMSNorm))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, want)

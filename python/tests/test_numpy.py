@@ -326,7 +326,6 @@ def test_results_do_not_depend_on_threads(rng):
 
 def test_concurrent_python_threads(rng):
     # Each Python thread gets its own context; the GIL is released in the C call.
-    assert not isinstance(rmsnorm._capi.lib, __import__("ctypes").PyDLL)
     xs = [data(rng, (256, 512), np.float32) for _ in range(4)]
     want = [rmsnorm.rms_norm(x, 512) for x in xs]
     got = [None] * len(xs)
@@ -415,3 +414,138 @@ def test_bad_out(rng):
     buf[:6] = x
     with pytest.raises(ValueError, match="overlaps"):  # the library's overlap check
         rmsnorm.rms_norm(buf[:6], 32, out=buf[1:])
+
+
+# ---- outputs written in place are never copies (issue 10, item 4) --------------------------
+
+
+def test_out_and_inplace_refuse_what_they_cannot_write_in_place(rng):
+    x = data(rng, (4, 8), np.float32)
+    swapped = np.zeros((4, 8), ">f4")  # non-native byte order
+    with pytest.raises(ValueError, match=r"out has a non-native byte order \(>f4\)"):
+        rmsnorm.rms_norm(x, 8, out=swapped)
+    assert not swapped.any()
+    with pytest.raises(TypeError, match="out must be a numpy.ndarray to be written in place"):
+        rmsnorm.rms_norm(x, 8, out=[[0.0] * 8] * 4)
+    strided = np.zeros((8, 4), np.float32).T  # columns: no row stride
+    with pytest.raises(ValueError, match="out must hold the normalized dims contiguously"):
+        rmsnorm.layer_norm(x, 8, out=strided)
+    assert not strided.any()
+    h, u = data(rng, (4, 8), np.float32), data(rng, (4, 8), np.float32)
+    for bad_h in (h.astype(">f4"), h.tolist()):
+        before = np.array(bad_h, dtype=np.float32)
+        with pytest.raises((ValueError, TypeError), match="residual"):
+            rmsnorm.fused_add_rms_norm(u.copy(), bad_h, 8, inplace=True)
+        assert np.array_equal(np.asarray(bad_h, dtype=np.float32), before)
+    with pytest.raises(ValueError, match="input has a non-native byte order"):
+        rmsnorm.fused_add_rms_norm(u.astype(">f4"), h.copy(), 8, inplace=True)
+    q = data(rng, (3, 2, 8), np.float32).astype(">f4")
+    with pytest.raises(ValueError, match="input has a non-native byte order"):
+        rmsnorm.qk_norm(q, inplace=True)
+    # inputs, by contrast, are converted: the same result as from a native copy
+    assert np.array_equal(rmsnorm.rms_norm(x.astype(">f4"), 8), rmsnorm.rms_norm(x, 8))
+
+
+# ---- misaligned arrays (issue 10, item 2) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("offset", range(1, 8))
+def test_misaligned_arrays(dtype, offset):
+    """Arrays whose data start at an odd byte offset (np.frombuffer), as inputs,
+    parameters and outputs: the same bits as from aligned arrays."""
+    rng = np.random.default_rng(offset)
+    shape, d = (5, 24), 24
+
+    def misaligned(a):
+        buf = bytearray(a.nbytes + offset)
+        m = np.frombuffer(buf, dtype=a.dtype, count=a.size, offset=offset).reshape(a.shape)
+        m[...] = a
+        return m
+
+    x, dy = data(rng, shape, dtype), data(rng, shape, dtype)
+    w, b = data(rng, (d,), dtype, 0.2, 1.0), data(rng, (d,), dtype)
+    xm, dym, wm, bm = map(misaligned, (x, dy, w, b))
+    y, rstd = rmsnorm.rms_norm(x, d, w, bias=b, return_rstd=True)
+    ym, rstdm = rmsnorm.rms_norm(xm, d, wm, bias=bm, return_rstd=True)
+    assert np.array_equal(y, ym) and np.array_equal(rstd, rstdm)
+    out = misaligned(np.zeros(shape, dtype))
+    rmsnorm.rms_norm(xm, d, wm, out=out)
+    assert np.array_equal(out, rmsnorm.rms_norm(x, d, w))
+    for a, b_ in zip(rmsnorm.rms_norm_backward(dy, x, d, w, bias=b),
+                     rmsnorm.rms_norm_backward(dym, xm, d, wm, bias=bm)):
+        assert np.array_equal(a, b_)
+    assert np.array_equal(rmsnorm.layer_norm(x, d, w, b), rmsnorm.layer_norm(xm, d, wm, bm))
+    for a, b_ in zip(rmsnorm.fused_add_rms_norm(dy, x, d, w), rmsnorm.fused_add_rms_norm(dym, xm, d, wm)):
+        assert np.array_equal(a, b_)
+    q = x.reshape(5, 3, 8)
+    assert np.array_equal(rmsnorm.qk_norm(q, w[:8]), rmsnorm.qk_norm(misaligned(q), wm[:8]))
+
+
+# ---- QK-norm ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_qk_norm_in_a_fused_qkv_array(rng, dtype):
+    tokens, heads, hd = 6, 4, 16
+    qkv = data(rng, (tokens, 3, heads, hd), dtype)
+    wq, wk = data(rng, (hd,), dtype, 0.2, 1.0), data(rng, (hd,), dtype, 0.2, 1.0)
+    q, k = qkv[:, 0], qkv[:, 1]  # views at the token stride 3*heads*hd: read in place
+    want_q = rmsnorm.rms_norm(np.ascontiguousarray(q), hd, wq, 1e-6)
+    got_q, rstd = rmsnorm.qk_norm(q, wq, 1e-6, return_rstd=True)
+    assert np.array_equal(got_q, want_q) and rstd.shape == (tokens, heads, 1)
+    close(got_q, rms_oracle(np.ascontiguousarray(q), 1, wq, None, 1e-6)[0], dtype)
+    v_before, want_k = qkv[:, 2].copy(), rmsnorm.rms_norm(np.ascontiguousarray(k), hd, wk, 1e-6)
+    assert rmsnorm.qk_norm(k, wk, 1e-6, inplace=True) is k  # in place, inside qkv
+    assert np.array_equal(qkv[:, 1], want_k)
+    assert np.array_equal(qkv[:, 2], v_before)  # V untouched
+    # backward: dx as rms_norm_backward row by row, dweight summed over tokens and heads
+    x, dy = np.ascontiguousarray(q), data(rng, q.shape, dtype)
+    dx, dw, _ = rmsnorm.qk_norm_backward(dy, q, wq, 1e-6)
+    wdx, wdw, _ = rmsnorm.rms_norm_backward(dy, x, hd, wq, 1e-6)
+    assert np.array_equal(dx, wdx)
+    close(dw, wdw, dtype)
+
+
+def test_qk_norm_errors(rng):
+    with pytest.raises(ValueError, match=r"input must have shape \(\*, heads, head_dim\)"):
+        rmsnorm.qk_norm(np.ones(8, np.float32))
+    with pytest.raises(ValueError, match="weight to be of same shape"):
+        rmsnorm.qk_norm(np.ones((2, 3, 8), np.float32), np.ones(3, np.float32))
+    x = np.ones((8, 3, 2), np.float32).transpose(0, 2, 1)  # head_dim not contiguous
+    with pytest.raises(ValueError, match="qk_norm in place needs"):
+        rmsnorm.qk_norm(x, inplace=True)
+    assert rmsnorm.qk_norm(x).flags.c_contiguous  # copied when not in place
+
+
+# ---- the output cache ----------------------------------------------------------------------
+
+
+def test_output_cache_reuses_blocks_and_can_be_released():
+    x = np.ones((512, 1024), np.float32)  # a 2 MiB output
+    rmsnorm.empty_cache()
+    before = rmsnorm.cache_info()
+    y = rmsnorm.rms_norm(x, 1024, eps=0.0)
+    assert type(y.base).__name__ == "PyCapsule" and not y.flags.owndata
+    assert rmsnorm.cache_info()["live_blocks"] == before["live_blocks"] + 1
+    del y
+    info = rmsnorm.cache_info()
+    assert info["cached_blocks"] >= 1 and info["cached_bytes"] >= 2 << 20
+    for _ in range(3):
+        y = rmsnorm.rms_norm(x, 1024, eps=0.0)
+        assert float(y[0, 0]) == 1.0
+        del y
+    after = rmsnorm.cache_info()
+    assert after["hits"] >= info["hits"] + 3 and after["misses"] == info["misses"]
+    kept = rmsnorm.rms_norm(x, 1024, eps=0.0)  # a live output survives releasing the cache
+    rmsnorm.empty_cache()
+    assert rmsnorm.cache_info()["cached_bytes"] == 0
+    assert float(kept.sum()) == 512 * 1024
+    old = rmsnorm.set_cache_limit(0)
+    try:
+        del kept
+        assert rmsnorm.cache_info()["cached_bytes"] == 0  # nothing kept at limit 0
+    finally:
+        rmsnorm.set_cache_limit(old)
+    with pytest.raises(ValueError):
+        rmsnorm.set_cache_limit(-1)

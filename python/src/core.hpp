@@ -1,0 +1,903 @@
+/* core.hpp - every operation of the Python package written once, for numpy
+ * arrays (numpy_module.cpp) and torch tensors (torch_ops.cpp) alike: argument
+ * checks with their messages, viewing an array as `rows x d` at a row stride
+ * (or copying it when no such view exists), parameter dtypes, output
+ * allocation, and the call into librmsnorm.
+ *
+ * A front end supplies a backend B (a class with these members):
+ *   using Array;                  an owning handle; a default one is "none"
+ *   static bool defined(const Array&);
+ *   static int dtype(const Array&);         rmsnorm_dtype, or -1 for others
+ *   static std::string dtype_name(const Array&);
+ *   static Dims shape(const Array&);
+ *   static bool is_contiguous(const Array&); C-contiguous
+ *   bool strides(const Array&, Dims*);     in elements; false: not whole ones
+ *   static void *ptr(const Array&);
+ *   Array contiguous(const Array&);         a C-contiguous copy (or itself)
+ *   Array cast(const Array&, int dtype);    a new contiguous array
+ *   Array empty(Dims, int dtype);           new, contiguous
+ *   Array full(Dims, int dtype, double);
+ *   Array empty_quant(Dims, int qtype);     int8 or float8_e4m3fn
+ *   Array scalar_f32(float);                a 0-d float32 array
+ *   void writable(const Array&, const char *what);  refuse an output that
+ *                                           cannot be written where it is
+ *   rmsnorm_context *context();             the calling thread's context
+ *   Unlock unlocked(std::size_t elements);  a guard held around library
+ *                                           calls (the GIL for numpy)
+ * Errors are thrown as rncore::Error; each front end turns them into its own
+ * exceptions. Nothing is written before every check has passed. */
+#ifndef RMSNORM_PY_CORE_HPP
+#define RMSNORM_PY_CORE_HPP
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <rmsnorm.h>
+
+namespace rncore {
+
+using Dims = std::span<const int64_t>;
+using Shape = std::vector<int64_t>;
+
+/* ---- errors --------------------------------------------------------------- */
+
+enum class Kind { Value, Type, Memory, NotAvailable };
+
+struct Error {
+  Kind kind;
+  std::string message;
+  int status;  // the rmsnorm_status, or -1 for a check made here
+};
+
+[[noreturn]] inline void fail(Kind kind, std::string message) {
+  throw Error{kind, std::move(message), -1};
+}
+[[noreturn]] inline void value_error(std::string m) { fail(Kind::Value, std::move(m)); }
+[[noreturn]] inline void type_error(std::string m) { fail(Kind::Type, std::move(m)); }
+
+/* Throws for a status other than RMSNORM_OK: "fn: message (NAME)". */
+inline void check(rmsnorm_status st, const char *fn) {
+  if (st == RMSNORM_OK) return;
+  Kind kind = st == RMSNORM_ERROR_BAD_DTYPE ? Kind::Type
+              : st == RMSNORM_ERROR_OUT_OF_MEMORY ? Kind::Memory
+              : st == RMSNORM_ERROR_NOT_AVAILABLE ? Kind::NotAvailable
+                                                   : Kind::Value;
+  throw Error{kind, std::string(fn) + ": " + rmsnorm_status_message(st) + " (" +
+                        rmsnorm_status_name(st) + ")",
+              static_cast<int>(st)};
+}
+
+/* ---- small helpers ----------------------------------------------------------- */
+
+inline const char *dtype_name(int dt) {
+  switch (dt) {
+    case RMSNORM_F32: return "float32";
+    case RMSNORM_F16: return "float16";
+    case RMSNORM_BF16: return "bfloat16";
+    case RMSNORM_F64: return "float64";
+    default: return "unknown";
+  }
+}
+
+inline int64_t prod(Dims d) {
+  int64_t p = 1;
+  for (int64_t v : d) p *= v;
+  return p;
+}
+
+inline std::string list(Dims d) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < d.size(); i++) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+/* mean and rstd are float for fp32/fp16/bf16 data, double for fp64. */
+inline int stats_dtype(int dt) { return dt == RMSNORM_F64 ? RMSNORM_F64 : RMSNORM_F32; }
+/* The type of rmsnorm_linear_*'s matrices. */
+inline int compute_dtype(int dt) { return stats_dtype(dt); }
+
+enum Norm { RMS, LAYER };
+
+/* The keyword options of the norms, as RMSNORM_FLAG_* bits. */
+inline unsigned flags_of(bool offset, bool eps_outside, bool round_before_weight) {
+  unsigned f = 0;
+  if (offset) f |= RMSNORM_FLAG_WEIGHT_OFFSET;
+  if (eps_outside) f |= RMSNORM_FLAG_EPS_OUTSIDE;
+  if (round_before_weight) f |= RMSNORM_FLAG_ROUND_BEFORE_WEIGHT;
+  return f;
+}
+
+struct Options {
+  std::optional<double> eps;  // none: the library's default for the dtype
+  double partial = 1.0;
+  unsigned flags = 0;
+};
+
+inline rmsnorm_config config(int dt, int param_dtype, const Options &o) {
+  rmsnorm_config cfg;
+  check(rmsnorm_config_init(&cfg, static_cast<rmsnorm_dtype>(dt)), "rmsnorm_config_init");
+  cfg.param_dtype = static_cast<rmsnorm_dtype>(param_dtype);
+  if (o.eps) cfg.eps = *o.eps;
+  cfg.partial = o.partial;
+  cfg.flags = o.flags;
+  return cfg;
+}
+
+/* The leading n dims as (count, stride): one stride when every dim of size
+ * > 1 continues the one after it (stride x size); none otherwise. A count of
+ * 0 or 1 has the stride `fallback`. */
+inline std::optional<std::pair<int64_t, int64_t>> collapse(Dims shape, Dims strides, std::size_t n,
+                                                          int64_t fallback) {
+  int64_t count = prod(shape.first(n));
+  if (count <= 1) return std::pair{count, fallback};
+  int64_t ld = 0, expect = 0;
+  bool first = true;
+  for (std::size_t i = n; i-- > 0;) {
+    if (shape[i] == 1) continue;
+    if (first) {
+      ld = strides[i];
+      expect = strides[i] * shape[i];
+      first = false;
+    } else if (strides[i] != expect) {
+      return std::nullopt;
+    } else {
+      expect *= shape[i];
+    }
+  }
+  return std::pair{count, ld};
+}
+
+/* (rows, ld) when the last k dims are one contiguous block of d elements and
+ * the leading dims collapse to rows ld >= d elements apart; none when the
+ * array must be copied first (broadcast, reversed, transposed, inner strides). */
+inline std::optional<std::pair<int64_t, int64_t>> row_layout(Dims shape, Dims strides, std::size_t k) {
+  std::size_t n = shape.size() - k;
+  int64_t d = prod(shape.subspan(n));
+  int64_t rows = prod(shape.first(n));
+  if (rows == 0 || d == 0) return std::pair{rows, d};
+  int64_t expect = 1;
+  for (std::size_t i = shape.size(); i-- > n;) {
+    if (shape[i] != 1 && strides[i] != expect) return std::nullopt;
+    expect *= shape[i];
+  }
+  auto lead = collapse(shape, strides, n, d);
+  if (!lead || lead->second < d) return std::nullopt;
+  return lead;
+}
+
+/* An array seen as rows x d, row i at ptr + i*ld elements. */
+template <class B>
+struct Rows {
+  typename B::Array array;  // whose memory ptr is in: the input, or a copy
+  int64_t rows = 0, d = 0, ld = 0;
+  void *ptr = nullptr;
+};
+
+/* a as rows x d: itself when it has a row-strided view, else a copy. */
+template <class B>
+Rows<B> as_rows(B &b, const typename B::Array &a, std::size_t k) {
+  Dims shape = B::shape(a);
+  int64_t d = prod(shape.subspan(shape.size() - k));
+  if (!B::is_contiguous(a)) {
+    Dims st;
+    if (b.strides(a, &st)) {
+      if (auto lay = row_layout(shape, st, k)) return {a, lay->first, d, lay->second, B::ptr(a)};
+    }
+    auto c = b.contiguous(a);
+    return {c, prod(shape.first(shape.size() - k)), d, d, B::ptr(c)};
+  }
+  return {a, prod(shape.first(shape.size() - k)), d, d, B::ptr(a)};
+}
+
+/* The row stride of an array the library writes in place (out=, inplace):
+ * it must have a row-strided view, and be writable where it is. */
+template <class B>
+int64_t writable_rows(B &b, const typename B::Array &a, std::size_t k, const char *what) {
+  b.writable(a, what);
+  Dims shape = B::shape(a);
+  int64_t d = prod(shape.subspan(shape.size() - k));
+  if (B::is_contiguous(a)) return d;
+  Dims st;
+  if (b.strides(a, &st)) {
+    if (auto lay = row_layout(shape, st, k)) return lay->second;
+  }
+  value_error(std::string(what) +
+              " must hold the normalized dims contiguously and its rows at one stride (a "
+              "contiguous array, or a row slice of one) to be written in place");
+}
+
+/* ---- argument checks ---------------------------------------------------------- */
+
+inline void check_normalized(Dims norm) {
+  if (norm.empty())
+    value_error("Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+                "least one element, but got normalized_shape = []");
+  for (int64_t v : norm)
+    if (v < 0) value_error("normalized_shape must not be negative, got " + list(norm));
+}
+
+template <class B>
+int data_dtype(const typename B::Array &a, const char *what) {
+  int dt = B::dtype(a);
+  if (dt < 0)
+    type_error(std::string(what) + " has dtype " + B::dtype_name(a) +
+               "; rmsnorm takes float32, float16, bfloat16 or float64");
+  return dt;
+}
+
+inline void check_input(Dims shape, Dims norm, const char *what) {
+  std::size_t k = norm.size();
+  bool ok = shape.size() >= k;
+  for (std::size_t i = 0; ok && i < k; i++) ok = shape[shape.size() - k + i] == norm[i];
+  if (!ok) {
+    std::string star = list(norm);
+    star = star.substr(1, star.size() - 2);
+    value_error("Given normalized_shape=" + list(norm) + ", expected " + what +
+                " with shape [*, " + star + "], but got " + what + " of size " + list(shape));
+  }
+}
+
+/* a has ref's shape and dtype dt. */
+template <class B>
+void check_same(const typename B::Array &a, Dims shape, int dt, const char *what,
+                const char *ref_what) {
+  Dims s = B::shape(a);
+  if (!std::equal(s.begin(), s.end(), shape.begin(), shape.end()))
+    value_error(std::string(what) + " has shape " + list(s) + "; expected " + ref_what + "'s, " +
+                list(shape));
+  if (data_dtype<B>(a, what) != dt)
+    type_error(std::string(what) + " has dtype " + B::dtype_name(a) + "; expected " + ref_what +
+               "'s, " + dtype_name(dt));
+}
+
+/* The weight and bias as the library takes them: shape normalized_shape,
+ * contiguous, and one parameter dtype for both, the data's or float32 (other
+ * float dtypes are converted to float32, exactly for float16/bfloat16). */
+template <class B>
+struct Params {
+  typename B::Array weight, bias;
+  int param_dtype = -1;
+  int weight_dtype = -1, bias_dtype = -1;  // the caller's, to give gradients back in
+};
+
+template <class B>
+int param_code(const typename B::Array &p, const char *name, Dims norm) {
+  int code = data_dtype<B>(p, name);
+  Dims s = B::shape(p);
+  if (!std::equal(s.begin(), s.end(), norm.begin(), norm.end()))
+    value_error(std::string("Expected ") + name + " to be of same shape as normalized_shape, but got " +
+                name + " of shape " + list(s) + " and normalized_shape = " + list(norm));
+  return code;
+}
+
+template <class B>
+Params<B> params(B &b, int dt, Dims norm, const typename B::Array &weight,
+                 const typename B::Array &bias, const char *weight_name = "weight") {
+  Params<B> p;
+  if (B::defined(weight)) p.weight_dtype = param_code<B>(weight, weight_name, norm);
+  if (B::defined(bias)) p.bias_dtype = param_code<B>(bias, "bias", norm);
+  p.param_dtype = (p.weight_dtype < 0 || p.weight_dtype == dt) && (p.bias_dtype < 0 || p.bias_dtype == dt)
+                      ? dt
+                      : RMSNORM_F32;
+  auto prep = [&](const typename B::Array &a, int code) -> typename B::Array {
+    if (!B::defined(a)) return a;
+    if (code != p.param_dtype) return b.cast(a, p.param_dtype);
+    return B::is_contiguous(a) ? a : b.contiguous(a);
+  };
+  p.weight = prep(weight, p.weight_dtype);
+  p.bias = prep(bias, p.bias_dtype);
+  return p;
+}
+
+template <class B>
+void *ptr_or_null(const typename B::Array &a) {
+  return B::defined(a) ? B::ptr(a) : nullptr;
+}
+
+/* shape[:-k] + (1,) * k: the shape of per-row statistics. */
+inline Shape stats_shape(Dims shape, std::size_t k) {
+  Shape s(shape.begin(), shape.end() - static_cast<std::ptrdiff_t>(k));
+  s.insert(s.end(), k, 1);
+  return s;
+}
+
+inline void check_flags(Norm kind, unsigned flags) {
+  if (kind == LAYER && (flags & RMSNORM_FLAG_EPS_OUTSIDE))
+    value_error("eps_outside applies to rms_norm only");
+}
+
+/* ---- forward ----------------------------------------------------------------- */
+
+template <class B>
+struct Forward {
+  typename B::Array y, mean, rstd;  // mean/rstd: shape (*leading, 1, ..., 1), when asked for
+  Rows<B> x;                        // the input as passed to the library
+};
+
+/* y = norm(x) into a new contiguous array, or into *out (its rows at one
+ * stride; out may be x itself). */
+template <class B>
+Forward<B> forward(B &b, Norm kind, const typename B::Array &x, Dims norm,
+                   const typename B::Array &weight, const typename B::Array &bias,
+                   const Options &o, bool want_mean, bool want_rstd,
+                   const typename B::Array *out = nullptr) {
+  check_normalized(norm);
+  int dt = data_dtype<B>(x, "input");
+  Dims shape = B::shape(x);
+  check_input(shape, norm, "input");
+  Params<B> p = params(b, dt, norm, weight, bias);
+  check_flags(kind, o.flags);
+  std::size_t k = norm.size();
+  if (kind == LAYER && (want_mean || want_rstd)) want_mean = want_rstd = true;  // both or none
+  int64_t ldy = prod(norm);
+  if (out) {
+    check_same<B>(*out, shape, dt, "out", "input");
+    ldy = writable_rows(b, *out, k, "out");
+  }
+  Forward<B> r;
+  r.x = as_rows(b, x, k);
+  Shape sshape = stats_shape(shape, k);
+  int sdt = stats_dtype(dt);
+  if (r.x.d == 0) {  // nothing to normalize: torch gives mean 0 and rstd NaN
+    r.y = out ? *out : b.empty(shape, dt);
+    if (want_mean) r.mean = b.full(sshape, sdt, 0.0);
+    if (want_rstd) r.rstd = b.full(sshape, sdt, NAN);
+    return r;
+  }
+  r.y = out ? *out : b.empty(shape, dt);
+  if (want_mean) r.mean = b.empty(sshape, sdt);
+  if (want_rstd) r.rstd = b.empty(sshape, sdt);
+  rmsnorm_config cfg = config(dt, p.param_dtype, o);
+  rmsnorm_context *ctx = b.context();
+  rmsnorm_status st;
+  {
+    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(r.x.rows * r.x.d));
+    if (kind == RMS)
+      st = rmsnorm_forward(ctx, &cfg, r.x.rows, r.x.d, r.x.ptr, r.x.ld, ptr_or_null<B>(p.weight),
+                           ptr_or_null<B>(p.bias), B::ptr(r.y), ldy, ptr_or_null<B>(r.rstd));
+    else
+      st = rmsnorm_layernorm_forward(ctx, &cfg, r.x.rows, r.x.d, r.x.ptr, r.x.ld,
+                                     ptr_or_null<B>(p.weight), ptr_or_null<B>(p.bias), B::ptr(r.y),
+                                     ldy, ptr_or_null<B>(r.mean), ptr_or_null<B>(r.rstd));
+  }
+  check(st, kind == RMS ? "rmsnorm_forward" : "rmsnorm_layernorm_forward");
+  return r;
+}
+
+/* ---- backward ------------------------------------------------------------------ */
+
+template <class B>
+struct Grads {
+  typename B::Array dx, dweight, dbias;
+};
+
+/* A saved mean or rstd as the library takes it: rows contiguous values. */
+template <class B>
+typename B::Array stat_arg(B &b, const typename B::Array &s, const char *name, int dt, int64_t rows) {
+  if (!B::defined(s)) return s;
+  int want = stats_dtype(dt);
+  if (B::dtype(s) != want)
+    type_error(std::string(name) + " has dtype " + B::dtype_name(s) + "; it must be " +
+               dtype_name(want) + " for " + dtype_name(dt) + " data (as the forward returns it)");
+  if (prod(B::shape(s)) != rows)
+    value_error(std::string(name) + " has " + std::to_string(prod(B::shape(s))) + " values (shape " +
+                list(B::shape(s)) + "); expected one per row, " + std::to_string(rows));
+  return B::is_contiguous(s) ? s : b.contiguous(s);
+}
+
+/* Parameter gradients in the caller's dtypes. */
+template <class B>
+void give_back(B &b, Grads<B> &g, const Params<B> &p) {
+  if (B::defined(g.dweight) && p.weight_dtype != p.param_dtype) g.dweight = b.cast(g.dweight, p.weight_dtype);
+  if (B::defined(g.dbias) && p.bias_dtype != p.param_dtype) g.dbias = b.cast(g.dbias, p.bias_dtype);
+}
+
+/* (dx, dweight, dbias); dweight/dbias only when wanted and their parameter is
+ * given (bias only tells the dtype and shape of dbias). */
+template <class B>
+Grads<B> backward(B &b, Norm kind, const typename B::Array &dy, const typename B::Array &x, Dims norm,
+                  const typename B::Array &weight, const typename B::Array &bias,
+                  const typename B::Array &mean, const typename B::Array &rstd, const Options &o,
+                  bool want_dweight, bool want_dbias) {
+  check_normalized(norm);
+  int dt = data_dtype<B>(x, "input");
+  Dims shape = B::shape(x);
+  check_input(shape, norm, "input");
+  check_same<B>(dy, shape, dt, "grad_output", "input");
+  Params<B> p = params(b, dt, norm, weight, bias);
+  check_flags(kind, o.flags);
+  want_dweight = want_dweight && B::defined(p.weight);
+  want_dbias = want_dbias && B::defined(p.bias);
+  std::size_t k = norm.size();
+  Rows<B> xr = as_rows(b, x, k), dyr = as_rows(b, dy, k);
+  int64_t rows = xr.rows, d = xr.d;
+  Grads<B> g;
+  g.dx = b.empty(shape, dt);
+  if (d == 0) {
+    if (want_dweight) g.dweight = b.full(norm, p.weight_dtype, 0.0);
+    if (want_dbias) g.dbias = b.full(norm, p.bias_dtype, 0.0);
+    return g;
+  }
+  // rows == 0: the library writes nothing, so the parameter gradients start at 0
+  if (want_dweight) g.dweight = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
+  if (want_dbias) g.dbias = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
+  auto r = stat_arg(b, rstd, "rstd", dt, rows);
+  typename B::Array m;
+  if (kind == LAYER) {
+    m = stat_arg(b, mean, "mean", dt, rows);
+    if (B::defined(m) != B::defined(r))
+      value_error("layer_norm_backward takes both mean and rstd, or neither");
+  }
+  rmsnorm_config cfg = config(dt, p.param_dtype, o);
+  rmsnorm_context *ctx = b.context();
+  rmsnorm_status st;
+  {
+    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(rows * d));
+    if (kind == RMS)
+      st = rmsnorm_backward(ctx, &cfg, rows, d, xr.ptr, xr.ld, dyr.ptr, dyr.ld, ptr_or_null<B>(p.weight),
+                            ptr_or_null<B>(r), B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
+                            ptr_or_null<B>(g.dbias));
+    else
+      st = rmsnorm_layernorm_backward(ctx, &cfg, rows, d, xr.ptr, xr.ld, dyr.ptr, dyr.ld,
+                                      ptr_or_null<B>(p.weight), ptr_or_null<B>(m), ptr_or_null<B>(r),
+                                      B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
+                                      ptr_or_null<B>(g.dbias));
+  }
+  check(st, kind == RMS ? "rmsnorm_backward" : "rmsnorm_layernorm_backward");
+  give_back(b, g, p);
+  return g;
+}
+
+/* ---- residual add + RMSNorm ------------------------------------------------------ */
+
+template <class B>
+struct AddForward {
+  typename B::Array y, h, rstd;  // h: h' = h + u (the residual updated in place, or new)
+};
+
+/* h' = h + u (rounded to the data dtype) and y = RMSNorm(h') in one pass
+ * (rmsnorm_add_forward). u is the sub-layer output ("input"), h the residual.
+ * inplace: h' is written into h and y into u (both writable, rows at one
+ * stride); otherwise h is copied first and y is new. */
+template <class B>
+AddForward<B> add_forward(B &b, const typename B::Array &u, const typename B::Array &h, Dims norm,
+                          const typename B::Array &weight, const typename B::Array &bias,
+                          const Options &o, bool want_rstd, bool inplace) {
+  check_normalized(norm);
+  int dt = data_dtype<B>(u, "input");
+  Dims shape = B::shape(u);
+  check_input(shape, norm, "input");
+  check_same<B>(h, shape, dt, "residual", "input");
+  Params<B> p = params(b, dt, norm, weight, bias);
+  check_flags(RMS, o.flags);
+  std::size_t k = norm.size();
+  int64_t d = prod(norm), rows = prod(shape.first(shape.size() - k));
+  AddForward<B> r;
+  Rows<B> hr, ur;
+  int64_t ldy;
+  if (inplace) {
+    hr = {h, rows, d, writable_rows(b, h, k, "residual"), B::ptr(h)};
+    ldy = writable_rows(b, u, k, "input");
+    ur = {u, rows, d, ldy, B::ptr(u)};
+    r.y = u;
+  } else {
+    auto hc = b.cast(h, dt);  // a new contiguous copy: the library updates it
+    hr = {hc, rows, d, d, B::ptr(hc)};
+    ur = as_rows(b, u, k);
+    r.y = b.empty(shape, dt);
+    ldy = d;
+  }
+  r.h = hr.array;
+  Shape sshape = stats_shape(shape, k);
+  if (d == 0) {
+    if (want_rstd) r.rstd = b.full(sshape, stats_dtype(dt), NAN);
+    return r;
+  }
+  if (want_rstd) r.rstd = b.empty(sshape, stats_dtype(dt));
+  rmsnorm_config cfg = config(dt, p.param_dtype, o);
+  rmsnorm_context *ctx = b.context();
+  rmsnorm_status st;
+  {
+    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(rows * d));
+    st = rmsnorm_add_forward(ctx, &cfg, rows, d, hr.ptr, hr.ld, ur.ptr, ur.ld, ptr_or_null<B>(p.weight),
+                             ptr_or_null<B>(p.bias), B::ptr(r.y), ldy, ptr_or_null<B>(r.rstd));
+  }
+  check(st, "rmsnorm_add_forward");
+  return r;
+}
+
+/* (dh, dweight, dbias) of add_forward: dh = dres + the norm's backward at h'
+ * (new_residual), the gradient of both input and residual; dres none is 0. */
+template <class B>
+Grads<B> add_backward(B &b, const typename B::Array &dy, const typename B::Array &dres,
+                      const typename B::Array &h, Dims norm, const typename B::Array &weight,
+                      const typename B::Array &bias, const typename B::Array &rstd, const Options &o,
+                      bool want_dweight, bool want_dbias) {
+  check_normalized(norm);
+  int dt = data_dtype<B>(h, "new_residual");
+  Dims shape = B::shape(h);
+  check_input(shape, norm, "new_residual");
+  check_same<B>(dy, shape, dt, "grad_output", "new_residual");
+  if (B::defined(dres)) check_same<B>(dres, shape, dt, "grad_residual", "new_residual");
+  Params<B> p = params(b, dt, norm, weight, bias);
+  check_flags(RMS, o.flags);
+  want_dweight = want_dweight && B::defined(p.weight);
+  want_dbias = want_dbias && B::defined(p.bias);
+  std::size_t k = norm.size();
+  Rows<B> hr = as_rows(b, h, k), dyr = as_rows(b, dy, k), drr;
+  if (B::defined(dres)) drr = as_rows(b, dres, k);
+  int64_t rows = hr.rows, d = hr.d;
+  Grads<B> g;
+  g.dx = b.empty(shape, dt);
+  if (d == 0) {
+    if (want_dweight) g.dweight = b.full(norm, p.weight_dtype, 0.0);
+    if (want_dbias) g.dbias = b.full(norm, p.bias_dtype, 0.0);
+    return g;
+  }
+  if (want_dweight) g.dweight = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
+  if (want_dbias) g.dbias = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
+  auto r = stat_arg(b, rstd, "rstd", dt, rows);
+  rmsnorm_config cfg = config(dt, p.param_dtype, o);
+  rmsnorm_context *ctx = b.context();
+  rmsnorm_status st;
+  {
+    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(rows * d));
+    st = rmsnorm_add_backward(ctx, &cfg, rows, d, hr.ptr, hr.ld, dyr.ptr, dyr.ld, drr.ptr,
+                              B::defined(dres) ? drr.ld : d, ptr_or_null<B>(p.weight),
+                              ptr_or_null<B>(r), B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
+                              ptr_or_null<B>(g.dbias));
+  }
+  check(st, "rmsnorm_add_backward");
+  give_back(b, g, p);
+  return g;
+}
+
+/* ---- QK-norm: RMSNorm of every head of every token ------------------------------ */
+
+/* x of shape (*, heads, head_dim): the leading dims collapse to one token
+ * stride, heads at one head stride, head_dim contiguous. */
+struct HeadLayout {
+  int64_t tokens = 0, heads = 0, head_dim = 0, ld_token = 0, ld_head = 0;
+};
+
+inline void check_heads_shape(Dims shape, const char *what) {
+  if (shape.size() < 2)
+    value_error(std::string(what) + " must have shape (*, heads, head_dim), got " + list(shape));
+}
+
+/* The layout of a (already checked) (*, heads, head_dim) array, or none. */
+template <class B>
+std::optional<HeadLayout> head_layout(B &b, const typename B::Array &a) {
+  Dims shape = B::shape(a);
+  std::size_t n = shape.size();
+  HeadLayout l{prod(shape.first(n - 2)), shape[n - 2], shape[n - 1], 0, 0};
+  if (B::is_contiguous(a)) {
+    l.ld_head = l.head_dim;
+    l.ld_token = l.heads * l.head_dim;
+    return l;
+  }
+  Dims st;
+  if (!b.strides(a, &st)) return std::nullopt;
+  if (l.head_dim > 1 && st[n - 1] != 1) return std::nullopt;
+  l.ld_head = l.heads > 1 ? st[n - 2] : l.head_dim;
+  auto lead = collapse(shape, st, n - 2, (l.heads - 1) * l.ld_head + l.head_dim);
+  if (!lead || l.ld_head < 0 || lead->second < 0) return std::nullopt;
+  l.ld_token = lead->second;
+  // rows must not overlap: token-major or head-major (the library checks too)
+  bool token_major = l.ld_head >= l.head_dim && l.ld_token >= (l.heads - 1) * l.ld_head + l.head_dim;
+  bool head_major = l.ld_token >= l.head_dim && l.ld_head >= (l.tokens - 1) * l.ld_token + l.head_dim;
+  if (l.tokens * l.heads > 1 && !token_major && !head_major) return std::nullopt;
+  return l;
+}
+
+template <class B>
+struct HeadRows {
+  typename B::Array array;
+  HeadLayout l;
+};
+
+template <class B>
+HeadRows<B> as_heads(B &b, const typename B::Array &a) {
+  if (auto l = head_layout(b, a)) return {a, *l};
+  auto c = b.contiguous(a);
+  return {c, *head_layout(b, c)};
+}
+
+template <class B>
+struct QKForward {
+  typename B::Array y, rstd;  // rstd: (*, heads, 1)
+};
+
+/* QK-norm forward (rmsnorm_qk_norm_forward): y new and contiguous, or x
+ * itself when inplace (which needs x's layout and writability). */
+template <class B>
+QKForward<B> qk_forward(B &b, const typename B::Array &x, const typename B::Array &weight,
+                        const typename B::Array &bias, const Options &o, bool want_rstd,
+                        bool inplace) {
+  int dt = data_dtype<B>(x, "input");
+  Dims shape = B::shape(x);
+  check_heads_shape(shape, "input");
+  Dims norm = shape.last(1);
+  Params<B> p = params(b, dt, norm, weight, bias);
+  check_flags(RMS, o.flags);
+  HeadRows<B> xr;
+  HeadLayout ly;
+  QKForward<B> r;
+  if (inplace) {
+    b.writable(x, "input");
+    auto l = head_layout(b, x);
+    if (!l)
+      value_error("qk_norm in place needs input's head_dim contiguous, its heads at one stride and "
+                  "its leading dims at one token stride, without overlapping rows");
+    xr = {x, *l};
+    ly = *l;
+    r.y = x;
+  } else {
+    xr = as_heads(b, x);
+    ly = {xr.l.tokens, xr.l.heads, xr.l.head_dim, xr.l.heads * xr.l.head_dim, xr.l.head_dim};
+    r.y = b.empty(shape, dt);
+  }
+  Shape sshape = stats_shape(shape, 1);
+  if (ly.head_dim == 0) {
+    if (want_rstd) r.rstd = b.full(sshape, stats_dtype(dt), NAN);
+    return r;
+  }
+  if (want_rstd) r.rstd = b.empty(sshape, stats_dtype(dt));
+  rmsnorm_config cfg = config(dt, p.param_dtype, o);
+  rmsnorm_context *ctx = b.context();
+  rmsnorm_status st;
+  {
+    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(ly.tokens * ly.heads * ly.head_dim));
+    st = rmsnorm_qk_norm_forward(ctx, &cfg, ly.tokens, ly.heads, ly.head_dim, B::ptr(xr.array),
+                                 xr.l.ld_token, xr.l.ld_head, ptr_or_null<B>(p.weight),
+                                 ptr_or_null<B>(p.bias), B::ptr(r.y), ly.ld_token, ly.ld_head,
+                                 ptr_or_null<B>(r.rstd));
+  }
+  check(st, "rmsnorm_qk_norm_forward");
+  return r;
+}
+
+/* QK-norm backward (rmsnorm_qk_norm_backward): dx, and dweight/dbias summed
+ * over tokens and heads. rstd none: recomputed. */
+template <class B>
+Grads<B> qk_backward(B &b, const typename B::Array &dy, const typename B::Array &x,
+                     const typename B::Array &weight, const typename B::Array &bias,
+                     const typename B::Array &rstd, const Options &o, bool want_dweight,
+                     bool want_dbias) {
+  int dt = data_dtype<B>(x, "input");
+  Dims shape = B::shape(x);
+  check_heads_shape(shape, "input");
+  check_same<B>(dy, shape, dt, "grad_output", "input");
+  Dims norm = shape.last(1);
+  Params<B> p = params(b, dt, norm, weight, bias);
+  check_flags(RMS, o.flags);
+  want_dweight = want_dweight && B::defined(p.weight);
+  want_dbias = want_dbias && B::defined(p.bias);
+  HeadRows<B> xr = as_heads(b, x), dyr = as_heads(b, dy);
+  const HeadLayout &l = xr.l;
+  int64_t rows = l.tokens * l.heads;
+  Grads<B> g;
+  g.dx = b.empty(shape, dt);
+  if (l.head_dim == 0) {
+    if (want_dweight) g.dweight = b.full(norm, p.weight_dtype, 0.0);
+    if (want_dbias) g.dbias = b.full(norm, p.bias_dtype, 0.0);
+    return g;
+  }
+  if (want_dweight) g.dweight = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
+  if (want_dbias) g.dbias = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
+  auto r = stat_arg(b, rstd, "rstd", dt, rows);
+  rmsnorm_config cfg = config(dt, p.param_dtype, o);
+  rmsnorm_context *ctx = b.context();
+  rmsnorm_status st;
+  {
+    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(rows * l.head_dim));
+    st = rmsnorm_qk_norm_backward(ctx, &cfg, l.tokens, l.heads, l.head_dim, B::ptr(xr.array),
+                                  l.ld_token, l.ld_head, B::ptr(dyr.array), dyr.l.ld_token,
+                                  dyr.l.ld_head, ptr_or_null<B>(p.weight), ptr_or_null<B>(r),
+                                  B::ptr(g.dx), l.heads * l.head_dim, l.head_dim,
+                                  ptr_or_null<B>(g.dweight), ptr_or_null<B>(g.dbias));
+  }
+  check(st, "rmsnorm_qk_norm_backward");
+  give_back(b, g, p);
+  return g;
+}
+
+/* ---- RMSNorm with an 8-bit output ----------------------------------------------- */
+
+template <class B>
+struct Quant {
+  typename B::Array q, scale;
+};
+
+/* (q, scale): int8 or fp8 E4M3 codes (rmsnorm_forward_quant). scale none:
+ * dynamic, one float32 per row, shape (*leading, 1, ..., 1); else that static
+ * scale, given back as a 0-d float32 array. */
+template <class B>
+Quant<B> forward_quant(B &b, rmsnorm_qtype qtype, const typename B::Array &x, Dims norm,
+                       const typename B::Array &weight, const typename B::Array &bias,
+                       const Options &o, std::optional<double> scale) {
+  check_normalized(norm);
+  int dt = data_dtype<B>(x, "input");
+  Dims shape = B::shape(x);
+  check_input(shape, norm, "input");
+  Params<B> p = params(b, dt, norm, weight, bias);
+  check_flags(RMS, o.flags);
+  std::size_t k = norm.size();
+  Rows<B> xr = as_rows(b, x, k);
+  Quant<B> r;
+  float s = scale ? static_cast<float>(*scale) : 0.0f;
+  r.q = b.empty_quant(shape, qtype);
+  r.scale = scale ? b.scalar_f32(s) : b.empty(stats_shape(shape, k), RMSNORM_F32);
+  rmsnorm_config cfg = config(dt, p.param_dtype, o);
+  if (xr.d == 0) {
+    // nothing to quantize, but the configuration and a static scale are checked
+    if (!scale) r.scale = b.full(stats_shape(shape, k), RMSNORM_F32, 0.0);
+    if (scale && !(std::isfinite(s) && s > 0))
+      check(RMSNORM_ERROR_BAD_ARGUMENT, "rmsnorm_forward_quant");
+    return r;
+  }
+  rmsnorm_context *ctx = b.context();
+  rmsnorm_status st;
+  {
+    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(xr.rows * xr.d));
+    st = rmsnorm_forward_quant(ctx, &cfg, xr.rows, xr.d, xr.ptr, xr.ld, ptr_or_null<B>(p.weight),
+                               ptr_or_null<B>(p.bias), qtype, scale ? &s : nullptr, B::ptr(r.q), xr.d,
+                               scale ? nullptr : static_cast<float *>(B::ptr(r.scale)), nullptr);
+  }
+  check(st, "rmsnorm_forward_quant");
+  return r;
+}
+
+/* ---- RMSNorm + linear, gain folded -------------------------------------------------- */
+
+inline void require_linear(const char *what) {
+  if (rmsnorm_linear_available() != RMSNORM_OK)
+    throw Error{Kind::NotAvailable,
+                std::string(what) + ": this librmsnorm was built without a BLAS (cblas_sgemm), so "
+                                    "rmsnorm_linear_* is not available (RMSNORM_ERROR_NOT_AVAILABLE)",
+                RMSNORM_ERROR_NOT_AVAILABLE};
+}
+
+template <class B>
+struct Linear {
+  Rows<B> x;
+  int dt = -1;
+  int64_t n = 0;
+  typename B::Array w;   // (d, n), contiguous, compute type
+  int w_dtype = -1;      // the caller's, to give dW back in
+  Params<B> p;           // g (d,) as weight, bias (n,)
+};
+
+/* x (*, d); w (d, n) of any float dtype, converted to the compute type; g
+ * (d,) and bias (n,) in one parameter dtype (as params()). */
+template <class B>
+Linear<B> linear_args(B &b, const typename B::Array &x, const typename B::Array &w,
+                      const typename B::Array &g, const typename B::Array &bias) {
+  Linear<B> a;
+  a.dt = data_dtype<B>(x, "input");
+  Dims shape = B::shape(x);
+  if (shape.empty()) value_error("input must have at least one dimension (the normalized one)");
+  int64_t d = shape.back();
+  a.w_dtype = data_dtype<B>(w, "weight_matrix");
+  Dims ws = B::shape(w);
+  if (ws.size() != 2 || ws[0] != d)
+    value_error("weight_matrix has shape " + list(ws) + "; expected (d, n) with d = " +
+                std::to_string(d) + ", the input's last dim");
+  a.n = ws[1];
+  if (d == 0 || a.n == 0)
+    value_error("rms_norm_linear needs d > 0 and n > 0, got d = " + std::to_string(d) +
+                ", n = " + std::to_string(a.n));
+  int cdt = compute_dtype(a.dt);
+  a.w = a.w_dtype != cdt ? b.cast(w, cdt) : (B::is_contiguous(w) ? w : b.contiguous(w));
+  int64_t dd[1] = {d}, nn[1] = {a.n};
+  // g and bias have different shapes: check each, then share the dtype rule
+  int gc = B::defined(g) ? param_code<B>(g, "norm_weight", Dims(dd, 1)) : -1;
+  int bc = B::defined(bias) ? param_code<B>(bias, "bias", Dims(nn, 1)) : -1;
+  Params<B> &p = a.p;
+  p.weight_dtype = gc;
+  p.bias_dtype = bc;
+  p.param_dtype = (gc < 0 || gc == a.dt) && (bc < 0 || bc == a.dt) ? a.dt : RMSNORM_F32;
+  auto prep = [&](const typename B::Array &t, int code) -> typename B::Array {
+    if (!B::defined(t)) return t;
+    if (code != p.param_dtype) return b.cast(t, p.param_dtype);
+    return B::is_contiguous(t) ? t : b.contiguous(t);
+  };
+  p.weight = prep(g, gc);
+  p.bias = prep(bias, bc);
+  a.x = as_rows(b, x, 1);
+  return a;
+}
+
+/* W' = diag(g) W (diag(1 + g) with the offset flag): rmsnorm_fold_weight. */
+template <class B>
+typename B::Array fold(B &b, const Linear<B> &a, const Options &o) {
+  int64_t d = a.x.d, n = a.n;
+  int64_t shape[2] = {d, n};
+  auto wf = b.empty(Dims(shape, 2), compute_dtype(a.dt));
+  rmsnorm_config cfg = config(a.dt, a.p.param_dtype, o);
+  check(rmsnorm_fold_weight(&cfg, d, n, ptr_or_null<B>(a.p.weight), B::ptr(a.w), n, B::ptr(wf), n),
+        "rmsnorm_fold_weight");
+  return wf;
+}
+
+/* (z, rstd): Z = diag(r) (X W') + bias, z (*, n) in the data dtype, rstd (*, 1). */
+template <class B>
+std::pair<typename B::Array, typename B::Array> linear_forward(B &b, const Linear<B> &a,
+                                                               const typename B::Array &wf,
+                                                               const Options &o, bool want_rstd) {
+  require_linear("rms_norm_linear");
+  Dims xs = B::shape(a.x.array);
+  Shape zs(xs.begin(), xs.end());
+  zs.back() = a.n;
+  auto z = b.empty(zs, a.dt);
+  typename B::Array rstd;
+  if (want_rstd) {
+    zs.back() = 1;
+    rstd = b.empty(zs, stats_dtype(a.dt));
+  }
+  rmsnorm_config cfg = config(a.dt, a.p.param_dtype, o);
+  rmsnorm_context *ctx = b.context();
+  rmsnorm_status st;
+  {
+    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(a.x.rows * a.x.d));
+    st = rmsnorm_linear_forward(ctx, &cfg, a.x.rows, a.x.d, a.n, a.x.ptr, a.x.ld, B::ptr(wf), a.n,
+                                ptr_or_null<B>(a.p.bias), B::ptr(z), a.n, ptr_or_null<B>(rstd));
+  }
+  check(st, "rmsnorm_linear_forward");
+  return {z, rstd};
+}
+
+template <class B>
+struct LinearGrads {
+  typename B::Array dx, dg, dw, db;
+};
+
+/* The gradients of linear_forward, each only when wanted (and its parameter
+ * given), in the caller's dtypes (rmsnorm_linear_backward). */
+template <class B>
+LinearGrads<B> linear_backward(B &b, const Linear<B> &a, const typename B::Array &wf,
+                               const typename B::Array &dz, const Options &o, bool want_dg,
+                               bool want_dw, bool want_db) {
+  require_linear("rms_norm_linear_backward");
+  int64_t d = a.x.d, n = a.n, rows = a.x.rows;
+  int dt = a.dt;
+  Dims xs = B::shape(a.x.array);
+  Shape zs(xs.begin(), xs.end());
+  zs.back() = n;
+  check_same<B>(dz, zs, dt, "grad_output", "rms_norm_linear output");
+  Rows<B> dzr = as_rows(b, dz, 1);
+  want_dg = want_dg && B::defined(a.p.weight);
+  want_db = want_db && B::defined(a.p.bias);
+  int cdt = compute_dtype(dt);
+  int64_t dshape[1] = {d}, nshape[1] = {n}, wshape[2] = {d, n};
+  LinearGrads<B> g;
+  g.dx = b.empty(xs, dt);  // the library always writes dx
+  auto make = [&](Dims s, int code) { return rows ? b.empty(s, code) : b.full(s, code, 0.0); };
+  if (want_dg) g.dg = make(Dims(dshape, 1), a.p.param_dtype);
+  if (want_dw) g.dw = make(Dims(wshape, 2), cdt);
+  if (want_db) g.db = make(Dims(nshape, 1), a.p.param_dtype);
+  rmsnorm_config cfg = config(dt, a.p.param_dtype, o);
+  rmsnorm_context *ctx = b.context();
+  rmsnorm_status st;
+  {
+    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(rows * d));
+    st = rmsnorm_linear_backward(ctx, &cfg, rows, d, n, a.x.ptr, a.x.ld, ptr_or_null<B>(a.p.weight),
+                                 B::ptr(a.w), n, B::ptr(wf), n, dzr.ptr, dzr.ld, B::ptr(g.dx), d,
+                                 ptr_or_null<B>(g.dg), ptr_or_null<B>(g.dw), n, ptr_or_null<B>(g.db));
+  }
+  check(st, "rmsnorm_linear_backward");
+  if (B::defined(g.dg) && a.p.weight_dtype != a.p.param_dtype) g.dg = b.cast(g.dg, a.p.weight_dtype);
+  if (B::defined(g.db) && a.p.bias_dtype != a.p.param_dtype) g.db = b.cast(g.db, a.p.bias_dtype);
+  if (B::defined(g.dw) && a.w_dtype != cdt) g.dw = b.cast(g.dw, a.w_dtype);
+  return g;
+}
+
+}  // namespace rncore
+
+#endif

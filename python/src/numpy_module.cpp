@@ -1,0 +1,922 @@
+/* numpy_module.cpp - rmsnorm._native: the numpy functions of the package as
+ * CPython functions over numpy's C API (bfloat16 and float8 come from
+ * ml_dtypes, whose dtypes numpy's buffer protocol cannot export). Arguments
+ * are parsed here (METH_FASTCALL), arrays are read in place, outputs are
+ * made here (large ones in the shared output cache, runtime.h), and the GIL
+ * is released around library calls on more than a few thousand elements.
+ * The operations themselves are core.hpp's. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define PY_ARRAY_UNIQUE_SYMBOL rmsnorm_native_ARRAY_API
+#include <numpy/arrayobject.h>
+
+#include <atomic>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "core.hpp"
+#include "runtime.h"
+
+static_assert(sizeof(npy_intp) == sizeof(int64_t), "npy_intp is 64-bit");
+
+namespace {
+
+using rncore::Dims;
+
+/* ---- module state (one interpreter) ------------------------------------------ */
+
+int g_bf16_num = -1;             // ml_dtypes.bfloat16's type number, -1 without ml_dtypes
+PyArray_Descr *g_bf16 = nullptr; // its descriptor
+PyArray_Descr *g_fp8 = nullptr;  // ml_dtypes.float8_e4m3fn (uint8 without ml_dtypes)
+PyObject *g_error_cls[4];        // rmsnorm.ArgumentError, DtypeError, OutOfMemoryError, NotAvailableError
+std::atomic<int> g_threads{0};   // rmsnorm.set_num_threads (0: the library's default)
+
+/* Elements below which the GIL is kept: releasing and taking it back costs
+ * more than such a call, and taking it back may wait for another thread. */
+constexpr std::size_t kReleaseGil = std::size_t(1) << 15;
+
+/* A Python error is already set. */
+struct PyErrorSet {};
+
+/* An owned reference. */
+class Ref {
+ public:
+  Ref() = default;
+  explicit Ref(PyObject *p) : p_(p) {}  // steals
+  static Ref borrow(PyObject *p) {
+    Py_XINCREF(p);
+    return Ref(p);
+  }
+  Ref(const Ref &o) : p_(o.p_) { Py_XINCREF(p_); }
+  Ref(Ref &&o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  Ref &operator=(Ref o) noexcept {
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  ~Ref() { Py_XDECREF(p_); }
+  PyObject *get() const { return p_; }
+  PyArrayObject *arr() const { return reinterpret_cast<PyArrayObject *>(p_); }
+  PyObject *release() {
+    PyObject *p = p_;
+    p_ = nullptr;
+    return p;
+  }
+
+ private:
+  PyObject *p_ = nullptr;
+};
+
+Ref checked(PyObject *p) {
+  if (!p) throw PyErrorSet{};
+  return Ref(p);
+}
+
+PyArray_Descr *descr_of(int code) {
+  switch (code) {
+    case RMSNORM_F32: return PyArray_DescrFromType(NPY_FLOAT32);
+    case RMSNORM_F16: return PyArray_DescrFromType(NPY_FLOAT16);
+    case RMSNORM_F64: return PyArray_DescrFromType(NPY_FLOAT64);
+    case RMSNORM_BF16: Py_INCREF(g_bf16); return g_bf16;
+    default: return nullptr;
+  }
+}
+
+/* The capsule that owns a cache block under a numpy array (its base). */
+constexpr const char *kBlockCapsule = "rmsnorm.output_block";
+
+void free_block_capsule(PyObject *capsule) {
+  rnpy::block_free(static_cast<rnpy::Block *>(PyCapsule_GetPointer(capsule, kBlockCapsule)));
+}
+
+/* A new C-contiguous array: in a cache block when large, else numpy's own. */
+Ref new_array(Dims shape, PyArray_Descr *descr /* stolen */) {
+  auto nd = static_cast<int>(shape.size());
+  auto *dims = const_cast<npy_intp *>(reinterpret_cast<const npy_intp *>(shape.data()));
+  std::size_t nbytes = static_cast<std::size_t>(rncore::prod(shape)) * PyDataType_ELSIZE(descr);
+  if (nbytes < rnpy::kCacheMinBytes)
+    return checked(PyArray_Empty(nd, dims, descr, 0));
+  rnpy::Block *block = rnpy::block_alloc(nbytes);
+  if (!block) {
+    Py_DECREF(descr);
+    PyErr_NoMemory();
+    throw PyErrorSet{};
+  }
+  PyObject *capsule = PyCapsule_New(block, kBlockCapsule, free_block_capsule);
+  if (!capsule) {
+    rnpy::block_free(block);
+    Py_DECREF(descr);
+    throw PyErrorSet{};
+  }
+  PyObject *a = PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, nullptr, rnpy::block_data(block),
+                                     NPY_ARRAY_CARRAY, nullptr);
+  if (!a) {
+    Py_DECREF(capsule);
+    throw PyErrorSet{};
+  }
+  if (PyArray_SetBaseObject(reinterpret_cast<PyArrayObject *>(a), capsule) < 0) {  // steals
+    Py_DECREF(a);
+    throw PyErrorSet{};
+  }
+  return Ref(a);
+}
+
+/* ---- the numpy backend of core.hpp ------------------------------------------ */
+
+struct Unlock {
+  PyThreadState *state = nullptr;
+  explicit Unlock(bool release) {
+    if (release) state = PyEval_SaveThread();
+  }
+  Unlock(const Unlock &) = delete;
+  ~Unlock() {
+    if (state) PyEval_RestoreThread(state);
+  }
+};
+
+struct NumpyBackend {
+  using Array = Ref;
+
+  static bool defined(const Ref &a) { return a.get() != nullptr; }
+  static int dtype(const Ref &a) {
+    int num = PyArray_DESCR(a.arr())->type_num;
+    switch (num) {
+      case NPY_FLOAT32: return RMSNORM_F32;
+      case NPY_FLOAT16: return RMSNORM_F16;
+      case NPY_FLOAT64: return RMSNORM_F64;
+      default: return num == g_bf16_num && g_bf16_num >= 0 ? RMSNORM_BF16 : -1;
+    }
+  }
+  static std::string dtype_name(const Ref &a) {
+    Ref s(PyObject_Str(reinterpret_cast<PyObject *>(PyArray_DESCR(a.arr()))));
+    const char *c = s.get() ? PyUnicode_AsUTF8(s.get()) : nullptr;
+    if (!c) PyErr_Clear();
+    return c ? c : "?";
+  }
+  static Dims shape(const Ref &a) {
+    return Dims(reinterpret_cast<const int64_t *>(PyArray_DIMS(a.arr())),
+                static_cast<std::size_t>(PyArray_NDIM(a.arr())));
+  }
+  static bool is_contiguous(const Ref &a) { return PyArray_IS_C_CONTIGUOUS(a.arr()); }
+  bool strides(const Ref &a, Dims *out) {
+    int nd = PyArray_NDIM(a.arr());
+    npy_intp size = PyArray_ITEMSIZE(a.arr());
+    const npy_intp *st = PyArray_STRIDES(a.arr());
+    for (int i = 0; i < nd; i++) {
+      if (st[i] % size) return false;
+      scratch_[i] = st[i] / size;
+    }
+    *out = Dims(scratch_, static_cast<std::size_t>(nd));
+    return true;
+  }
+  static void *ptr(const Ref &a) { return PyArray_DATA(a.arr()); }
+
+  Ref contiguous(const Ref &a) {
+    if (is_contiguous(a)) return a;
+    return checked(PyArray_NewCopy(a.arr(), NPY_CORDER));
+  }
+  Ref cast(const Ref &a, int code) {
+    Ref out = empty(shape(a), code);
+    if (PyArray_CopyInto(out.arr(), a.arr()) < 0) throw PyErrorSet{};
+    return out;
+  }
+  Ref empty(Dims shape, int code) { return new_array(shape, descr_of(code)); }
+  Ref full(Dims shape, int code, double v) {
+    Ref a = empty(shape, code);
+    Ref value = checked(PyFloat_FromDouble(v));
+    if (PyArray_FillWithScalar(a.arr(), value.get()) < 0) throw PyErrorSet{};
+    return a;
+  }
+  Ref empty_quant(Dims shape, int qtype) {
+    PyArray_Descr *d = qtype == RMSNORM_Q_INT8 ? PyArray_DescrFromType(NPY_INT8) : (Py_INCREF(g_fp8), g_fp8);
+    return new_array(shape, d);
+  }
+  Ref scalar_f32(float v) {
+    Ref a = checked(PyArray_Empty(0, nullptr, PyArray_DescrFromType(NPY_FLOAT32), 0));
+    *static_cast<float *>(PyArray_DATA(a.arr())) = v;
+    return a;
+  }
+  void writable(const Ref &a, const char *what) {
+    if (!PyArray_ISWRITEABLE(a.arr())) rncore::value_error(std::string(what) + " is read-only");
+    if (!PyArray_ISNOTSWAPPED(a.arr()))
+      rncore::value_error(std::string(what) + " has a non-native byte order (" + dtype_name(a) +
+                          "); rmsnorm writes it in place and cannot: pass a native-order array");
+  }
+  rmsnorm_context *context() {
+    rmsnorm_context *ctx = nullptr;
+    rncore::check(rnpy::thread_context(g_threads.load(std::memory_order_relaxed), &ctx),
+                  "rmsnorm_context_create");
+    return ctx;
+  }
+  Unlock unlocked(std::size_t elements) { return Unlock(elements >= kReleaseGil); }
+
+ private:
+  int64_t scratch_[64];
+};
+
+using B = NumpyBackend;
+
+/* ---- errors --------------------------------------------------------------------- */
+
+/* Sets the Python exception for a core error: library statuses raise the
+ * rmsnorm.Error classes (carrying .status and .name), checks made here the
+ * built-in ValueError / TypeError / MemoryError. */
+void set_error(const rncore::Error &e) {
+  int idx = e.kind == rncore::Kind::Value ? 0 : e.kind == rncore::Kind::Type ? 1
+            : e.kind == rncore::Kind::Memory ? 2 : 3;
+  if (e.status < 0 && idx < 3) {
+    PyObject *cls = idx == 0 ? PyExc_ValueError : idx == 1 ? PyExc_TypeError : PyExc_MemoryError;
+    PyErr_SetString(cls, e.message.c_str());
+    return;
+  }
+  int status = e.status < 0 ? RMSNORM_ERROR_NOT_AVAILABLE : e.status;
+  PyObject *exc = PyObject_CallFunction(g_error_cls[idx], "sis", e.message.c_str(), status,
+                                        rmsnorm_status_name(static_cast<rmsnorm_status>(status)));
+  if (exc) {
+    PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc)), exc);
+    Py_DECREF(exc);
+  }
+}
+
+/* Runs f, turning C++ exceptions into Python ones (nullptr returned). */
+template <class F>
+PyObject *guarded(F &&f) {
+  try {
+    return f();
+  } catch (const rncore::Error &e) {
+    set_error(e);
+  } catch (const PyErrorSet &) {
+  } catch (const std::bad_alloc &) {
+    PyErr_NoMemory();
+  } catch (const std::exception &e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+/* ---- argument parsing ----------------------------------------------------------- */
+
+/* A function's parameters: the first `positional` may be passed by position,
+ * the first `required` must be given; all may be passed by keyword. */
+struct Signature {
+  const char *fname;
+  std::vector<const char *> names;
+  int positional;
+  int required;
+};
+
+constexpr int kMaxArgs = 16;
+
+/* Fills out[i] with the borrowed value of parameter i, or nullptr. */
+void parse(const Signature &sig, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+           PyObject **out) {
+  int n = static_cast<int>(sig.names.size());
+  for (int i = 0; i < n; i++) out[i] = nullptr;
+  if (nargs > sig.positional) {
+    PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", sig.fname,
+                 sig.positional, nargs);
+    throw PyErrorSet{};
+  }
+  for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t j = 0; j < nkw; j++) {
+    PyObject *key = PyTuple_GET_ITEM(kwnames, j);
+    int i = 0;
+    for (const char *name : sig.names) {
+      if (PyUnicode_CompareWithASCIIString(key, name) == 0) break;
+      i++;
+    }
+    if (i == n) {
+      PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", sig.fname, key);
+      throw PyErrorSet{};
+    }
+    if (out[i]) {
+      PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%U'", sig.fname, key);
+      throw PyErrorSet{};
+    }
+    out[i] = args[nargs + j];
+  }
+  int i = 0;
+  for (const char *name : sig.names) {
+    if (i < sig.required && !out[i]) {
+      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", sig.fname, name);
+      throw PyErrorSet{};
+    }
+    i++;
+  }
+}
+
+bool given(PyObject *o) { return o && o != Py_None; }
+
+/* An input array: np.asarray(o), converted to native byte order when not. */
+Ref input_array(PyObject *o) {
+  Ref a;
+  if (PyArray_Check(o)) {
+    a = Ref::borrow(o);
+  } else {
+    a = checked(PyArray_FromAny(o, nullptr, 0, 0, 0, nullptr));
+  }
+  if (!PyArray_ISNOTSWAPPED(a.arr())) {
+    PyArray_Descr *native = PyArray_DescrNewByteorder(PyArray_DESCR(a.arr()), NPY_NATIVE);
+    if (!native) throw PyErrorSet{};
+    a = checked(PyArray_CastToType(a.arr(), native, 0));
+  }
+  return a;
+}
+
+Ref optional_array(PyObject *o) { return given(o) ? input_array(o) : Ref(); }
+
+/* An array the call writes into (out=, inplace=True): used as it is, never
+ * converted, so that what is written is what the caller holds. */
+Ref output_array(PyObject *o, const char *what) {
+  if (!PyArray_Check(o))
+    rncore::type_error(std::string(what) + " must be a numpy.ndarray to be written in place, got " +
+                       Py_TYPE(o)->tp_name);
+  return Ref::borrow(o);
+}
+
+/* normalized_shape: an int, or a sequence of ints. */
+struct NormShape {
+  int64_t v[NPY_MAXDIMS];
+  std::size_t n = 0;
+  Dims dims() const { return Dims(v, n); }
+};
+
+void normalized_shape(PyObject *o, NormShape *out) {
+  auto bad = [&]() {
+    PyErr_Clear();
+    Ref r(PyObject_Repr(o));
+    PyErr_Format(PyExc_TypeError, "normalized_shape must be an int or a sequence of ints, got %s",
+                 r.get() ? PyUnicode_AsUTF8(r.get()) : "?");
+    throw PyErrorSet{};
+  };
+  if (PyIndex_Check(o)) {
+    Py_ssize_t v = PyNumber_AsSsize_t(o, PyExc_OverflowError);
+    if (v == -1 && PyErr_Occurred()) bad();
+    out->v[0] = v;
+    out->n = 1;
+    return;
+  }
+  Ref seq(PySequence_Fast(o, ""));
+  if (!seq.get()) bad();
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
+  if (n > NPY_MAXDIMS) bad();
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *item = PySequence_Fast_GET_ITEM(seq.get(), i);
+    if (!PyIndex_Check(item)) bad();
+    Py_ssize_t v = PyNumber_AsSsize_t(item, PyExc_OverflowError);
+    if (v == -1 && PyErr_Occurred()) bad();
+    out->v[i] = v;
+  }
+  out->n = static_cast<std::size_t>(n);
+}
+
+double as_double(PyObject *o, const char *what) {
+  double v = PyFloat_AsDouble(o);
+  if (v == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    rncore::type_error(std::string(what) + " must be a number, got " + Py_TYPE(o)->tp_name);
+  }
+  return v;
+}
+
+std::optional<double> optional_double(PyObject *o, const char *what, std::optional<double> dflt) {
+  if (!o) return dflt;
+  if (o == Py_None) return std::nullopt;
+  return as_double(o, what);
+}
+
+bool as_bool(PyObject *o, bool dflt = false) {
+  if (!o) return dflt;
+  int v = PyObject_IsTrue(o);
+  if (v < 0) throw PyErrorSet{};
+  return v != 0;
+}
+
+/* The options every norm takes: eps, partial and the flag keywords. */
+rncore::Options options(PyObject *eps, std::optional<double> eps_default, PyObject *partial,
+                        bool offset, bool eps_outside, bool round_before_weight) {
+  rncore::Options o;
+  o.eps = optional_double(eps, "eps", eps_default);
+  o.partial = partial ? as_double(partial, "partial") : 1.0;
+  o.flags = rncore::flags_of(offset, eps_outside, round_before_weight);
+  return o;
+}
+
+PyObject *none_or(const Ref &a) {
+  if (a.get()) return Ref(a).release();
+  Py_RETURN_NONE;
+}
+
+/* A tuple of new references (never NULL), which it takes over. */
+PyObject *tuple(std::initializer_list<PyObject *> items) {
+  PyObject *t = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
+  Py_ssize_t i = 0;
+  for (PyObject *o : items) {
+    if (t)
+      PyTuple_SET_ITEM(t, i++, o);
+    else
+      Py_DECREF(o);
+  }
+  return t;
+}
+
+#define FASTCALL_ARGS PyObject *, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+
+/* ---- the norms ---------------------------------------------------------------------- */
+
+PyObject *py_rms_norm(FASTCALL_ARGS) {
+  return guarded([&]() -> PyObject * {
+    static const Signature sig{"rms_norm",
+                               {"input", "normalized_shape", "weight", "eps", "bias", "offset",
+                                "eps_outside", "partial", "round_before_weight", "return_rstd", "out"},
+                               4, 2};
+    PyObject *a[kMaxArgs];
+    parse(sig, args, nargs, kwnames, a);
+    NumpyBackend b;
+    Ref x = input_array(a[0]);
+    NormShape norm;
+    normalized_shape(a[1], &norm);
+    Ref w = optional_array(a[2]), bias = optional_array(a[4]);
+    auto o = options(a[3], std::nullopt, a[7], as_bool(a[5]), as_bool(a[6]), as_bool(a[8]));
+    bool want_rstd = as_bool(a[9]);
+    Ref out = given(a[10]) ? output_array(a[10], "out") : Ref();
+    auto r = rncore::forward(b, rncore::RMS, x, norm.dims(), w, bias, o, false, want_rstd,
+                             out.get() ? &out : nullptr);
+    if (!want_rstd) return r.y.release();
+    return tuple({r.y.release(), r.rstd.release()});
+  });
+}
+
+PyObject *py_rms_norm_backward(FASTCALL_ARGS) {
+  return guarded([&]() -> PyObject * {
+    static const Signature sig{"rms_norm_backward",
+                               {"grad_output", "input", "normalized_shape", "weight", "eps", "bias",
+                                "rstd", "offset", "eps_outside", "partial"},
+                               5, 3};
+    PyObject *a[kMaxArgs];
+    parse(sig, args, nargs, kwnames, a);
+    NumpyBackend b;
+    Ref dy = input_array(a[0]), x = input_array(a[1]);
+    NormShape norm;
+    normalized_shape(a[2], &norm);
+    Ref w = optional_array(a[3]), bias = optional_array(a[5]), rstd = optional_array(a[6]);
+    auto o = options(a[4], std::nullopt, a[9], as_bool(a[7]), as_bool(a[8]), false);
+    auto g = rncore::backward(b, rncore::RMS, dy, x, norm.dims(), w, bias, Ref(), rstd, o, true, true);
+    return tuple({g.dx.release(), none_or(g.dweight), none_or(g.dbias)});
+  });
+}
+
+PyObject *py_layer_norm(FASTCALL_ARGS) {
+  return guarded([&]() -> PyObject * {
+    static const Signature sig{"layer_norm",
+                               {"input", "normalized_shape", "weight", "bias", "eps", "offset",
+                                "round_before_weight", "return_mean_rstd", "out"},
+                               5, 2};
+    PyObject *a[kMaxArgs];
+    parse(sig, args, nargs, kwnames, a);
+    NumpyBackend b;
+    Ref x = input_array(a[0]);
+    NormShape norm;
+    normalized_shape(a[1], &norm);
+    Ref w = optional_array(a[2]), bias = optional_array(a[3]);
+    auto o = options(a[4], 1e-5, nullptr, as_bool(a[5]), false, as_bool(a[6]));
+    bool want = as_bool(a[7]);
+    Ref out = given(a[8]) ? output_array(a[8], "out") : Ref();
+    auto r = rncore::forward(b, rncore::LAYER, x, norm.dims(), w, bias, o, want, want,
+                             out.get() ? &out : nullptr);
+    if (!want) return r.y.release();
+    return tuple({r.y.release(), r.mean.release(), r.rstd.release()});
+  });
+}
+
+PyObject *py_layer_norm_backward(FASTCALL_ARGS) {
+  return guarded([&]() -> PyObject * {
+    static const Signature sig{"layer_norm_backward",
+                               {"grad_output", "input", "normalized_shape", "weight", "bias", "eps",
+                                "mean", "rstd", "offset"},
+                               6, 3};
+    PyObject *a[kMaxArgs];
+    parse(sig, args, nargs, kwnames, a);
+    NumpyBackend b;
+    Ref dy = input_array(a[0]), x = input_array(a[1]);
+    NormShape norm;
+    normalized_shape(a[2], &norm);
+    Ref w = optional_array(a[3]), bias = optional_array(a[4]);
+    Ref mean = optional_array(a[6]), rstd = optional_array(a[7]);
+    auto o = options(a[5], 1e-5, nullptr, as_bool(a[8]), false, false);
+    auto g = rncore::backward(b, rncore::LAYER, dy, x, norm.dims(), w, bias, mean, rstd, o, true, true);
+    return tuple({g.dx.release(), none_or(g.dweight), none_or(g.dbias)});
+  });
+}
+
+/* ---- fused operations ------------------------------------------------------------------ */
+
+PyObject *py_fused_add_rms_norm(FASTCALL_ARGS) {
+  return guarded([&]() -> PyObject * {
+    static const Signature sig{"fused_add_rms_norm",
+                               {"input", "residual", "normalized_shape", "weight", "eps", "bias",
+                                "offset", "eps_outside", "partial", "inplace", "return_rstd"},
+                               5, 3};
+    PyObject *a[kMaxArgs];
+    parse(sig, args, nargs, kwnames, a);
+    NumpyBackend b;
+    bool inplace = as_bool(a[9]);
+    Ref u = inplace ? output_array(a[0], "input") : input_array(a[0]);
+    Ref h = inplace ? output_array(a[1], "residual") : input_array(a[1]);
+    NormShape norm;
+    normalized_shape(a[2], &norm);
+    Ref w = optional_array(a[3]), bias = optional_array(a[5]);
+    auto o = options(a[4], std::nullopt, a[8], as_bool(a[6]), as_bool(a[7]), false);
+    bool want_rstd = as_bool(a[10]);
+    auto r = rncore::add_forward(b, u, h, norm.dims(), w, bias, o, want_rstd, inplace);
+    if (!want_rstd) return tuple({r.y.release(), r.h.release()});
+    return tuple({r.y.release(), r.h.release(), r.rstd.release()});
+  });
+}
+
+PyObject *py_fused_add_rms_norm_backward(FASTCALL_ARGS) {
+  return guarded([&]() -> PyObject * {
+    static const Signature sig{"fused_add_rms_norm_backward",
+                               {"grad_output", "grad_residual", "new_residual", "normalized_shape",
+                                "weight", "eps", "bias", "rstd", "offset", "eps_outside", "partial"},
+                               6, 4};
+    PyObject *a[kMaxArgs];
+    parse(sig, args, nargs, kwnames, a);
+    NumpyBackend b;
+    Ref dy = input_array(a[0]), dres = optional_array(a[1]), h = input_array(a[2]);
+    NormShape norm;
+    normalized_shape(a[3], &norm);
+    Ref w = optional_array(a[4]), bias = optional_array(a[6]), rstd = optional_array(a[7]);
+    auto o = options(a[5], std::nullopt, a[10], as_bool(a[8]), as_bool(a[9]), false);
+    auto g = rncore::add_backward(b, dy, dres, h, norm.dims(), w, bias, rstd, o, true, true);
+    return tuple({g.dx.release(), none_or(g.dweight), none_or(g.dbias)});
+  });
+}
+
+PyObject *py_qk_norm(FASTCALL_ARGS) {
+  return guarded([&]() -> PyObject * {
+    static const Signature sig{"qk_norm",
+                               {"input", "weight", "eps", "bias", "offset", "eps_outside", "partial",
+                                "inplace", "return_rstd"},
+                               3, 1};
+    PyObject *a[kMaxArgs];
+    parse(sig, args, nargs, kwnames, a);
+    NumpyBackend b;
+    bool inplace = as_bool(a[7]);
+    Ref x = inplace ? output_array(a[0], "input") : input_array(a[0]);
+    Ref w = optional_array(a[1]), bias = optional_array(a[3]);
+    auto o = options(a[2], std::nullopt, a[6], as_bool(a[4]), as_bool(a[5]), false);
+    bool want_rstd = as_bool(a[8]);
+    auto r = rncore::qk_forward(b, x, w, bias, o, want_rstd, inplace);
+    if (!want_rstd) return r.y.release();
+    return tuple({r.y.release(), r.rstd.release()});
+  });
+}
+
+PyObject *py_qk_norm_backward(FASTCALL_ARGS) {
+  return guarded([&]() -> PyObject * {
+    static const Signature sig{"qk_norm_backward",
+                               {"grad_output", "input", "weight", "eps", "bias", "rstd", "offset",
+                                "eps_outside", "partial"},
+                               4, 2};
+    PyObject *a[kMaxArgs];
+    parse(sig, args, nargs, kwnames, a);
+    NumpyBackend b;
+    Ref dy = input_array(a[0]), x = input_array(a[1]);
+    Ref w = optional_array(a[2]), bias = optional_array(a[4]), rstd = optional_array(a[5]);
+    auto o = options(a[3], std::nullopt, a[8], as_bool(a[6]), as_bool(a[7]), false);
+    auto g = rncore::qk_backward(b, dy, x, w, bias, rstd, o, true, true);
+    return tuple({g.dx.release(), none_or(g.dweight), none_or(g.dbias)});
+  });
+}
+
+PyObject *quant(rmsnorm_qtype qtype, const Signature &sig, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames) {
+  return guarded([&]() -> PyObject * {
+    PyObject *a[kMaxArgs];
+    parse(sig, args, nargs, kwnames, a);
+    NumpyBackend b;
+    Ref x = input_array(a[0]);
+    NormShape norm;
+    normalized_shape(a[1], &norm);
+    Ref w = optional_array(a[2]), bias = optional_array(a[4]);
+    auto o = options(a[3], std::nullopt, a[8], as_bool(a[6]), as_bool(a[7]), false);
+    auto scale = optional_double(a[5], "scale", std::nullopt);
+    auto r = rncore::forward_quant(b, qtype, x, norm.dims(), w, bias, o, scale);
+    return tuple({r.q.release(), r.scale.release()});
+  });
+}
+
+#define QUANT_NAMES {"input", "normalized_shape", "weight", "eps", "bias", "scale", "offset", \
+                     "eps_outside", "partial"}
+
+PyObject *py_rms_norm_int8(FASTCALL_ARGS) {
+  static const Signature sig{"rms_norm_int8", QUANT_NAMES, 4, 2};
+  return quant(RMSNORM_Q_INT8, sig, args, nargs, kwnames);
+}
+
+PyObject *py_rms_norm_fp8(FASTCALL_ARGS) {
+  static const Signature sig{"rms_norm_fp8", QUANT_NAMES, 4, 2};
+  return quant(RMSNORM_Q_FP8_E4M3, sig, args, nargs, kwnames);
+}
+
+PyObject *py_rms_norm_linear(FASTCALL_ARGS) {
+  return guarded([&]() -> PyObject * {
+    static const Signature sig{"rms_norm_linear",
+                               {"input", "weight_matrix", "norm_weight", "eps", "bias", "offset",
+                                "eps_outside", "partial", "return_rstd"},
+                               6, 2};
+    PyObject *a[kMaxArgs];
+    parse(sig, args, nargs, kwnames, a);
+    NumpyBackend b;
+    Ref x = input_array(a[0]), W = input_array(a[1]);
+    Ref g = optional_array(a[2]), bias = optional_array(a[4]);
+    auto o = options(a[3], std::nullopt, a[7], as_bool(a[5]), as_bool(a[6]), false);
+    bool want_rstd = as_bool(a[8]);
+    auto la = rncore::linear_args(b, x, W, g, bias);
+    Ref wf = rncore::fold(b, la, o);
+    auto [z, rstd] = rncore::linear_forward(b, la, wf, o, want_rstd);
+    if (!want_rstd) return z.release();
+    return tuple({z.release(), rstd.release()});
+  });
+}
+
+PyObject *py_rms_norm_linear_backward(FASTCALL_ARGS) {
+  return guarded([&]() -> PyObject * {
+    static const Signature sig{"rms_norm_linear_backward",
+                               {"grad_output", "input", "weight_matrix", "norm_weight", "eps", "bias",
+                                "offset", "eps_outside", "partial"},
+                               7, 3};
+    PyObject *a[kMaxArgs];
+    parse(sig, args, nargs, kwnames, a);
+    NumpyBackend b;
+    Ref dz = input_array(a[0]), x = input_array(a[1]), W = input_array(a[2]);
+    Ref g = optional_array(a[3]), bias = optional_array(a[5]);
+    auto o = options(a[4], std::nullopt, a[8], as_bool(a[6]), as_bool(a[7]), false);
+    auto la = rncore::linear_args(b, x, W, g, bias);
+    Ref wf = rncore::fold(b, la, o);
+    auto gr = rncore::linear_backward(b, la, wf, dz, o, true, true, true);
+    return tuple({gr.dx.release(), gr.dw.release(), none_or(gr.dg), none_or(gr.db)});
+  });
+}
+
+/* ---- settings and information ------------------------------------------------------- */
+
+PyObject *py_set_num_threads(PyObject *, PyObject *arg) {
+  return guarded([&]() -> PyObject * {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) throw PyErrorSet{};
+    if (n < 0 || n > 1024)
+      rncore::check(RMSNORM_ERROR_BAD_ARGUMENT, "rmsnorm_context_set_threads");
+    rmsnorm_context *ctx = nullptr;
+    rncore::check(rnpy::thread_context(static_cast<int>(n), &ctx), "rmsnorm_context_set_threads");
+    g_threads.store(static_cast<int>(n));
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject *py_get_num_threads(PyObject *, PyObject *) {
+  return guarded([&]() -> PyObject * {
+    rmsnorm_context *ctx = NumpyBackend().context();
+    int n = 0;
+    rncore::check(rmsnorm_context_get_threads(ctx, &n), "rmsnorm_context_get_threads");
+    return PyLong_FromLong(n);
+  });
+}
+
+PyObject *py_isa(PyObject *, PyObject *) {
+  return guarded([&]() -> PyObject * {
+    rmsnorm_context *ctx = NumpyBackend().context();
+    rmsnorm_isa isa;
+    rncore::check(rmsnorm_context_get_isa(ctx, &isa), "rmsnorm_context_get_isa");
+    return PyUnicode_FromString(rmsnorm_isa_name(isa));
+  });
+}
+
+PyObject *py_cpu_features(PyObject *, PyObject *) {
+  return guarded([&]() -> PyObject * {
+    static const char *names[] = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512bf16"};
+    unsigned bits = 0;
+    rncore::check(rmsnorm_cpu_features(&bits), "rmsnorm_cpu_features");
+    Ref out = checked(PyList_New(0));
+    for (unsigned i = 0; i < 7; i++)
+      if (bits >> i & 1) {
+        Ref s = checked(PyUnicode_FromString(names[i]));
+        if (PyList_Append(out.get(), s.get()) < 0) throw PyErrorSet{};
+      }
+    return out.release();
+  });
+}
+
+PyObject *py_linear_available(PyObject *, PyObject *) {
+  return PyBool_FromLong(rmsnorm_linear_available() == RMSNORM_OK);
+}
+
+PyObject *py_library_version(PyObject *, PyObject *) {
+  return PyUnicode_FromString(rmsnorm_version_string());
+}
+
+PyObject *py_cache_info(PyObject *, PyObject *) {
+  rnpy::CacheInfo c = rnpy::cache_info();
+  return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:K,s:K}", "limit", (Py_ssize_t)c.limit, "cached_bytes",
+                       (Py_ssize_t)c.cached_bytes, "cached_blocks", (Py_ssize_t)c.cached_blocks,
+                       "live_bytes", (Py_ssize_t)c.live_bytes, "live_blocks", (Py_ssize_t)c.live_blocks,
+                       "hits", (unsigned long long)c.hits, "misses", (unsigned long long)c.misses);
+}
+
+PyObject *py_set_cache_limit(PyObject *, PyObject *arg) {
+  Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+  if (n == -1 && PyErr_Occurred()) return nullptr;
+  if (n < 0) {
+    PyErr_SetString(PyExc_ValueError, "set_cache_limit: the limit must be >= 0 bytes");
+    return nullptr;
+  }
+  return PyLong_FromSize_t(rnpy::cache_set_limit(static_cast<std::size_t>(n)));
+}
+
+PyObject *py_context_threads(PyObject *, PyObject *) {
+  return PyLong_FromLong(rnpy::thread_context_threads());
+}
+
+PyObject *py_empty_cache(PyObject *, PyObject *) {
+  rnpy::cache_release();
+  Py_RETURN_NONE;
+}
+
+/* ---- the module ------------------------------------------------------------------------ */
+
+#define FAST(name) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_##name)), \
+                   METH_FASTCALL | METH_KEYWORDS
+
+PyMethodDef methods[] = {
+    {"rms_norm", FAST(rms_norm),
+     "rms_norm($module, input, normalized_shape, weight=None, eps=None, *, bias=None, offset=False, "
+     "eps_outside=False, partial=1.0, round_before_weight=False, return_rstd=False, out=None)\n--\n\n"
+     "RMSNorm over the trailing dims `normalized_shape` of `input`, as\n"
+     "torch.nn.functional.rms_norm: y = x / sqrt(mean(x^2) + eps) * weight (+ bias).\n\n"
+     "input: a numpy array (or anything np.asarray takes) of float32, float16,\n"
+     "bfloat16 (ml_dtypes) or float64, any leading shape, any strides. weight, bias:\n"
+     "arrays of shape normalized_shape, of the input's dtype or float32. eps None:\n"
+     "float32's machine epsilon (float64's for float64 data), as torch. offset:\n"
+     "multiply by (1 + weight), as Gemma. eps_outside: 1/(sqrt(mean(x^2)) + eps).\n"
+     "partial: pRMSNorm, the statistic over the first ceil(partial*d) elements.\n"
+     "round_before_weight: for float16/bfloat16, round the normalized value to the\n"
+     "input dtype before the weight (HF Llama's order).\n\n"
+     "Returns y (a new C-contiguous array of the input's shape and dtype, or `out`),\n"
+     "or (y, rstd) with return_rstd, rstd of shape (*leading, 1, ..., 1) in float32\n"
+     "(float64 for float64 data). out: a numpy array of the input's shape and dtype,\n"
+     "native byte order, writable, rows at one stride, written in place (it may be\n"
+     "the input itself); any other is refused (ValueError/TypeError), never copied."},
+    {"rms_norm_backward", FAST(rms_norm_backward),
+     "rms_norm_backward($module, grad_output, input, normalized_shape, weight=None, eps=None, *, "
+     "bias=None, rstd=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
+     "Gradients of rms_norm, called with the forward's arguments after grad_output:\n"
+     "(grad_input, grad_weight, grad_bias), grad_weight when a weight is given (the\n"
+     "gradient of weight itself, also with offset), grad_bias when a bias is given\n"
+     "(its values are not used), each in its parameter's dtype, else None. rstd: what\n"
+     "rms_norm(..., return_rstd=True) returned; None recomputes it."},
+    {"layer_norm", FAST(layer_norm),
+     "layer_norm($module, input, normalized_shape, weight=None, bias=None, eps=1e-05, *, "
+     "offset=False, round_before_weight=False, return_mean_rstd=False, out=None)\n--\n\n"
+     "LayerNorm over the trailing dims `normalized_shape`, as\n"
+     "torch.nn.functional.layer_norm: y = (x - mean) / sqrt(var + eps) * weight + bias\n"
+     "(biased variance). Dtypes, layouts and out= as rms_norm's; eps None is the\n"
+     "dtype's default. Returns y, or (y, mean, rstd) with return_mean_rstd."},
+    {"layer_norm_backward", FAST(layer_norm_backward),
+     "layer_norm_backward($module, grad_output, input, normalized_shape, weight=None, bias=None, "
+     "eps=1e-05, *, mean=None, rstd=None, offset=False)\n--\n\n"
+     "Gradients of layer_norm, called with the forward's arguments after grad_output:\n"
+     "(grad_input, grad_weight or None, grad_bias or None). mean and rstd: what\n"
+     "layer_norm(..., return_mean_rstd=True) returned (both or neither)."},
+    {"fused_add_rms_norm", FAST(fused_add_rms_norm),
+     "fused_add_rms_norm($module, input, residual, normalized_shape, weight=None, eps=None, *, "
+     "bias=None, offset=False, eps_outside=False, partial=1.0, inplace=False, return_rstd=False)\n"
+     "--\n\n"
+     "Residual add + RMSNorm in one pass over memory (rmsnorm_add_forward):\n"
+     "new_residual = residual + input (rounded to the dtype), output =\n"
+     "rms_norm(new_residual, ...). Returns (output, new_residual[, rstd]). inplace=False\n"
+     "leaves both arguments untouched and returns new arrays; inplace=True (vLLM's)\n"
+     "writes new_residual into `residual` and output into `input` and returns those\n"
+     "two arrays, which must be numpy arrays of one dtype, native byte order, writable,\n"
+     "rows at one stride (anything else is refused, never copied)."},
+    {"fused_add_rms_norm_backward", FAST(fused_add_rms_norm_backward),
+     "fused_add_rms_norm_backward($module, grad_output, grad_residual, new_residual, "
+     "normalized_shape, weight=None, eps=None, *, bias=None, rstd=None, offset=False, "
+     "eps_outside=False, partial=1.0)\n--\n\n"
+     "Gradients of fused_add_rms_norm (rmsnorm_add_backward): (grad, grad_weight,\n"
+     "grad_bias) where grad = grad_residual + the norm's grad_input at new_residual is\n"
+     "the gradient of both input and residual (grad_residual None: zero)."},
+    {"qk_norm", FAST(qk_norm),
+     "qk_norm($module, input, weight=None, eps=None, *, bias=None, offset=False, "
+     "eps_outside=False, partial=1.0, inplace=False, return_rstd=False)\n--\n\n"
+     "QK-norm (rmsnorm_qk_norm_forward): RMSNorm over head_dim of input of shape\n"
+     "(*, heads, head_dim), one weight (head_dim,) shared by every head. The heads\n"
+     "may lie at any stride and the leading dims at one token stride, as Q or K\n"
+     "do inside a fused QKV array, and are read there without a copy. Returns y\n"
+     "(new, contiguous), or input itself with inplace=True (then it must be\n"
+     "writable, native byte order and of that layout); (y, rstd) with return_rstd,\n"
+     "rstd of shape (*, heads, 1)."},
+    {"qk_norm_backward", FAST(qk_norm_backward),
+     "qk_norm_backward($module, grad_output, input, weight=None, eps=None, *, bias=None, "
+     "rstd=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
+     "Gradients of qk_norm (rmsnorm_qk_norm_backward): (grad_input, grad_weight or\n"
+     "None, grad_bias or None), the parameter gradients summed over tokens and heads."},
+    {"rms_norm_linear", FAST(rms_norm_linear),
+     "rms_norm_linear($module, input, weight_matrix, norm_weight=None, eps=None, bias=None, "
+     "offset=False, *, eps_outside=False, partial=1.0, return_rstd=False)\n--\n\n"
+     "RMSNorm followed by a linear layer, Z = rms_norm(input, d, norm_weight, eps) @\n"
+     "weight_matrix + bias, with the gain folded into the matrix (FlashNorm):\n"
+     "W' = diag(norm_weight) @ weight_matrix, then Z = diag(r) (X W') + bias.\n"
+     "input (*, d); weight_matrix (d, n), converted to the compute type (float32;\n"
+     "float64 for float64 input); norm_weight (d,), bias (n,) of the input's dtype or\n"
+     "float32. Z: (*, n) in the input's dtype. Raises rmsnorm.NotAvailableError when\n"
+     "the library was built without a BLAS."},
+    {"rms_norm_linear_backward", FAST(rms_norm_linear_backward),
+     "rms_norm_linear_backward($module, grad_output, input, weight_matrix, norm_weight=None, "
+     "eps=None, bias=None, offset=False, *, eps_outside=False, partial=1.0)\n--\n\n"
+     "Gradients of rms_norm_linear (rmsnorm_linear_backward): (grad_input,\n"
+     "grad_weight_matrix, grad_norm_weight or None, grad_bias or None)."},
+    {"rms_norm_int8", FAST(rms_norm_int8),
+     "rms_norm_int8($module, input, normalized_shape, weight=None, eps=None, *, bias=None, "
+     "scale=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
+     "RMSNorm with an int8 output and a symmetric scale (rmsnorm_forward_quant), y\n"
+     "being rms_norm's value in the compute type: scale None: s = max|y| / 127 per\n"
+     "row (float32); else s = scale (finite, > 0); q = round_half_even(clip(y / s,\n"
+     "-128, 127)), NaN -> 0. Returns (q, s): q int8 of the input's shape, s float32\n"
+     "of shape (*leading, 1, ..., 1) or a 0-d array. Dequantize with q * s."},
+    {"rms_norm_fp8", FAST(rms_norm_fp8),
+     "rms_norm_fp8($module, input, normalized_shape, weight=None, eps=None, *, bias=None, "
+     "scale=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
+     "RMSNorm with an fp8 E4M3 (OCP FN, max 448) output, as rms_norm_int8 with\n"
+     "s = max|y| / 448 and q = e4m3(y / s) rounded to nearest even, saturated to\n"
+     "+-448; q is an ml_dtypes.float8_e4m3fn array."},
+    {"set_num_threads", py_set_num_threads, METH_O,
+     "set_num_threads($module, threads, /)\n--\n\n"
+     "The most threads one call of the numpy functions may use, for every Python\n"
+     "thread; 0 restores the default (one per online CPU). rmsnorm.torch follows\n"
+     "torch.get_num_threads() instead."},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS,
+     "get_num_threads($module, /)\n--\n\nThe most threads one call of the numpy functions may use."},
+    {"isa", py_isa, METH_NOARGS,
+     "isa($module, /)\n--\n\nThe kernel set in use: \"scalar\", \"avx2\" or \"avx512\"."},
+    {"cpu_features", py_cpu_features, METH_NOARGS,
+     "cpu_features($module, /)\n--\n\nThe CPU features the library detected (OS support checked)."},
+    {"linear_available", py_linear_available, METH_NOARGS,
+     "linear_available($module, /)\n--\n\nWhether rms_norm_linear can run (a BLAS was built in)."},
+    {"library_version", py_library_version, METH_NOARGS,
+     "library_version($module, /)\n--\n\nThe version string of the loaded C library."},
+    {"cache_info", py_cache_info, METH_NOARGS,
+     "cache_info($module, /)\n--\n\n"
+     "The output cache (shared by numpy and torch outputs of 1 MiB or more): a dict\n"
+     "of limit, cached_bytes, cached_blocks (free blocks kept), live_bytes,\n"
+     "live_blocks (blocks under live outputs), hits and misses (allocations served\n"
+     "from a kept block / from fresh memory)."},
+    {"set_cache_limit", py_set_cache_limit, METH_O,
+     "set_cache_limit($module, nbytes, /)\n--\n\n"
+     "The most bytes of free output blocks kept for reuse (0: none); trims to it at\n"
+     "once and returns the previous limit."},
+    {"_context_threads", py_context_threads, METH_NOARGS,
+     "_context_threads($module, /)\n--\n\n"
+     "The thread count the calling thread's context was last set to (-1: none yet);\n"
+     "for tests: rmsnorm.torch sets it to torch.get_num_threads() on every call."},
+    {"empty_cache", py_empty_cache, METH_NOARGS,
+     "empty_cache($module, /)\n--\n\nReturns every kept output block to the system."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "rmsnorm._native",
+                          "The numpy functions of rmsnorm (see the package's docstring).", -1,
+                          methods, nullptr, nullptr, nullptr, nullptr};
+
+/* bfloat16 and float8_e4m3fn from ml_dtypes, when it is installed. */
+int load_ml_dtypes() {
+  Ref mod(PyImport_ImportModule("ml_dtypes"));
+  if (!mod.get()) {
+    PyErr_Clear();
+    g_fp8 = PyArray_DescrFromType(NPY_UINT8);  // fp8 codes as bytes
+    return 0;
+  }
+  for (auto [name, out] : {std::pair{"bfloat16", &g_bf16}, std::pair{"float8_e4m3fn", &g_fp8}}) {
+    Ref type(PyObject_GetAttrString(mod.get(), name));
+    if (!type.get() || !PyArray_DescrConverter(type.get(), out)) return -1;
+  }
+  g_bf16_num = g_bf16->type_num;
+  return 0;
+}
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__native(void) {
+  import_array();
+  if (load_ml_dtypes() < 0) return nullptr;
+  Ref errors(PyImport_ImportModule("rmsnorm._errors"));
+  if (!errors.get()) return nullptr;
+  const char *names[4] = {"ArgumentError", "DtypeError", "OutOfMemoryError", "NotAvailableError"};
+  for (int i = 0; i < 4; i++) {
+    g_error_cls[i] = PyObject_GetAttrString(errors.get(), names[i]);  // kept for the process
+    if (!g_error_cls[i]) return nullptr;
+  }
+  return PyModule_Create(&module_def);
+}

@@ -1,0 +1,280 @@
+/* runtime.cpp - per-thread contexts and the cache of large output blocks
+ * (see runtime.h for the contracts). */
+#include "runtime.h"
+
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <string_view>
+#include <vector>
+
+namespace rnpy {
+
+/* ---- contexts ------------------------------------------------------------ */
+
+namespace {
+
+/* Bumped in a forked child: contexts made before it belong to the parent,
+ * whose pool threads do not exist in the child. They are leaked, never freed
+ * (freeing would wait for those threads). */
+std::atomic<unsigned> g_fork_generation{0};
+
+struct ThreadContext {
+  rmsnorm_context *ctx = nullptr;
+  int threads = -1;  // what rmsnorm_context_set_threads was last given
+  unsigned generation = 0;
+  ~ThreadContext() {
+    if (ctx && generation == g_fork_generation.load()) rmsnorm_context_free(ctx);
+  }
+};
+
+thread_local ThreadContext t_context;
+
+}  // namespace
+
+rmsnorm_status thread_context(int threads, rmsnorm_context **out) {
+  ThreadContext &tc = t_context;
+  unsigned gen = g_fork_generation.load(std::memory_order_relaxed);
+  if (tc.ctx && tc.generation != gen) {
+    tc.ctx = nullptr;  // the parent's, in a forked child: leaked on purpose
+    tc.threads = -1;
+  }
+  if (!tc.ctx) {
+    rmsnorm_context *c = nullptr;
+    rmsnorm_status st = rmsnorm_context_create(&c);
+    if (st != RMSNORM_OK) return st;
+    tc.ctx = c;
+    tc.generation = gen;
+  }
+  if (threads != tc.threads) {
+    rmsnorm_status st = rmsnorm_context_set_threads(tc.ctx, threads);
+    if (st != RMSNORM_OK) return st;
+    tc.threads = threads;
+  }
+  *out = tc.ctx;
+  return RMSNORM_OK;
+}
+
+int thread_context_threads() { return t_context.ctx ? t_context.threads : -1; }
+
+/* ---- the output cache ------------------------------------------------------ */
+
+struct Block {
+  void *data;       // 2 MiB-aligned
+  std::size_t size; // a multiple of 2 MiB
+};
+
+namespace {
+
+constexpr std::size_t kHuge = std::size_t(2) << 20;
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+/* "123", "512M", "1G", "64k": bytes. @return false for anything else. */
+bool parse_bytes(const char *s, std::size_t *out) {
+  char *end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(s, &end, 10);
+  if (end == s || errno) return false;
+  unsigned shift = 0;
+  switch (std::toupper(static_cast<unsigned char>(*end))) {
+    case 0: break;
+    case 'K': shift = 10; ++end; break;
+    case 'M': shift = 20; ++end; break;
+    case 'G': shift = 30; ++end; break;
+    default: return false;
+  }
+  if (*end != 0 && !(std::toupper(static_cast<unsigned char>(*end)) == 'B' && end[1] == 0))
+    return false;
+  if (shift && v > (~0ull >> shift)) return false;
+  *out = static_cast<std::size_t>(v << shift);
+  return true;
+}
+
+std::size_t default_limit() {
+  std::size_t limit = std::size_t(1) << 30;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) limit = std::min(limit, std::size_t(pages) * std::size_t(page) / 4);
+  const char *env = std::getenv("RMSNORM_CACHE_LIMIT");
+  std::size_t v;
+  if (env && *env && parse_bytes(env, &v)) limit = v;
+  return limit;
+}
+
+bool huge_pages_wanted() {
+  const char *env = std::getenv("RMSNORM_NO_HUGEPAGES");
+  return !(env && *env && std::string_view(env) != "0");
+}
+
+/* Maps size bytes (a multiple of 2 MiB) at a 2 MiB-aligned address. */
+void *map_aligned(std::size_t size) {
+  std::size_t span = size + kHuge;
+  void *p = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  auto base = reinterpret_cast<std::uintptr_t>(p);
+  std::uintptr_t aligned = (base + kHuge - 1) & ~(std::uintptr_t(kHuge) - 1);
+  std::size_t head = aligned - base, tail = span - head - size;
+  if (head) munmap(p, head);
+  if (tail) munmap(reinterpret_cast<void *>(aligned + size), tail);
+  return reinterpret_cast<void *>(aligned);
+}
+
+class Cache {
+ public:
+  Cache() : limit_(default_limit()), huge_(huge_pages_wanted()) {}
+
+  Block *alloc(std::size_t nbytes) {
+    std::size_t size = round_up(std::max(nbytes, kCacheMinBytes), kHuge);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // the smallest free block that fits without wasting more than a fifth
+      std::size_t best = free_.size();
+      for (std::size_t i = 0; i < free_.size(); i++) {
+        std::size_t s = free_[i]->size;
+        if (s >= size && s - size <= std::max(kHuge, s / 5) &&
+            (best == free_.size() || s < free_[best]->size))
+          best = i;
+      }
+      if (best != free_.size()) {
+        Block *b = free_[best];
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+        cached_bytes_ -= b->size;
+        live_bytes_ += b->size;
+        live_blocks_++;
+        hits_++;
+        return b;
+      }
+    }
+    void *p = map_aligned(size);
+    if (!p) {  // give the cached blocks back and try once more
+      release();
+      p = map_aligned(size);
+      if (!p) return nullptr;
+    }
+    if (huge_) madvise(p, size, MADV_HUGEPAGE);  // advice: failure is harmless
+    Block *b = new (std::nothrow) Block{p, size};
+    if (!b) {
+      munmap(p, size);
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    live_bytes_ += size;
+    live_blocks_++;
+    misses_++;
+    return b;
+  }
+
+  void free(Block *b) {
+    std::vector<Block *> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_bytes_ -= b->size;
+      live_blocks_--;
+      if (b->size <= limit_) {
+        free_.push_back(b);  // most recently freed last
+        cached_bytes_ += b->size;
+        trim_locked(&evicted);
+      } else {
+        evicted.push_back(b);
+      }
+    }
+    unmap(evicted);
+  }
+
+  std::size_t set_limit(std::size_t bytes) {
+    std::vector<Block *> evicted;
+    std::size_t old;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      old = limit_;
+      limit_ = bytes;
+      trim_locked(&evicted);
+    }
+    unmap(evicted);
+    return old;
+  }
+
+  void release() {
+    std::vector<Block *> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      evicted.swap(free_);
+      cached_bytes_ = 0;
+    }
+    unmap(evicted);
+  }
+
+  CacheInfo info() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return CacheInfo{limit_, cached_bytes_, free_.size(), live_bytes_, live_blocks_, hits_,
+                     misses_};
+  }
+
+  // fork(): the child must not inherit the mutex locked by another thread.
+  void lock() { mu_.lock(); }
+  void unlock() { mu_.unlock(); }
+
+ private:
+  void trim_locked(std::vector<Block *> *evicted) {
+    std::size_t drop = 0;
+    while (cached_bytes_ > limit_ && drop < free_.size()) cached_bytes_ -= free_[drop++]->size;
+    evicted->insert(evicted->end(), free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(drop));
+    free_.erase(free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(drop));
+  }
+
+  static void unmap(const std::vector<Block *> &blocks) {
+    for (Block *b : blocks) {
+      munmap(b->data, b->size);
+      delete b;
+    }
+  }
+
+  std::mutex mu_;
+  std::vector<Block *> free_;
+  std::size_t limit_;
+  bool huge_;
+  std::size_t cached_bytes_ = 0, live_bytes_ = 0, live_blocks_ = 0;
+  std::uint64_t hits_ = 0, misses_ = 0;
+};
+
+/* Never destroyed: outputs may be freed during interpreter shutdown, after
+ * static destructors would have run. */
+Cache &cache() {
+  static Cache *c = new Cache();
+  return *c;
+}
+
+void before_fork() { cache().lock(); }
+void after_fork_parent() { cache().unlock(); }
+void after_fork_child() {
+  cache().unlock();
+  g_fork_generation.fetch_add(1);
+}
+
+struct AtFork {
+  AtFork() {
+    cache();
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+  }
+} g_at_fork;
+
+}  // namespace
+
+Block *block_alloc(std::size_t nbytes) { return cache().alloc(nbytes); }
+void *block_data(const Block *b) { return b->data; }
+void block_free(Block *b) {
+  if (b) cache().free(b);
+}
+CacheInfo cache_info() { return cache().info(); }
+std::size_t cache_set_limit(std::size_t bytes) { return cache().set_limit(bytes); }
+void cache_release() { cache().release(); }
+
+}  // namespace rnpy

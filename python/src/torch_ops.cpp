@@ -1,0 +1,1125 @@
+/* torch_ops.cpp - the rmsnorm:: torch ops: their schemas (TORCH_LIBRARY), the
+ * CPU kernels (core.hpp over tensors), the kernels that refuse tensors rmsnorm
+ * cannot take (CUDA and other devices, sparse, quantized: TypeError naming the
+ * op), and the autograd kernels. The fake (meta) kernels are in Python
+ * (rmsnorm/_torch_fake.py), used only when tracing.
+ *
+ * Autograd. Each differentiable op has an Autograd kernel: without a graph to
+ * record it goes straight to the CPU kernel; with one it runs a
+ * torch::autograd::Function whose backward calls the op's backward op through
+ * the dispatcher. A backward op is itself differentiable: when it is called
+ * with grad mode on and an input that requires grad (create_graph=True, as in
+ * gradient penalties and gradgradcheck), it differentiates a composition of
+ * aten ops that computes the forward (autograd of it, with create_graph), so
+ * gradients of any order exist; otherwise it runs the library's backward. */
+#include <torch/library.h>
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "core.hpp"
+#include "runtime.h"
+#include "torch_ops.h"
+
+namespace rnops {
+namespace {
+
+using rncore::Dims;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+/* ---- tensors as core.hpp sees them ---------------------------------------------------- */
+
+int code_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return RMSNORM_F32;
+    case at::kHalf: return RMSNORM_F16;
+    case at::kBFloat16: return RMSNORM_BF16;
+    case at::kDouble: return RMSNORM_F64;
+    default: return -1;
+  }
+}
+
+at::ScalarType scalar_type_of(int code) {
+  switch (code) {
+    case RMSNORM_F32: return at::kFloat;
+    case RMSNORM_F16: return at::kHalf;
+    case RMSNORM_BF16: return at::kBFloat16;
+    default: return at::kDouble;
+  }
+}
+
+/* torch's names: float32, bfloat16, complex64, int64, ... */
+std::string torch_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    case at::kComplexHalf: return "complex32";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    default: return c10::toString(t);
+  }
+}
+
+/* Large outputs come from the shared cache of warm blocks (runtime.h). */
+struct CacheAllocator final : c10::Allocator {
+  static void free_block(void *ctx) { rnpy::block_free(static_cast<rnpy::Block *>(ctx)); }
+  c10::DataPtr allocate(std::size_t n) override {
+    if (n < rnpy::kCacheMinBytes) return c10::GetCPUAllocator()->allocate(n);
+    rnpy::Block *b = rnpy::block_alloc(n);
+    TORCH_CHECK_WITH(OutOfMemoryError, b != nullptr, "rmsnorm: cannot allocate ", n,
+                     " bytes for an output");
+    return {rnpy::block_data(b), b, &free_block, c10::Device(c10::DeviceType::CPU)};
+  }
+  void copy_data(void *dest, const void *src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+CacheAllocator g_allocator;
+
+Tensor new_tensor(Dims shape, at::ScalarType t) {
+  std::size_t nbytes = static_cast<std::size_t>(rncore::prod(shape)) * c10::elementSize(t);
+  at::IntArrayRef sizes(shape.data(), shape.size());
+  if (nbytes < rnpy::kCacheMinBytes) return Tensor(at::detail::empty_cpu(sizes, t));
+  return Tensor(at::detail::empty_generic(sizes, &g_allocator,
+                                          c10::DispatchKeySet(c10::DispatchKey::CPU), t,
+                                          std::nullopt));
+}
+
+struct NoUnlock {};
+
+struct TorchBackend {
+  using Array = Tensor;
+  static bool defined(const Tensor &t) { return t.defined(); }
+  static int dtype(const Tensor &t) { return code_of(t.scalar_type()); }
+  static std::string dtype_name(const Tensor &t) { return torch_dtype_name(t.scalar_type()); }
+  static Dims shape(const Tensor &t) { return Dims(t.sizes().data(), t.sizes().size()); }
+  static bool is_contiguous(const Tensor &t) { return t.is_contiguous(); }
+  bool strides(const Tensor &t, Dims *out) {
+    *out = Dims(t.strides().data(), t.strides().size());
+    return true;
+  }
+  static void *ptr(const Tensor &t) { return t.data_ptr(); }
+  Tensor contiguous(const Tensor &t) {
+    Tensor c = new_tensor(shape(t), t.scalar_type());
+    c.copy_(t);
+    return c;
+  }
+  Tensor cast(const Tensor &t, int code) {
+    Tensor c = new_tensor(shape(t), scalar_type_of(code));
+    c.copy_(t);
+    return c;
+  }
+  Tensor empty(Dims s, int code) { return new_tensor(s, scalar_type_of(code)); }
+  Tensor full(Dims s, int code, double v) {
+    Tensor t = empty(s, code);
+    t.fill_(v);
+    return t;
+  }
+  Tensor empty_quant(Dims s, int qtype) {
+    return new_tensor(s, qtype == RMSNORM_Q_INT8 ? at::kChar : at::kFloat8_e4m3fn);
+  }
+  Tensor scalar_f32(float v) {
+    Tensor t = at::empty({}, at::TensorOptions().dtype(at::kFloat));
+    *t.data_ptr<float>() = v;
+    return t;
+  }
+  void writable(const Tensor &, const char *) {}  // tensors are written where they are
+  rmsnorm_context *context() {
+    rmsnorm_context *ctx = nullptr;
+    rncore::check(rnpy::thread_context(at::get_num_threads(), &ctx), "rmsnorm_context_create");
+    return ctx;
+  }
+  NoUnlock unlocked(std::size_t) { return {}; }
+};
+
+using B = TorchBackend;
+
+/* ---- errors ----------------------------------------------------------------------------- */
+
+[[noreturn]] void raise(const char *op, const rncore::Error &e) {
+  std::string msg = std::string("rmsnorm::") + op + ": " + e.message;
+  TORCH_CHECK_TYPE(e.kind != rncore::Kind::Type, msg);
+  TORCH_CHECK_WITH(OutOfMemoryError, e.kind != rncore::Kind::Memory, msg);
+  TORCH_CHECK_NOT_IMPLEMENTED(e.kind != rncore::Kind::NotAvailable, msg);
+  TORCH_CHECK_VALUE(false, msg);
+  throw std::logic_error(msg);  // not reached
+}
+
+/* Runs a kernel body, turning core errors into torch's exceptions. */
+template <class F>
+auto guarded(const char *op, F &&f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const rncore::Error &e) {
+    raise(op, e);
+  }
+}
+
+const char *layout_name(at::Layout l) {
+  switch (l) {
+    case at::kSparse: return "torch.sparse_coo";
+    case at::kSparseCsr: return "torch.sparse_csr";
+    case at::kSparseCsc: return "torch.sparse_csc";
+    case at::kSparseBsr: return "torch.sparse_bsr";
+    case at::kSparseBsc: return "torch.sparse_bsc";
+    case at::kMkldnn: return "torch._mkldnn";
+    case at::kJagged: return "torch.jagged";
+    default: return "not strided";
+  }
+}
+
+/* A tensor the kernels can read: on the CPU, dense, not quantized (the dtype
+ * is checked by core.hpp). A lazily negated view is made real. */
+Tensor take(const char *op, const Tensor &t, const char *what) {
+  TORCH_CHECK_TYPE(t.device().is_cpu(), "rmsnorm::", op, ": ", what, " is on device ", t.device(),
+                   "; rmsnorm runs on CPU tensors only (move it with .cpu(), or use torch's own "
+                   "norm on that device)");
+  TORCH_CHECK_TYPE(t.layout() == at::kStrided, "rmsnorm::", op, ": ", what, " has layout ",
+                   layout_name(t.layout()), "; rmsnorm takes dense (strided) tensors");
+  TORCH_CHECK_TYPE(!t.is_quantized(), "rmsnorm::", op, ": ", what, " is a quantized tensor (",
+                   torch_dtype_name(t.scalar_type()),
+                   "); rmsnorm takes float32, float16, bfloat16 or float64");
+  return t.is_neg() ? t.resolve_neg() : t;
+}
+
+Tensor take(const char *op, const OptTensor &t, const char *what) {
+  return t && t->defined() ? take(op, *t, what) : Tensor();
+}
+
+/* An output written in place (out=, in-place ops): taken as it is. */
+Tensor take_out(const char *op, const Tensor &t, const char *what) {
+  TORCH_CHECK_VALUE(!t.is_neg() && !t.is_conj(), "rmsnorm::", op, ": ", what,
+                    " is a lazily negated or conjugated view; rmsnorm cannot write it in place");
+  return take(op, t, what);
+}
+
+std::vector<int64_t> concrete(c10::SymIntArrayRef s) {
+  std::vector<int64_t> v;
+  v.reserve(s.size());
+  for (const c10::SymInt &i : s) v.push_back(i.guard_int(__FILE__, __LINE__));
+  return v;
+}
+
+rncore::Options options(OptDouble eps, double partial, bool offset, bool eps_outside,
+                        bool round_before_weight) {
+  rncore::Options o;
+  o.eps = eps;
+  o.partial = partial;
+  o.flags = rncore::flags_of(offset, eps_outside, round_before_weight);
+  return o;
+}
+
+Tensor opt(const Tensor &t, bool keep = true) { return keep ? t : Tensor(); }
+
+/* ---- CPU kernels ------------------------------------------------------------------------- */
+
+Tensor rms_norm_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                    OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
+                    double partial, bool rbw) {
+  return guarded("rms_norm", [&] {
+    B b;
+    auto norm = concrete(ns);
+    return rncore::forward(b, rncore::RMS, take("rms_norm", input, "input"), norm,
+                           take("rms_norm", weight, "weight"), take("rms_norm", bias, "bias"),
+                           options(eps, partial, offset, eps_outside, rbw), false, false)
+        .y;
+  });
+}
+
+void rms_norm_out_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                      OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
+                      double partial, bool rbw, const Tensor &out) {
+  guarded("rms_norm.out", [&] {
+    B b;
+    auto norm = concrete(ns);
+    Tensor o = take_out("rms_norm.out", out, "out");
+    rncore::forward(b, rncore::RMS, take("rms_norm.out", input, "input"), norm,
+                    take("rms_norm.out", weight, "weight"), take("rms_norm.out", bias, "bias"),
+                    options(eps, partial, offset, eps_outside, rbw), false, false, &o);
+  });
+}
+
+Tensor2 rms_norm_forward_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                             OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
+                             double partial, bool rbw) {
+  return guarded("rms_norm_forward", [&] {
+    B b;
+    auto norm = concrete(ns);
+    const char *op = "rms_norm_forward";
+    auto r = rncore::forward(b, rncore::RMS, take(op, input, "input"), norm,
+                             take(op, weight, "weight"), take(op, bias, "bias"),
+                             options(eps, partial, offset, eps_outside, rbw), false, true);
+    return Tensor2(r.y, r.rstd);
+  });
+}
+
+Tensor3 rms_norm_backward_cpu(const Tensor &dy, const Tensor &input, c10::SymIntArrayRef ns,
+                              const OptTensor &weight, const OptTensor &rstd, OptDouble eps,
+                              std::array<bool, 3> mask, const OptTensor &bias, bool offset,
+                              bool eps_outside, double partial) {
+  const char *op = "rms_norm_backward";
+  return guarded(op, [&] {
+    B b;
+    auto norm = concrete(ns);
+    auto g = rncore::backward(b, rncore::RMS, take(op, dy, "grad_output"), take(op, input, "input"),
+                              norm, take(op, weight, "weight"), take(op, bias, "bias"), Tensor(),
+                              take(op, rstd, "rstd"), options(eps, partial, offset, eps_outside, false),
+                              mask[1], mask[2]);
+    return Tensor3(opt(g.dx, mask[0]), g.dweight, g.dbias);
+  });
+}
+
+Tensor layer_norm_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                      const OptTensor &bias, OptDouble eps, bool offset, bool rbw) {
+  const char *op = "layer_norm";
+  return guarded(op, [&] {
+    B b;
+    auto norm = concrete(ns);
+    return rncore::forward(b, rncore::LAYER, take(op, input, "input"), norm, take(op, weight, "weight"),
+                           take(op, bias, "bias"), options(eps, 1.0, offset, false, rbw), false, false)
+        .y;
+  });
+}
+
+void layer_norm_out_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                        const OptTensor &bias, OptDouble eps, bool offset, bool rbw,
+                        const Tensor &out) {
+  const char *op = "layer_norm.out";
+  guarded(op, [&] {
+    B b;
+    auto norm = concrete(ns);
+    Tensor o = take_out(op, out, "out");
+    rncore::forward(b, rncore::LAYER, take(op, input, "input"), norm, take(op, weight, "weight"),
+                    take(op, bias, "bias"), options(eps, 1.0, offset, false, rbw), false, false, &o);
+  });
+}
+
+Tensor3 layer_norm_forward_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                               const OptTensor &bias, OptDouble eps, bool offset, bool rbw) {
+  const char *op = "layer_norm_forward";
+  return guarded(op, [&] {
+    B b;
+    auto norm = concrete(ns);
+    auto r = rncore::forward(b, rncore::LAYER, take(op, input, "input"), norm,
+                             take(op, weight, "weight"), take(op, bias, "bias"),
+                             options(eps, 1.0, offset, false, rbw), true, true);
+    return Tensor3(r.y, r.mean, r.rstd);
+  });
+}
+
+Tensor3 layer_norm_backward_cpu(const Tensor &dy, const Tensor &input, c10::SymIntArrayRef ns,
+                                const OptTensor &weight, const OptTensor &bias, const OptTensor &mean,
+                                const OptTensor &rstd, OptDouble eps, std::array<bool, 3> mask,
+                                bool offset) {
+  const char *op = "layer_norm_backward";
+  return guarded(op, [&] {
+    B b;
+    auto norm = concrete(ns);
+    auto g = rncore::backward(b, rncore::LAYER, take(op, dy, "grad_output"), take(op, input, "input"),
+                              norm, take(op, weight, "weight"), take(op, bias, "bias"),
+                              take(op, mean, "mean"), take(op, rstd, "rstd"),
+                              options(eps, 1.0, offset, false, false), mask[1], mask[2]);
+    return Tensor3(opt(g.dx, mask[0]), g.dweight, g.dbias);
+  });
+}
+
+Tensor2 fused_add_cpu(const Tensor &input, const Tensor &residual, c10::SymIntArrayRef ns,
+                      const OptTensor &weight, OptDouble eps, const OptTensor &bias, bool offset,
+                      bool eps_outside, double partial) {
+  const char *op = "fused_add_rms_norm";
+  return guarded(op, [&] {
+    B b;
+    auto norm = concrete(ns);
+    auto r = rncore::add_forward(b, take(op, input, "input"), take(op, residual, "residual"), norm,
+                                 take(op, weight, "weight"), take(op, bias, "bias"),
+                                 options(eps, partial, offset, eps_outside, false), false, false);
+    return Tensor2(r.y, r.h);
+  });
+}
+
+void fused_add_inplace_cpu(const Tensor &input, const Tensor &residual, c10::SymIntArrayRef ns,
+                           const OptTensor &weight, OptDouble eps, const OptTensor &bias,
+                           bool offset, bool eps_outside, double partial) {
+  const char *op = "fused_add_rms_norm_inplace";
+  guarded(op, [&] {
+    B b;
+    auto norm = concrete(ns);
+    rncore::add_forward(b, take_out(op, input, "input"), take_out(op, residual, "residual"), norm,
+                        take(op, weight, "weight"), take(op, bias, "bias"),
+                        options(eps, partial, offset, eps_outside, false), false, true);
+  });
+}
+
+Tensor3 fused_add_backward_cpu(const Tensor &dy, const OptTensor &dres, const Tensor &h,
+                               c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps,
+                               std::array<bool, 3> mask, const OptTensor &bias, bool offset,
+                               bool eps_outside, double partial) {
+  const char *op = "fused_add_rms_norm_backward";
+  return guarded(op, [&] {
+    B b;
+    auto norm = concrete(ns);
+    auto g = rncore::add_backward(b, take(op, dy, "grad_output"), take(op, dres, "grad_residual"),
+                                  take(op, h, "new_residual"), norm, take(op, weight, "weight"),
+                                  take(op, bias, "bias"), Tensor(),
+                                  options(eps, partial, offset, eps_outside, false), mask[1], mask[2]);
+    return Tensor3(opt(g.dx, mask[0]), g.dweight, g.dbias);
+  });
+}
+
+Tensor qk_norm_cpu(const Tensor &input, const OptTensor &weight, OptDouble eps,
+                   const OptTensor &bias, bool offset, bool eps_outside, double partial) {
+  const char *op = "qk_norm";
+  return guarded(op, [&] {
+    B b;
+    return rncore::qk_forward(b, take(op, input, "input"), take(op, weight, "weight"),
+                              take(op, bias, "bias"), options(eps, partial, offset, eps_outside, false),
+                              false, false)
+        .y;
+  });
+}
+
+void qk_norm_inplace_cpu(const Tensor &input, const OptTensor &weight, OptDouble eps,
+                         const OptTensor &bias, bool offset, bool eps_outside, double partial) {
+  const char *op = "qk_norm_inplace";
+  guarded(op, [&] {
+    B b;
+    rncore::qk_forward(b, take_out(op, input, "input"), take(op, weight, "weight"),
+                       take(op, bias, "bias"), options(eps, partial, offset, eps_outside, false),
+                       false, true);
+  });
+}
+
+Tensor3 qk_norm_backward_cpu(const Tensor &dy, const Tensor &input, const OptTensor &weight,
+                             OptDouble eps, std::array<bool, 3> mask, const OptTensor &bias,
+                             bool offset, bool eps_outside, double partial) {
+  const char *op = "qk_norm_backward";
+  return guarded(op, [&] {
+    B b;
+    auto g = rncore::qk_backward(b, take(op, dy, "grad_output"), take(op, input, "input"),
+                                 take(op, weight, "weight"), take(op, bias, "bias"), Tensor(),
+                                 options(eps, partial, offset, eps_outside, false), mask[1], mask[2]);
+    return Tensor3(opt(g.dx, mask[0]), g.dweight, g.dbias);
+  });
+}
+
+template <rmsnorm_qtype Q>
+Tensor2 quant_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                  OptDouble eps, const OptTensor &bias, OptDouble scale, bool offset,
+                  bool eps_outside, double partial) {
+  const char *op = Q == RMSNORM_Q_INT8 ? "rms_norm_int8" : "rms_norm_fp8";
+  return guarded(op, [&] {
+    B b;
+    auto norm = concrete(ns);
+    auto r = rncore::forward_quant(b, Q, take(op, input, "input"), norm, take(op, weight, "weight"),
+                                   take(op, bias, "bias"),
+                                   options(eps, partial, offset, eps_outside, false), scale);
+    return Tensor2(r.q, r.scale);
+  });
+}
+
+Tensor linear_cpu(const Tensor &input, const Tensor &w, const OptTensor &g, OptDouble eps,
+                  const OptTensor &bias, bool offset, bool eps_outside, double partial) {
+  const char *op = "rms_norm_linear";
+  return guarded(op, [&] {
+    B b;
+    auto o = options(eps, partial, offset, eps_outside, false);
+    auto a = rncore::linear_args(b, take(op, input, "input"), take(op, w, "weight_matrix"),
+                                 take(op, g, "norm_weight"), take(op, bias, "bias"));
+    Tensor wf = rncore::fold(b, a, o);
+    return rncore::linear_forward(b, a, wf, o, false).first;
+  });
+}
+
+Tensor4 linear_backward_cpu(const Tensor &dz, const Tensor &input, const Tensor &w,
+                            const OptTensor &g, OptDouble eps, const OptTensor &bias, bool offset,
+                            std::array<bool, 4> mask, bool eps_outside, double partial) {
+  const char *op = "rms_norm_linear_backward";
+  return guarded(op, [&] {
+    B b;
+    auto o = options(eps, partial, offset, eps_outside, false);
+    auto a = rncore::linear_args(b, take(op, input, "input"), take(op, w, "weight_matrix"),
+                                 take(op, g, "norm_weight"), take(op, bias, "bias"));
+    Tensor wf = rncore::fold(b, a, o);
+    auto gr = rncore::linear_backward(b, a, wf, take(op, dz, "grad_output"), o, mask[2], mask[1],
+                                      mask[3]);
+    return Tensor4(opt(gr.dx, mask[0]), gr.dw, gr.dg, gr.db);
+  });
+}
+
+/* ---- the backward, composed of aten ops (for gradients of gradients) ------------------- */
+
+/* k = ceil(partial * d) within [1, d], as the library computes it (rmsnorm.h). */
+int64_t partial_k(double partial, int64_t d) {
+  double kd = std::ceil(partial * static_cast<double>(d));
+  if (kd < 1) return 1;
+  if (kd >= static_cast<double>(d)) return d;
+  return static_cast<int64_t>(kd);
+}
+
+double eps_value(OptDouble eps, const Tensor &x) {
+  if (eps) return *eps;
+  double e = 0;
+  rmsnorm_default_eps(static_cast<rmsnorm_dtype>(std::max(0, code_of(x.scalar_type()))), &e);
+  return e;
+}
+
+at::ScalarType opmath(const Tensor &x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+/* A norm's rows as aten ops in float32 (float64 for float64 data): x viewed as
+ * (*, d), r (the rstd, (*, 1)) and xhat = (x - mean) r, mean 0 for RMSNorm; r is
+ * computed from x, so a graph through it sees its dependence on x. */
+struct NormRows {
+  Tensor rows, r, rho, xhat;  // rho = sqrt(mean(x^2)): eps outside only
+  int64_t d = 0, k = 0;       // k: the statistic's elements (pRMSNorm)
+};
+
+NormRows norm_rows(rncore::Norm kind, const Tensor &x, int64_t nk, double eps, bool eps_outside,
+                   double partial) {
+  NormRows n;
+  n.rows = x.to(opmath(x)).flatten(x.dim() - nk);
+  n.d = n.k = n.rows.size(-1);
+  if (kind == rncore::LAYER) {
+    Tensor c = n.rows - n.rows.mean(-1, true);
+    n.r = (c.square().mean(-1, true) + eps).rsqrt();
+    n.xhat = c * n.r;
+    return n;
+  }
+  n.k = partial_k(partial, n.d);
+  Tensor ms = (n.k == n.d ? n.rows : n.rows.narrow(-1, 0, n.k)).square().mean(-1, true);
+  if (eps_outside) {
+    n.rho = ms.sqrt();
+    n.r = (n.rho + eps).reciprocal();
+  } else {
+    n.r = (ms + eps).rsqrt();
+  }
+  n.xhat = n.rows * n.r;
+  return n;
+}
+
+/* (dx, dweight, dbias) of the norm of x over its last k dims for upstream dy,
+ * with aten ops, so that autograd records them and can differentiate the
+ * gradients again. The formulas are the library's (src/ref/norm_ref.inc). */
+Tensor3 backward_composite(rncore::Norm kind, const Tensor &dy, const Tensor &x, int64_t k,
+                           const Tensor &w, const Tensor &b, double eps, bool offset,
+                           bool eps_outside, double partial, std::array<bool, 3> mask) {
+  at::ScalarType t = opmath(x);
+  NormRows n = norm_rows(kind, x, k, eps, eps_outside, partial);
+  Tensor g = dy.to(t).flatten(x.dim() - k);  // (*, d)
+  Tensor gy = w.defined() ? g * (offset ? w.to(t) + 1 : w.to(t)).flatten() : g;
+  Tensor dx, dw, db;
+  if (mask[0]) {
+    if (kind == rncore::LAYER) {
+      dx = n.r * (gy - gy.mean(-1, true) - n.xhat * (gy * n.xhat).mean(-1, true));
+    } else {  // c from B = sum gy xhat; only the statistic's k elements take the xhat c term
+      Tensor B = (gy * n.xhat).sum(-1, true);
+      auto kd = static_cast<double>(n.k);
+      Tensor c = eps_outside ? at::where(n.rho > 0, B / (kd * n.rho * n.r), at::zeros_like(B))
+                             : B / kd;
+      Tensor xs = n.k < n.d ? n.xhat * (at::arange(n.d, n.rows.options()) < n.k).to(t) : n.xhat;
+      dx = n.r * (gy - xs * c);
+    }
+    dx = dx.reshape_symint(x.sym_sizes()).to(x.scalar_type());
+  }
+  auto norm_shape = x.sym_sizes().slice(static_cast<std::size_t>(x.dim() - k));
+  if (mask[1] && w.defined())
+    dw = (g * n.xhat).reshape({-1, n.d}).sum(0).reshape_symint(norm_shape).to(w.scalar_type());
+  if (mask[2] && b.defined())
+    db = g.reshape({-1, n.d}).sum(0).reshape_symint(norm_shape).to(b.scalar_type());
+  return Tensor3(dx, dw, db);
+}
+
+bool grad_needed(std::initializer_list<const Tensor *> ts) {
+  if (!c10::GradMode::is_enabled()) return false;
+  for (const Tensor *t : ts)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+Tensor value(const OptTensor &t) { return t ? *t : Tensor(); }
+OptTensor opt_of(const Tensor &t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+
+/* ---- autograd: forward ops ---------------------------------------------------------------- */
+
+using Guard = at::AutoDispatchBelowADInplaceOrView;
+
+/* The edge index of each optional tensor argument (for needs_input_grad):
+ * edges are the defined tensor arguments in order. */
+struct Edges {
+  int idx[4] = {-1, -1, -1, -1};
+  Edges(std::initializer_list<bool> defined) {
+    int e = 0, i = 0;
+    for (bool d : defined) idx[i++] = d ? e++ : -1;
+  }
+};
+
+bool needs(AutogradContext *ctx, int64_t edge) { return edge >= 0 && ctx->needs_input_grad(edge); }
+
+/* RMSNorm: forward(input, normalized_shape, weight, eps, bias, offset, eps_outside, partial,
+ * round_before_weight) -> (y, rstd). */
+struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
+  static variable_list forward(AutogradContext *ctx, const Tensor &input, c10::SymIntArrayRef ns,
+                               const OptTensor &weight, OptDouble eps, const OptTensor &bias,
+                               bool offset, bool eps_outside, double partial, bool rbw) {
+    RN_OP(fwd, RmsNormForwardSig, "rmsnorm::rms_norm_forward", "");
+    Guard guard;
+    auto [y, rstd] = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+    Edges e{true, weight.has_value() && weight->defined(), bias.has_value() && bias->defined()};
+    ctx->save_for_backward({input, value(weight), value(bias), rstd});
+    ctx->saved_data["k"] = static_cast<int64_t>(ns.size());
+    ctx->saved_data["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
+    ctx->saved_data["flags"] = c10::IValue(std::vector<bool>{offset, eps_outside});
+    ctx->saved_data["partial"] = partial;
+    ctx->saved_data["edges"] = std::vector<int64_t>{e.idx[1], e.idx[2]};
+    ctx->mark_non_differentiable({rstd});
+    return {y, rstd};
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    RN_OP(bwd, RmsNormBackwardSig, "rmsnorm::rms_norm_backward", "");
+    auto s = ctx->get_saved_variables();
+    const Tensor &x = s[0];
+    auto k = ctx->saved_data["k"].toInt();
+    auto eps = ctx->saved_data["eps"];
+    auto flags = ctx->saved_data["flags"].toBoolList();
+    auto edges = ctx->saved_data["edges"].toIntVector();
+    std::array<bool, 3> mask{ctx->needs_input_grad(0), needs(ctx, edges[0]), needs(ctx, edges[1])};
+    auto ns = x.sym_sizes().slice(static_cast<std::size_t>(x.dim() - k));
+    // the backward treats rounding before the weight as the identity
+    auto [dx, dw, db] = bwd.call(grads[0], x, ns, opt_of(s[1]), opt_of(s[3]),
+                                 eps.isNone() ? OptDouble() : OptDouble(eps.toDouble()), mask,
+                                 opt_of(s[2]), flags[0], flags[1], ctx->saved_data["partial"].toDouble());
+    return {dx, Tensor(), dw, Tensor(), db, Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+Tensor rms_norm_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                         OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
+                         double partial, bool rbw) {
+  Tensor w = value(weight), b = value(bias);
+  if (grad_needed({&input, &w, &b}))
+    return RmsNormFn::apply(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw)[0];
+  RN_OP(fwd, RmsNormSig, "rmsnorm::rms_norm", "");
+  Guard guard;
+  return fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+}
+
+Tensor2 rms_norm_forward_autograd(const Tensor &input, c10::SymIntArrayRef ns,
+                                  const OptTensor &weight, OptDouble eps, const OptTensor &bias,
+                                  bool offset, bool eps_outside, double partial, bool rbw) {
+  Tensor w = value(weight), b = value(bias);
+  if (grad_needed({&input, &w, &b})) {
+    auto r = RmsNormFn::apply(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+    return Tensor2(r[0], r[1]);
+  }
+  RN_OP(fwd, RmsNormForwardSig, "rmsnorm::rms_norm_forward", "");
+  Guard guard;
+  return fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+}
+
+/* LayerNorm: forward(input, normalized_shape, weight, bias, eps, offset, round_before_weight)
+ * -> (y, mean, rstd). */
+struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
+  static variable_list forward(AutogradContext *ctx, const Tensor &input, c10::SymIntArrayRef ns,
+                               const OptTensor &weight, const OptTensor &bias, OptDouble eps,
+                               bool offset, bool rbw) {
+    RN_OP(fwd, LayerNormForwardSig, "rmsnorm::layer_norm_forward", "");
+    Guard guard;
+    auto [y, mean, rstd] = fwd.call(input, ns, weight, bias, eps, offset, rbw);
+    Edges e{true, weight.has_value() && weight->defined(), bias.has_value() && bias->defined()};
+    ctx->save_for_backward({input, value(weight), value(bias), mean, rstd});
+    ctx->saved_data["k"] = static_cast<int64_t>(ns.size());
+    ctx->saved_data["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["edges"] = std::vector<int64_t>{e.idx[1], e.idx[2]};
+    ctx->mark_non_differentiable({mean, rstd});
+    return {y, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    RN_OP(bwd, LayerNormBackwardSig, "rmsnorm::layer_norm_backward", "");
+    auto s = ctx->get_saved_variables();
+    const Tensor &x = s[0];
+    auto k = ctx->saved_data["k"].toInt();
+    auto eps = ctx->saved_data["eps"];
+    auto edges = ctx->saved_data["edges"].toIntVector();
+    std::array<bool, 3> mask{ctx->needs_input_grad(0), needs(ctx, edges[0]), needs(ctx, edges[1])};
+    auto ns = x.sym_sizes().slice(static_cast<std::size_t>(x.dim() - k));
+    auto [dx, dw, db] = bwd.call(grads[0], x, ns, opt_of(s[1]), opt_of(s[2]), opt_of(s[3]),
+                                 opt_of(s[4]), eps.isNone() ? OptDouble() : OptDouble(eps.toDouble()),
+                                 mask, ctx->saved_data["offset"].toBool());
+    return {dx, Tensor(), dw, db, Tensor(), Tensor(), Tensor()};
+  }
+};
+
+Tensor layer_norm_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                           const OptTensor &bias, OptDouble eps, bool offset, bool rbw) {
+  Tensor w = value(weight), b = value(bias);
+  if (grad_needed({&input, &w, &b}))
+    return LayerNormFn::apply(input, ns, weight, bias, eps, offset, rbw)[0];
+  RN_OP(fwd, LayerNormSig, "rmsnorm::layer_norm", "");
+  Guard guard;
+  return fwd.call(input, ns, weight, bias, eps, offset, rbw);
+}
+
+Tensor3 layer_norm_forward_autograd(const Tensor &input, c10::SymIntArrayRef ns,
+                                    const OptTensor &weight, const OptTensor &bias, OptDouble eps,
+                                    bool offset, bool rbw) {
+  Tensor w = value(weight), b = value(bias);
+  if (grad_needed({&input, &w, &b})) {
+    auto r = LayerNormFn::apply(input, ns, weight, bias, eps, offset, rbw);
+    return Tensor3(r[0], r[1], r[2]);
+  }
+  RN_OP(fwd, LayerNormForwardSig, "rmsnorm::layer_norm_forward", "");
+  Guard guard;
+  return fwd.call(input, ns, weight, bias, eps, offset, rbw);
+}
+
+/* Residual add + RMSNorm: forward(input, residual, normalized_shape, weight, eps, bias, offset,
+ * eps_outside, partial) -> (y, new_residual). Both input and residual get the gradient
+ * dres + the norm's backward at new_residual. */
+struct FusedAddFn : torch::autograd::Function<FusedAddFn> {
+  static variable_list forward(AutogradContext *ctx, const Tensor &input, const Tensor &residual,
+                               c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps,
+                               const OptTensor &bias, bool offset, bool eps_outside, double partial) {
+    RN_OP(fwd, FusedAddSig, "rmsnorm::fused_add_rms_norm", "");
+    Guard guard;
+    auto [y, h] = fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
+    Edges e{true, true, weight.has_value() && weight->defined(), bias.has_value() && bias->defined()};
+    ctx->save_for_backward({h, value(weight), value(bias)});
+    ctx->saved_data["k"] = static_cast<int64_t>(ns.size());
+    ctx->saved_data["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
+    ctx->saved_data["flags"] = c10::IValue(std::vector<bool>{offset, eps_outside});
+    ctx->saved_data["partial"] = partial;
+    ctx->saved_data["edges"] = std::vector<int64_t>{e.idx[2], e.idx[3]};
+    ctx->set_materialize_grads(false);  // an unused new_residual passes no gradient at all
+    return {y, h};
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    RN_OP(bwd, FusedAddBackwardSig, "rmsnorm::fused_add_rms_norm_backward", "");
+    auto s = ctx->get_saved_variables();
+    const Tensor &h = s[0];
+    auto k = ctx->saved_data["k"].toInt();
+    auto eps = ctx->saved_data["eps"];
+    auto flags = ctx->saved_data["flags"].toBoolList();
+    auto edges = ctx->saved_data["edges"].toIntVector();
+    bool need_x = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
+    std::array<bool, 3> mask{need_x, needs(ctx, edges[0]), needs(ctx, edges[1])};
+    Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(h);
+    auto ns = h.sym_sizes().slice(static_cast<std::size_t>(h.dim() - k));
+    auto [dh, dw, db] = bwd.call(dy, opt_of(grads[1]), h, ns, opt_of(s[1]),
+                                 eps.isNone() ? OptDouble() : OptDouble(eps.toDouble()), mask,
+                                 opt_of(s[2]), flags[0], flags[1], ctx->saved_data["partial"].toDouble());
+    // one gradient, given to both: the same values, not one tensor
+    Tensor du = ctx->needs_input_grad(0) && ctx->needs_input_grad(1) ? dh.clone() : dh;
+    return {du, dh, Tensor(), dw, Tensor(), db, Tensor(), Tensor(), Tensor()};
+  }
+};
+
+Tensor2 fused_add_autograd(const Tensor &input, const Tensor &residual, c10::SymIntArrayRef ns,
+                           const OptTensor &weight, OptDouble eps, const OptTensor &bias,
+                           bool offset, bool eps_outside, double partial) {
+  Tensor w = value(weight), b = value(bias);
+  if (grad_needed({&input, &residual, &w, &b})) {
+    auto r = FusedAddFn::apply(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
+    return Tensor2(r[0], r[1]);
+  }
+  RN_OP(fwd, FusedAddSig, "rmsnorm::fused_add_rms_norm", "");
+  Guard guard;
+  return fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
+}
+
+/* QK-norm: forward(input, weight, eps, bias, offset, eps_outside, partial) -> y. */
+struct QkNormFn : torch::autograd::Function<QkNormFn> {
+  static variable_list forward(AutogradContext *ctx, const Tensor &input, const OptTensor &weight,
+                               OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
+                               double partial) {
+    RN_OP(fwd, QkNormSig, "rmsnorm::qk_norm", "");
+    Guard guard;
+    Tensor y = fwd.call(input, weight, eps, bias, offset, eps_outside, partial);
+    Edges e{true, weight.has_value() && weight->defined(), bias.has_value() && bias->defined()};
+    ctx->save_for_backward({input, value(weight), value(bias)});
+    ctx->saved_data["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
+    ctx->saved_data["flags"] = c10::IValue(std::vector<bool>{offset, eps_outside});
+    ctx->saved_data["partial"] = partial;
+    ctx->saved_data["edges"] = std::vector<int64_t>{e.idx[1], e.idx[2]};
+    return {y};
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    RN_OP(bwd, QkNormBackwardSig, "rmsnorm::qk_norm_backward", "");
+    auto s = ctx->get_saved_variables();
+    auto eps = ctx->saved_data["eps"];
+    auto flags = ctx->saved_data["flags"].toBoolList();
+    auto edges = ctx->saved_data["edges"].toIntVector();
+    std::array<bool, 3> mask{ctx->needs_input_grad(0), needs(ctx, edges[0]), needs(ctx, edges[1])};
+    auto [dx, dw, db] = bwd.call(grads[0], s[0], opt_of(s[1]),
+                                 eps.isNone() ? OptDouble() : OptDouble(eps.toDouble()), mask,
+                                 opt_of(s[2]), flags[0], flags[1], ctx->saved_data["partial"].toDouble());
+    return {dx, dw, Tensor(), db, Tensor(), Tensor(), Tensor()};
+  }
+};
+
+Tensor qk_norm_autograd(const Tensor &input, const OptTensor &weight, OptDouble eps,
+                        const OptTensor &bias, bool offset, bool eps_outside, double partial) {
+  Tensor w = value(weight), b = value(bias);
+  if (grad_needed({&input, &w, &b}))
+    return QkNormFn::apply(input, weight, eps, bias, offset, eps_outside, partial)[0];
+  RN_OP(fwd, QkNormSig, "rmsnorm::qk_norm", "");
+  Guard guard;
+  return fwd.call(input, weight, eps, bias, offset, eps_outside, partial);
+}
+
+/* RMSNorm + linear: forward(input, weight_matrix, norm_weight, eps, bias, offset, eps_outside,
+ * partial) -> z. */
+struct LinearFn : torch::autograd::Function<LinearFn> {
+  static variable_list forward(AutogradContext *ctx, const Tensor &input, const Tensor &w,
+                               const OptTensor &g, OptDouble eps, const OptTensor &bias, bool offset,
+                               bool eps_outside, double partial) {
+    RN_OP(fwd, LinearSig, "rmsnorm::rms_norm_linear", "");
+    Guard guard;
+    Tensor z = fwd.call(input, w, g, eps, bias, offset, eps_outside, partial);
+    Edges e{true, true, g.has_value() && g->defined(), bias.has_value() && bias->defined()};
+    ctx->save_for_backward({input, w, value(g), value(bias)});
+    ctx->saved_data["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
+    ctx->saved_data["flags"] = c10::IValue(std::vector<bool>{offset, eps_outside});
+    ctx->saved_data["partial"] = partial;
+    ctx->saved_data["edges"] = std::vector<int64_t>{e.idx[2], e.idx[3]};
+    return {z};
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    RN_OP(bwd, LinearBackwardSig, "rmsnorm::rms_norm_linear_backward", "");
+    auto s = ctx->get_saved_variables();
+    auto eps = ctx->saved_data["eps"];
+    auto flags = ctx->saved_data["flags"].toBoolList();
+    auto edges = ctx->saved_data["edges"].toIntVector();
+    std::array<bool, 4> mask{ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                             needs(ctx, edges[0]), needs(ctx, edges[1])};
+    auto [dx, dw, dg, db] = bwd.call(grads[0], s[0], s[1], opt_of(s[2]),
+                                     eps.isNone() ? OptDouble() : OptDouble(eps.toDouble()),
+                                     opt_of(s[3]), flags[0], mask, flags[1],
+                                     ctx->saved_data["partial"].toDouble());
+    return {dx, dw, dg, Tensor(), db, Tensor(), Tensor(), Tensor()};
+  }
+};
+
+Tensor linear_autograd(const Tensor &input, const Tensor &w, const OptTensor &g, OptDouble eps,
+                       const OptTensor &bias, bool offset, bool eps_outside, double partial) {
+  Tensor gg = value(g), b = value(bias);
+  if (grad_needed({&input, &w, &gg, &b}))
+    return LinearFn::apply(input, w, g, eps, bias, offset, eps_outside, partial)[0];
+  RN_OP(fwd, LinearSig, "rmsnorm::rms_norm_linear", "");
+  Guard guard;
+  return fwd.call(input, w, g, eps, bias, offset, eps_outside, partial);
+}
+
+/* ---- autograd: backward ops (differentiable through the aten composition) ------------- */
+
+Tensor3 rms_norm_backward_autograd(const Tensor &dy, const Tensor &input, c10::SymIntArrayRef ns,
+                                   const OptTensor &weight, const OptTensor &rstd, OptDouble eps,
+                                   std::array<bool, 3> mask, const OptTensor &bias, bool offset,
+                                   bool eps_outside, double partial) {
+  Tensor w = value(weight), b = value(bias);
+  if (!grad_needed({&dy, &input, &w, &b})) {
+    RN_OP(bwd, RmsNormBackwardSig, "rmsnorm::rms_norm_backward", "");
+    Guard guard;
+    return bwd.call(dy, input, ns, weight, rstd, eps, mask, bias, offset, eps_outside, partial);
+  }
+  return backward_composite(rncore::RMS, dy, input, static_cast<int64_t>(ns.size()), w, b,
+                            eps_value(eps, input), offset, eps_outside, partial, mask);
+}
+
+Tensor3 layer_norm_backward_autograd(const Tensor &dy, const Tensor &input, c10::SymIntArrayRef ns,
+                                     const OptTensor &weight, const OptTensor &bias,
+                                     const OptTensor &mean, const OptTensor &rstd, OptDouble eps,
+                                     std::array<bool, 3> mask, bool offset) {
+  Tensor w = value(weight), b = value(bias);
+  if (!grad_needed({&dy, &input, &w, &b})) {
+    RN_OP(bwd, LayerNormBackwardSig, "rmsnorm::layer_norm_backward", "");
+    Guard guard;
+    return bwd.call(dy, input, ns, weight, bias, mean, rstd, eps, mask, offset);
+  }
+  return backward_composite(rncore::LAYER, dy, input, static_cast<int64_t>(ns.size()), w, b,
+                            eps_value(eps, input), offset, false, 1.0, mask);
+}
+
+Tensor3 fused_add_backward_autograd(const Tensor &dy, const OptTensor &dres, const Tensor &h,
+                                    c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps,
+                                    std::array<bool, 3> mask, const OptTensor &bias, bool offset,
+                                    bool eps_outside, double partial) {
+  Tensor w = value(weight), b = value(bias), r = value(dres);
+  if (!grad_needed({&dy, &r, &h, &w, &b})) {
+    RN_OP(bwd, FusedAddBackwardSig, "rmsnorm::fused_add_rms_norm_backward", "");
+    Guard guard;
+    return bwd.call(dy, dres, h, ns, weight, eps, mask, bias, offset, eps_outside, partial);
+  }
+  auto [dx, dw, db] = backward_composite(rncore::RMS, dy, h, static_cast<int64_t>(ns.size()), w, b,
+                                         eps_value(eps, h), offset, eps_outside, partial, mask);
+  if (dx.defined() && r.defined()) dx = dx + r;
+  return Tensor3(dx, dw, db);
+}
+
+Tensor3 qk_norm_backward_autograd(const Tensor &dy, const Tensor &input, const OptTensor &weight,
+                                  OptDouble eps, std::array<bool, 3> mask, const OptTensor &bias,
+                                  bool offset, bool eps_outside, double partial) {
+  Tensor w = value(weight), b = value(bias);
+  if (!grad_needed({&dy, &input, &w, &b})) {
+    RN_OP(bwd, QkNormBackwardSig, "rmsnorm::qk_norm_backward", "");
+    Guard guard;
+    return bwd.call(dy, input, weight, eps, mask, bias, offset, eps_outside, partial);
+  }
+  return backward_composite(rncore::RMS, dy, input, 1, w, b, eps_value(eps, input), offset,
+                            eps_outside, partial, mask);
+}
+
+/* Z = (xhat * w) W + bias: dY = dZ W^T is the norm's upstream gradient,
+ * dW = Y^T dZ with Y = xhat * w, dbias = the sum of dZ over rows. */
+Tensor4 linear_backward_autograd(const Tensor &dz, const Tensor &input, const Tensor &w,
+                                 const OptTensor &g, OptDouble eps, const OptTensor &bias,
+                                 bool offset, std::array<bool, 4> mask, bool eps_outside,
+                                 double partial) {
+  Tensor gg = value(g), b = value(bias);
+  if (!grad_needed({&dz, &input, &w, &gg, &b})) {
+    RN_OP(bwd, LinearBackwardSig, "rmsnorm::rms_norm_linear_backward", "");
+    Guard guard;
+    return bwd.call(dz, input, w, g, eps, bias, offset, mask, eps_outside, partial);
+  }
+  at::ScalarType t = opmath(input);
+  double e = eps_value(eps, input);
+  Tensor dzt = dz.to(t).reshape({-1, w.size(1)});  // (rows, n)
+  Tensor dY = at::matmul(dzt, w.to(t).t()).reshape_symint(input.sym_sizes());
+  auto [dx, dg, unused] = backward_composite(rncore::RMS, dY, input, 1, gg, Tensor(), e, offset,
+                                             eps_outside, partial, {mask[0], mask[2], false});
+  Tensor dW, db;
+  if (mask[1]) {
+    NormRows n = norm_rows(rncore::RMS, input, 1, e, eps_outside, partial);
+    Tensor Y = n.xhat.reshape({-1, n.d});
+    if (gg.defined()) Y = Y * (offset ? gg.to(t) + 1 : gg.to(t));
+    dW = at::matmul(Y.t(), dzt).to(w.scalar_type());
+  }
+  if (mask[3] && b.defined()) db = dzt.sum(0).to(b.scalar_type());
+  return Tensor4(dx, dW, dg, db);
+}
+
+/* ---- autograd: the others ------------------------------------------------------------------- */
+
+/* Ops that write into their arguments do not take part in autograd; they bump
+ * the written tensors' version counters, as any in-place op. */
+void refuse_grad(const char *op, std::initializer_list<const Tensor *> ts) {
+  TORCH_CHECK_VALUE(!grad_needed(ts), "rmsnorm::", op,
+                    ": writing in place (out=, inplace=True) does not take part in autograd; call "
+                    "it under torch.no_grad() or with tensors that do not require grad");
+}
+
+void rms_norm_out_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                           OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
+                           double partial, bool rbw, const Tensor &out) {
+  Tensor w = value(weight), b = value(bias);
+  refuse_grad("rms_norm.out", {&input, &w, &b, &out});
+  {
+    RN_OP(fwd, RmsNormOutSig, "rmsnorm::rms_norm", "out");
+    Guard guard;
+    fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw, out);
+  }
+  torch::autograd::impl::bump_version(out);
+}
+
+void layer_norm_out_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                             const OptTensor &bias, OptDouble eps, bool offset, bool rbw,
+                             const Tensor &out) {
+  Tensor w = value(weight), b = value(bias);
+  refuse_grad("layer_norm.out", {&input, &w, &b, &out});
+  {
+    RN_OP(fwd, LayerNormOutSig, "rmsnorm::layer_norm", "out");
+    Guard guard;
+    fwd.call(input, ns, weight, bias, eps, offset, rbw, out);
+  }
+  torch::autograd::impl::bump_version(out);
+}
+
+void fused_add_inplace_autograd(const Tensor &input, const Tensor &residual, c10::SymIntArrayRef ns,
+                                const OptTensor &weight, OptDouble eps, const OptTensor &bias,
+                                bool offset, bool eps_outside, double partial) {
+  Tensor w = value(weight), b = value(bias);
+  refuse_grad("fused_add_rms_norm_inplace", {&input, &residual, &w, &b});
+  {
+    RN_OP(fwd, FusedAddInplaceSig, "rmsnorm::fused_add_rms_norm_inplace", "");
+    Guard guard;
+    fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
+  }
+  torch::autograd::impl::bump_version(input);
+  torch::autograd::impl::bump_version(residual);
+}
+
+void qk_norm_inplace_autograd(const Tensor &input, const OptTensor &weight, OptDouble eps,
+                              const OptTensor &bias, bool offset, bool eps_outside, double partial) {
+  Tensor w = value(weight), b = value(bias);
+  refuse_grad("qk_norm_inplace", {&input, &w, &b});
+  {
+    RN_OP(fwd, QkNormInplaceSig, "rmsnorm::qk_norm_inplace", "");
+    Guard guard;
+    fwd.call(input, weight, eps, bias, offset, eps_outside, partial);
+  }
+  torch::autograd::impl::bump_version(input);
+}
+
+/* 8-bit outputs have no gradient. */
+template <rmsnorm_qtype Q>
+Tensor2 quant_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                       OptDouble eps, const OptTensor &bias, OptDouble scale, bool offset,
+                       bool eps_outside, double partial) {
+  RN_OP(i8, QuantSig, "rmsnorm::rms_norm_int8", "");
+  RN_OP(f8, QuantSig, "rmsnorm::rms_norm_fp8", "");
+  Guard guard;
+  return (Q == RMSNORM_Q_INT8 ? i8 : f8)
+      .call(input, ns, weight, eps, bias, scale, offset, eps_outside, partial);
+}
+
+}  // namespace
+}  // namespace rnops
+
+/* ---- registration ------------------------------------------------------------------------- */
+
+#define RMS_KW "*, Tensor? bias=None, bool offset=False, bool eps_outside=False, float partial=1.0"
+
+TORCH_LIBRARY(rmsnorm, m) {
+  // The fake kernels and this library's Python side live there (imported when an op is
+  // first traced).
+  m.set_python_module("rmsnorm._torch_fake");
+  m.def("rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None, "
+        RMS_KW ", bool round_before_weight=False) -> Tensor");
+  m.def("rms_norm.out(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
+        "float? eps=None, " RMS_KW ", bool round_before_weight=False, Tensor(a!) out) -> ()");
+  m.def("rms_norm_forward(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
+        "float? eps=None, " RMS_KW ", bool round_before_weight=False) -> (Tensor output, "
+        "Tensor rstd)");
+  m.def("rms_norm_backward(Tensor grad_output, Tensor input, SymInt[] normalized_shape, "
+        "Tensor? weight, Tensor? rstd, float? eps, bool[3] output_mask, " RMS_KW
+        ") -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  m.def("layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
+        "Tensor? bias=None, float? eps=1e-05, *, bool offset=False, "
+        "bool round_before_weight=False) -> Tensor");
+  m.def("layer_norm.out(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
+        "Tensor? bias=None, float? eps=1e-05, *, bool offset=False, "
+        "bool round_before_weight=False, Tensor(a!) out) -> ()");
+  m.def("layer_norm_forward(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
+        "Tensor? bias=None, float? eps=1e-05, *, bool offset=False, "
+        "bool round_before_weight=False) -> (Tensor output, Tensor mean, Tensor rstd)");
+  m.def("layer_norm_backward(Tensor grad_output, Tensor input, SymInt[] normalized_shape, "
+        "Tensor? weight, Tensor? bias, Tensor? mean, Tensor? rstd, float? eps, "
+        "bool[3] output_mask, *, bool offset=False) -> (Tensor grad_input, Tensor grad_weight, "
+        "Tensor grad_bias)");
+  m.def("fused_add_rms_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, "
+        "Tensor? weight=None, float? eps=None, " RMS_KW
+        ") -> (Tensor output, Tensor new_residual)");
+  m.def("fused_add_rms_norm_inplace(Tensor(a!) input, Tensor(b!) residual, "
+        "SymInt[] normalized_shape, Tensor? weight=None, float? eps=None, " RMS_KW ") -> ()");
+  m.def("fused_add_rms_norm_backward(Tensor grad_output, Tensor? grad_residual, "
+        "Tensor new_residual, SymInt[] normalized_shape, Tensor? weight, float? eps, "
+        "bool[3] output_mask, " RMS_KW ") -> (Tensor grad, Tensor grad_weight, Tensor grad_bias)");
+  m.def("qk_norm(Tensor input, Tensor? weight=None, float? eps=None, " RMS_KW ") -> Tensor");
+  m.def("qk_norm_inplace(Tensor(a!) input, Tensor? weight=None, float? eps=None, " RMS_KW
+        ") -> ()");
+  m.def("qk_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, float? eps, "
+        "bool[3] output_mask, " RMS_KW ") -> (Tensor grad_input, Tensor grad_weight, "
+        "Tensor grad_bias)");
+  m.def("rms_norm_int8(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
+        "float? eps=None, *, Tensor? bias=None, float? scale=None, bool offset=False, "
+        "bool eps_outside=False, float partial=1.0) -> (Tensor q, Tensor scale)");
+  m.def("rms_norm_fp8(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
+        "float? eps=None, *, Tensor? bias=None, float? scale=None, bool offset=False, "
+        "bool eps_outside=False, float partial=1.0) -> (Tensor q, Tensor scale)");
+  m.def("rms_norm_linear(Tensor input, Tensor weight_matrix, Tensor? norm_weight=None, "
+        "float? eps=None, Tensor? bias=None, bool offset=False, *, bool eps_outside=False, "
+        "float partial=1.0) -> Tensor");
+  m.def("rms_norm_linear_backward(Tensor grad_output, Tensor input, Tensor weight_matrix, "
+        "Tensor? norm_weight, float? eps, Tensor? bias, bool offset, bool[4] output_mask, *, "
+        "bool eps_outside=False, float partial=1.0) -> (Tensor grad_input, "
+        "Tensor grad_weight_matrix, Tensor grad_norm_weight, Tensor grad_bias)");
+}
+
+#define RN_KERNELS(m)                                                              \
+  m.impl("rms_norm", rnops::rms_norm_cpu);                                         \
+  m.impl("rms_norm.out", rnops::rms_norm_out_cpu);                                 \
+  m.impl("rms_norm_forward", rnops::rms_norm_forward_cpu);                         \
+  m.impl("rms_norm_backward", rnops::rms_norm_backward_cpu);                       \
+  m.impl("layer_norm", rnops::layer_norm_cpu);                                     \
+  m.impl("layer_norm.out", rnops::layer_norm_out_cpu);                             \
+  m.impl("layer_norm_forward", rnops::layer_norm_forward_cpu);                     \
+  m.impl("layer_norm_backward", rnops::layer_norm_backward_cpu);                   \
+  m.impl("fused_add_rms_norm", rnops::fused_add_cpu);                              \
+  m.impl("fused_add_rms_norm_inplace", rnops::fused_add_inplace_cpu);              \
+  m.impl("fused_add_rms_norm_backward", rnops::fused_add_backward_cpu);            \
+  m.impl("qk_norm", rnops::qk_norm_cpu);                                           \
+  m.impl("qk_norm_inplace", rnops::qk_norm_inplace_cpu);                           \
+  m.impl("qk_norm_backward", rnops::qk_norm_backward_cpu);                         \
+  m.impl("rms_norm_int8", rnops::quant_cpu<RMSNORM_Q_INT8>);                       \
+  m.impl("rms_norm_fp8", rnops::quant_cpu<RMSNORM_Q_FP8_E4M3>);                    \
+  m.impl("rms_norm_linear", rnops::linear_cpu);                                    \
+  m.impl("rms_norm_linear_backward", rnops::linear_backward_cpu)
+
+TORCH_LIBRARY_IMPL(rmsnorm, CPU, m) { RN_KERNELS(m); }
+
+// Tensors of other devices, sparse and quantized tensors dispatch to these keys: the same
+// kernels, whose first step (take) refuses them with a TypeError naming the op.
+TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) { RN_KERNELS(m); }
+TORCH_LIBRARY_IMPL(rmsnorm, XPU, m) { RN_KERNELS(m); }
+TORCH_LIBRARY_IMPL(rmsnorm, MPS, m) { RN_KERNELS(m); }
+TORCH_LIBRARY_IMPL(rmsnorm, PrivateUse1, m) { RN_KERNELS(m); }
+TORCH_LIBRARY_IMPL(rmsnorm, SparseCPU, m) { RN_KERNELS(m); }
+TORCH_LIBRARY_IMPL(rmsnorm, SparseCUDA, m) { RN_KERNELS(m); }
+TORCH_LIBRARY_IMPL(rmsnorm, SparseCsrCPU, m) { RN_KERNELS(m); }
+TORCH_LIBRARY_IMPL(rmsnorm, SparseCsrCUDA, m) { RN_KERNELS(m); }
+TORCH_LIBRARY_IMPL(rmsnorm, QuantizedCPU, m) { RN_KERNELS(m); }
+TORCH_LIBRARY_IMPL(rmsnorm, QuantizedCUDA, m) { RN_KERNELS(m); }
+TORCH_LIBRARY_IMPL(rmsnorm, MkldnnCPU, m) { RN_KERNELS(m); }
+
+TORCH_LIBRARY_IMPL(rmsnorm, Autograd, m) {
+  m.impl("rms_norm", rnops::rms_norm_autograd);
+  m.impl("rms_norm.out", rnops::rms_norm_out_autograd);
+  m.impl("rms_norm_forward", rnops::rms_norm_forward_autograd);
+  m.impl("rms_norm_backward", rnops::rms_norm_backward_autograd);
+  m.impl("layer_norm", rnops::layer_norm_autograd);
+  m.impl("layer_norm.out", rnops::layer_norm_out_autograd);
+  m.impl("layer_norm_forward", rnops::layer_norm_forward_autograd);
+  m.impl("layer_norm_backward", rnops::layer_norm_backward_autograd);
+  m.impl("fused_add_rms_norm", rnops::fused_add_autograd);
+  m.impl("fused_add_rms_norm_inplace", rnops::fused_add_inplace_autograd);
+  m.impl("fused_add_rms_norm_backward", rnops::fused_add_backward_autograd);
+  m.impl("qk_norm", rnops::qk_norm_autograd);
+  m.impl("qk_norm_inplace", rnops::qk_norm_inplace_autograd);
+  m.impl("qk_norm_backward", rnops::qk_norm_backward_autograd);
+  m.impl("rms_norm_int8", rnops::quant_autograd<RMSNORM_Q_INT8>);
+  m.impl("rms_norm_fp8", rnops::quant_autograd<RMSNORM_Q_FP8_E4M3>);
+  m.impl("rms_norm_linear", rnops::linear_autograd);
+  m.impl("rms_norm_linear_backward", rnops::linear_backward_autograd);
+}
