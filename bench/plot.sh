@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Plots `rmsnorm bench --csv` output: % of memcpy bandwidth per shape for
+# Plots `rmsnorm bench --csv` output: % of the copy limit per shape for
 # fp32 RMSNorm forward and backward, 1 thread and all threads.
 # usage: bench/plot.sh RESULTS.csv OUT.png
 set -euo pipefail
@@ -27,8 +27,8 @@ threads=$(cat "$data.threads"); rm -f "$data.threads"
 gnuplot <<GP
 set terminal pngcairo size 1100,520 font ",11"
 set output "$png"
-set title "librmsnorm fp32 RMSNorm: % of memcpy bandwidth (same bytes, same run)"
-set ylabel "% of memcpy bandwidth"
+set title "librmsnorm fp32 RMSNorm: % of the copy limit (best of memcpy and non-temporal copy, same bytes, same run)"
+set ylabel "% of the copy limit"
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1

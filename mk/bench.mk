@@ -1,5 +1,5 @@
 # mk/bench.mk - `make bench`: runs `rmsnorm bench` over the standard shapes
-# and dtypes, keeps the CSV and the table, and plots % of memcpy bandwidth
+# and dtypes, keeps the CSV and the table, and plots % of the copy limit
 # per shape (gnuplot, installed from Debian when missing).
 BENCH_DIR ?= bench
 RMSNORM_BENCH_ARGS ?=

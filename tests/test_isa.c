@@ -163,6 +163,14 @@ int main(void) {
                       1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0};
         compare(&s, seed);
       }
+  /* many short rows past the streaming threshold (fp32: 42003 x 101 x 4
+   * bytes): row groups, and the prefetch of the next group */
+  for (int ln = 0; ln < 2; ln++)
+    for (int bw = 0; bw < 2; bw++, seed++) {
+      run_spec s = {RMSNORM_F32, RMSNORM_F32, ln, bw, 42003, 101, 101, 101,
+                    1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0};
+      compare(&s, seed);
+    }
   /* one long row, and two: split across threads by columns (at least 1 MiB
    * of traffic per thread) */
   for (int dt = 0; dt < 4; dt++)

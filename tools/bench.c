@@ -1,7 +1,8 @@
 /* bench.c - `rmsnorm bench`: times every op, dtype and shape with one thread
- * and with all threads, against memcpy of the same byte count and against the
- * scalar reference, measured in the same run. Medians of many repetitions
- * after a warm-up, on buffers allocated and touched once. */
+ * and with all threads, against the copy limit of the same byte count (the
+ * best of memcpy and non-temporal copies on as many threads as the op) and
+ * against the scalar reference, measured in the same run. Medians of many
+ * repetitions after a warm-up, on buffers allocated and touched once. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
@@ -13,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_copy.h"
 #include "cli.h"
 #include "rmsnorm.h"
 
@@ -30,6 +32,7 @@ typedef struct shape {
 static const shape default_shapes[] = {{4096, 4096}, {2048, 8192}, {512, 4096}, {16, 4096},
                                        {1, 4096},    {8, 5120},    {65536, 128}, {1, 1048576}};
 #define MAX_SHAPES 32
+#define MAX_COPY_KINDS 4
 
 typedef struct options {
   int quick, csv, json, threads, scalar;
@@ -49,7 +52,7 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* ---- memcpy baseline on a team of threads ------------------------------- */
+/* ---- the copy limit, on a team of threads started once ------------------- */
 
 typedef struct team {
   pthread_barrier_t start, done;
@@ -58,6 +61,7 @@ typedef struct team {
   char *dst;
   const char *src;
   size_t bytes;
+  void (*copy)(void *dst, const void *src, size_t n);
 } team;
 
 typedef struct member {
@@ -67,7 +71,7 @@ typedef struct member {
 
 static void copy_share(team *t, int i) {
   size_t b0 = t->bytes * (size_t)i / (size_t)t->n, b1 = t->bytes * (size_t)(i + 1) / (size_t)t->n;
-  memcpy(t->dst + b0, t->src + b0, b1 - b0);
+  t->copy(t->dst + b0, t->src + b0, b1 - b0);
 }
 
 static void *member_main(void *p) {
@@ -177,9 +181,10 @@ static double median_time(void (*fn)(const void *), const void *arg, double budg
 
 static void run_op_void(const void *j) { (void)run_op(j); }
 
-/* A memcpy of `bytes` by a team (1 thread or all). */
+/* A copy of `bytes` of one kind by a team (as many threads as the op). */
 typedef struct copy_job {
   team *t;
+  const rn_copy_kind *kind;
   size_t bytes;
   char *dst;
   const char *src;
@@ -187,6 +192,7 @@ typedef struct copy_job {
 
 static void copy_job_run(const void *p) {
   const copy_job *c = p;
+  c->t->copy = c->kind->copy;
   c->t->dst = c->dst;
   c->t->src = c->src;
   c->t->bytes = c->bytes;
@@ -236,42 +242,44 @@ typedef struct result {
   op_kind op;
   int dtype, threads;
   shape s;
-  double median, gbps, memcpy_gbps, scalar_median, ln_over_rms;
+  double median, gbps, limit_gbps, scalar_median, ln_over_rms;
+  char limit[24]; /* the copy that set limit_gbps, and its threads: "nt-avx2/2T" */
 } result;
 
 static void print_header(const options *o) {
   if (o->csv)
-    printf("op,dtype,rows,d,threads,median_us,gbps,memcpy_gbps,pct_memcpy,speedup_vs_scalar,"
-           "ln_over_rms\n");
+    printf("op,dtype,rows,d,threads,median_us,gbps,limit_gbps,pct_limit,speedup_vs_scalar,"
+           "ln_over_rms,limit\n");
   else if (o->json)
     printf("[\n");
   else
-    printf("%-13s %-5s %-12s %7s %11s %8s %8s %9s %7s\n", "op", "dtype", "shape", "threads",
-           "median_us", "GB/s", "%memcpy", "x_scalar", "ln/rms");
+    printf("%-13s %-5s %-12s %7s %11s %8s %7s %-13s %9s %7s\n", "op", "dtype", "shape",
+           "threads", "median_us", "GB/s", "%limit", "limit", "x_scalar", "ln/rms");
 }
 
 static void print_result(const options *o, const result *r, int first) {
-  double pct = 100.0 * r->gbps / r->memcpy_gbps;
+  double pct = 100.0 * r->gbps / r->limit_gbps;
   double speedup = r->scalar_median > 0 ? r->scalar_median / r->median : NAN;
   if (o->csv) {
     printf("%s,%s,%zu,%zu,%d,%.3f,%.3f,%.3f,%.1f,", op_names[r->op], dtype_names[r->dtype],
-           r->s.rows, r->s.d, r->threads, r->median * 1e6, r->gbps, r->memcpy_gbps, pct);
+           r->s.rows, r->s.d, r->threads, r->median * 1e6, r->gbps, r->limit_gbps, pct);
     if (isnan(speedup)) printf(","); else printf("%.2f,", speedup);
-    if (isnan(r->ln_over_rms)) printf("\n"); else printf("%.3f\n", r->ln_over_rms);
+    if (isnan(r->ln_over_rms)) printf(","); else printf("%.3f,", r->ln_over_rms);
+    printf("%s\n", r->limit);
   } else if (o->json) {
     printf("%s  {\"op\": \"%s\", \"dtype\": \"%s\", \"rows\": %zu, \"d\": %zu, \"threads\": %d, "
-           "\"median_us\": %.3f, \"gbps\": %.3f, \"memcpy_gbps\": %.3f, \"pct_memcpy\": %.1f, "
-           "\"speedup_vs_scalar\": ",
+           "\"median_us\": %.3f, \"gbps\": %.3f, \"limit_gbps\": %.3f, \"pct_limit\": %.1f, "
+           "\"limit\": \"%s\", \"speedup_vs_scalar\": ",
            first ? "" : ",\n", op_names[r->op], dtype_names[r->dtype], r->s.rows, r->s.d,
-           r->threads, r->median * 1e6, r->gbps, r->memcpy_gbps, pct);
+           r->threads, r->median * 1e6, r->gbps, r->limit_gbps, pct, r->limit);
     if (isnan(speedup)) printf("null"); else printf("%.2f", speedup);
     printf(", \"ln_over_rms\": ");
     if (isnan(r->ln_over_rms)) printf("null}"); else printf("%.3f}", r->ln_over_rms);
   } else {
     char sh[32];
     snprintf(sh, sizeof sh, "%zux%zu", r->s.rows, r->s.d);
-    printf("%-13s %-5s %-12s %7d %11.1f %8.1f %8.1f ", op_names[r->op], dtype_names[r->dtype], sh,
-           r->threads, r->median * 1e6, r->gbps, pct);
+    printf("%-13s %-5s %-12s %7d %11.1f %8.1f %7.1f %-13s ", op_names[r->op],
+           dtype_names[r->dtype], sh, r->threads, r->median * 1e6, r->gbps, pct, r->limit);
     if (isnan(speedup)) printf("%9s ", "-"); else printf("%9.1f ", speedup);
     if (isnan(r->ln_over_rms)) printf("%7s\n", "-"); else printf("%7.2f\n", r->ln_over_rms);
   }
@@ -286,8 +294,8 @@ static void usage(FILE *to) {
           "                     [--shape RxD]... [--no-scalar]\n"
           "\n"
           "Times RMSNorm and LayerNorm, forward and backward, with 1 thread and with N\n"
-          "(default: online CPUs), each against memcpy of the same bytes and the scalar\n"
-          "reference kernels, measured in the same run. Median of many repetitions.\n"
+          "(default: online CPUs), each against the copy limit of the same bytes and the\n"
+          "scalar reference kernels, measured in the same run. Median of many repetitions.\n"
           "\n"
           "  --quick        fewer repetitions (a short run)\n"
           "  --csv, --json  machine-readable output\n"
@@ -298,7 +306,8 @@ static void usage(FILE *to) {
           "\n"
           "GB/s counts bytes read + written: x and y for forward; x, dy and dx for\n"
           "backward (given the forward's saved statistics, as in training), plus the\n"
-          "weight. %%memcpy compares with memcpy of the same total.\n");
+          "weight. %%limit compares with the fastest copy of the same total (memcpy or a\n"
+          "non-temporal store loop, on as many threads as the op; column `limit` names it).\n");
 }
 
 static int parse_dtypes(const char *s, unsigned *mask) {
@@ -460,6 +469,8 @@ int rn_cli_bench(int argc, char **argv) {
     rn_cli_error("bench: out of memory for the largest shape");
     return RN_EXIT_FAILURE;
   }
+  const rn_copy_kind *kinds[MAX_COPY_KINDS];
+  int nkinds = rn_copy_kinds(kinds, MAX_COPY_KINDS);
   team teams[2];
   if (team_start(&teams[0], 1) || team_start(&teams[1], all)) {
     rn_cli_error("bench: cannot start threads");
@@ -492,21 +503,23 @@ int rn_cli_bench(int argc, char **argv) {
         if (interactive)
           fprintf(stderr, "\r[%d/%d] %s %zux%zu threads=%d   ", done += NUM_OPS, total,
                   dtype_names[dt], s.rows, s.d, threads);
-        /* memcpy of the same byte totals (1 thread and all: the better one
-         * counts), then the four ops, in rounds */
-        copy_job copies[4];
+        /* every copy of the same byte totals, on as many threads as the op
+         * and (for small work, which the op keeps on one thread) on one: the
+         * fastest is the limit; then the four ops; all in rounds */
+        copy_job copies[2 * 2 * MAX_COPY_KINDS];
         job jobs[NUM_OPS];
-        timed items[4 + NUM_OPS];
+        timed items[2 * 2 * MAX_COPY_KINDS + NUM_OPS];
         int ncopies = 0;
         for (int bwd = 0; bwd < 2; bwd++)
-          for (int k = 0; k < (threads > 1 ? 2 : 1); k++) {
-            copy_job c = {&teams[k], (size_t)((bwd ? bwd_bytes : fwd_bytes) / 2), b.mc_dst,
-                          b.mc_src};
-            copies[ncopies] = c;
-            items[ncopies].fn = copy_job_run;
-            items[ncopies].arg = &copies[ncopies];
-            ncopies++;
-          }
+          for (int t = 0; t <= ti; t++)
+            for (int k = 0; k < nkinds; k++) {
+              copy_job c = {&teams[t], kinds[k], (size_t)((bwd ? bwd_bytes : fwd_bytes) / 2),
+                            b.mc_dst, b.mc_src};
+              copies[ncopies] = c;
+              items[ncopies].fn = copy_job_run;
+              items[ncopies].arg = &copies[ncopies];
+              ncopies++;
+            }
         for (int op = 0; op < NUM_OPS; op++) {
           job j = {fast, {0}, (op_kind)op, s, &b};
           rmsnorm_config_init(&j.cfg, (rmsnorm_dtype)dt);
@@ -521,11 +534,14 @@ int rn_cli_bench(int argc, char **argv) {
           items[ncopies + op].arg = &jobs[op];
         }
         interleaved_medians(items, ncopies + NUM_OPS, budget * 4, lo, hi);
-        double mc_fwd = 0, mc_bwd = 0;
+        double limit[2] = {0, 0};
+        const char *limit_kind[2] = {"", ""};
+        int limit_threads[2] = {1, 1};
         for (int c = 0; c < ncopies; c++) {
+          int bwd = c >= ncopies / 2;
           double bw = 2.0 * (double)copies[c].bytes / items[c].median;
-          double *best = c < ncopies / 2 ? &mc_fwd : &mc_bwd;
-          if (bw > *best) *best = bw;
+          if (bw > limit[bwd]) limit[bwd] = bw, limit_kind[bwd] = copies[c].kind->name,
+                               limit_threads[bwd] = copies[c].t->n;
         }
         result res[NUM_OPS];
         for (int op = 0; op < NUM_OPS; op++) {
@@ -534,7 +550,8 @@ int rn_cli_bench(int argc, char **argv) {
           r->op = (op_kind)op, r->dtype = dt, r->threads = threads, r->s = s;
           r->median = items[ncopies + op].median;
           r->gbps = (bwd ? bwd_bytes : fwd_bytes) / r->median / 1e9;
-          r->memcpy_gbps = (bwd ? mc_bwd : mc_fwd) / 1e9;
+          r->limit_gbps = limit[bwd] / 1e9;
+          snprintf(r->limit, sizeof r->limit, "%s/%dT", limit_kind[bwd], limit_threads[bwd]);
           r->scalar_median = 0;
           if (o.scalar) { /* the reference, on its own: only a speedup rides on it */
             job j = jobs[op];

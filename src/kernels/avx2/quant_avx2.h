@@ -73,5 +73,18 @@ static inline void vi_store_bytes(void *p, vi c, size_t n) {
   uint64_t bytes = (uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(b));
   memcpy(p, &bytes, n);
 }
+/* the low byte of the first n codes (n = 8 or 4) to p, non-temporally; p is
+ * aligned to n */
+static inline void vi_stream_bytes(void *p, vi c, size_t n) {
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        -1, -1, -1, -1);
+  __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(c, pick),
+                                          _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+  if (n == 8)
+    _mm_stream_si64((long long *)p, _mm_cvtsi128_si64(_mm256_castsi256_si128(b)));
+  else
+    _mm_stream_si32((int *)p, _mm_cvtsi128_si32(_mm256_castsi256_si128(b)));
+}
 
 #endif

@@ -57,5 +57,16 @@ static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
 static inline void vi_store_bytes(void *p, vi c, size_t n) {
   _mm_mask_storeu_epi8(p, m16(n), _mm512_cvtepi32_epi8(c));
 }
+/* the low byte of the first n codes (n = 16, 8 or 4) to p, non-temporally;
+ * p is aligned to n */
+static inline void vi_stream_bytes(void *p, vi c, size_t n) {
+  __m128i b = _mm512_cvtepi32_epi8(c);
+  if (n == 16)
+    _mm_stream_si128((__m128i *)p, b);
+  else if (n == 8)
+    _mm_stream_si64((long long *)p, _mm_cvtsi128_si64(b));
+  else
+    _mm_stream_si32((int *)p, _mm_cvtsi128_si32(b));
+}
 
 #endif
