@@ -394,7 +394,8 @@ static int read_upto(int fd, unsigned char **buf, size_t *cap, size_t *have, siz
       *buf = p;
       *cap = grown;
     }
-    size_t chunk = *cap - *have;
+    /* never past want: what follows belongs to the next reader */
+    size_t chunk = (want < *cap ? want : *cap) - *have;
     if (chunk > ((size_t)1 << 30)) chunk = (size_t)1 << 30;
     ssize_t r = read(fd, *buf + *have, chunk);
     if (r < 0) {
