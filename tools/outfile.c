@@ -78,7 +78,8 @@ static const int async_signals[] = {
 static const int fault_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
 #define N_FAULT (sizeof fault_signals / sizeof fault_signals[0])
 
-static sigset_t held;         /* the asynchronous signals we handle */
+static sigset_t handled;      /* the asynchronous signals we handle */
+static sigset_t held;         /* those and the fault signals: held during changes */
 static pthread_t main_thread;
 static struct sigaction fault_previous[N_FAULT];
 
@@ -119,6 +120,15 @@ static void on_async(int sig) {
 
 static void on_fault(int sig, siginfo_t *info, void *context) {
   (void)context;
+  if ((info->si_code == SI_USER || info->si_code == SI_QUEUE) &&
+      !pthread_equal(pthread_self(), main_thread)) {
+    /* sent by another process, not a fault of this thread: to the main
+     * thread, as the asynchronous ones */
+    int saved = errno;
+    pthread_kill(main_thread, sig);
+    errno = saved;
+    return;
+  }
   remove_temporaries();
   for (size_t i = 0; i < N_FAULT; i++)
     if (fault_signals[i] == sig) sigaction(sig, &fault_previous[i], NULL);
@@ -128,7 +138,10 @@ static void on_fault(int sig, siginfo_t *info, void *context) {
   if (info->si_code <= 0 || sig == SIGTRAP) raise(sig);
 }
 
-/* Holds the handled asynchronous signals on this (the main) thread. */
+/* Holds the handled signals on this (the main) thread: a signal sent while
+ * a temporary is created, renamed or removed waits until that is done (a
+ * fault of the main thread itself in there would end the process without
+ * its handler; those calls do not fault). */
 static void hold(sigset_t *old) { pthread_sigmask(SIG_BLOCK, &held, old); }
 static void release(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
 
@@ -151,11 +164,14 @@ void out_signals_init(void) {
   signal(SIGXFSZ, SIG_IGN);
 
   /* which to handle: not those the parent left ignored (nohup, `cmd &`) */
-  sigemptyset(&held);
+  sigemptyset(&handled);
   for (size_t i = 0; i < sizeof async_signals / sizeof async_signals[0]; i++)
-    if (!ignored(async_signals[i])) sigaddset(&held, async_signals[i]);
+    if (!ignored(async_signals[i])) sigaddset(&handled, async_signals[i]);
   for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++)
-    if (!ignored(sig)) sigaddset(&held, sig);
+    if (!ignored(sig)) sigaddset(&handled, sig);
+  held = handled;
+  for (size_t i = 0; i < N_FAULT; i++)
+    if (!ignored(fault_signals[i])) sigaddset(&held, fault_signals[i]);
 
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
@@ -163,16 +179,15 @@ void out_signals_init(void) {
   sa.sa_mask = held; /* one handler at a time */
   sa.sa_flags = SA_RESTART;
   for (int sig = 1; sig <= SIGRTMAX; sig++)
-    if (sigismember(&held, sig) == 1) sigaction(sig, &sa, NULL);
+    if (sigismember(&handled, sig) == 1) sigaction(sig, &sa, NULL);
 
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_fault;
   sa.sa_mask = held;
   sa.sa_flags = SA_SIGINFO | SA_RESTART;
-  for (size_t i = 0; i < N_FAULT; i++) {
-    if (ignored(fault_signals[i])) continue;
-    sigaction(fault_signals[i], &sa, &fault_previous[i]);
-  }
+  for (size_t i = 0; i < N_FAULT; i++)
+    if (sigismember(&held, fault_signals[i]) == 1)
+      sigaction(fault_signals[i], &sa, &fault_previous[i]);
 }
 
 /* ---- the output set ------------------------------------------------------ */

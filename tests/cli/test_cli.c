@@ -1942,9 +1942,10 @@ static void test_stream_inputs(void) {
 }
 
 /* Legal .npy files whose data starts at odd (and other unaligned) offsets,
- * in every dtype, for every row-wise command: the same bytes as from
- * numpy's 64-aligned files, read mapped and from a pipe. Under UBSan a
- * misaligned typed load in the library is a failure here. */
+ * in every dtype, for every row-wise command and kernel set: the same bytes
+ * as from numpy's 64-aligned files (kernel sets agree bit for bit), read
+ * mapped and from a pipe. Under UBSan a misaligned typed load in the
+ * library is a failure here. */
 static void test_odd_offsets(void) {
   static const size_t shape[2] = {5, 12}, wshape[1] = {12};
   /* data offsets of X, DY, weight, bias: 1, 3, 5, 7 mod 8; then 2, 4, 6, 2 */
@@ -1968,16 +1969,21 @@ static void test_odd_offsets(void) {
       {"layernorm-backward", "X", "DY", "-o", "o1.npy", "--weight", "W", "--dweight", "o2.npy", bf},
       {"add-forward", "X", "DY", "-o", "o1.npy", "--weight", "W", "--residual-out", "o2.npy", "--rstd", "o3.npy", bf},
     };
+    static const char *const isas[] = {NULL, "scalar", "avx2", "avx512"};
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-      for (int variant = 0; variant < 3; variant++) {
-        /* 0: the aligned reference; 1, 2: the offsets above; 2 also feeds X through a pipe */
+      for (int variant = 0; variant < 1 + 2 * 4; variant++) {
+        /* 0: the aligned reference (the default kernel set); then the
+         * offsets above, for each kernel set (RMSNORM_ISA; one the CPU
+         * lacks falls back); the second also feeds X through a pipe */
+        const char *isa = variant ? isas[(variant - 1) / 2] : NULL;
+        int odd = variant ? 1 + (variant - 1) % 2 : 0;
         const char *names[4] = {"x.npy", "dy.npy", "w.npy", "b.npy"};
         const char *odd_names[4] = {"xo.npy", "dyo.npy", "wo.npy", "bo.npy"};
         const arr *arrs[4] = {&x, &dy, &w, &b};
-        if (variant) {
-          for (int i = 0; i < 4; i++) write_npy_at(odd_names[i], arrs[i], offs[variant - 1][i]);
+        if (odd) {
+          for (int i = 0; i < 4; i++) write_npy_at(odd_names[i], arrs[i], offs[odd - 1][i]);
           for (int i = 0; i < 4; i++) names[i] = odd_names[i];
-          if (variant == 2) names[0] = "/dev/stdin";
+          if (odd == 2) names[0] = "/dev/stdin";
         }
         const char *args[16];
         int n = 0;
@@ -1987,10 +1993,10 @@ static void test_odd_offsets(void) {
                     : !strcmp(a, "W") ? names[2] : !strcmp(a, "B") ? names[3] : a;
         }
         args[n] = NULL;
-        run_opts o = {.stdin_file = variant == 2 ? "xo.npy" : NULL};
+        run_opts o = {.stdin_file = odd == 2 ? "xo.npy" : NULL, .isa_env = isa};
         int rc = run_with(&o, args);
-        check(rc == 0, "%s %s offsets variant %d: %d %s", runs[r][0], tdt_name[dt], variant, rc,
-              err_text);
+        check(rc == 0, "%s %s offsets %d, kernels %s: %d %s", runs[r][0], tdt_name[dt], odd,
+              isa ? isa : "default", rc, err_text);
         for (int k = 1; k <= 3; k++) {
           char out[16], ref[16];
           snprintf(out, sizeof out, "o%d.npy", k);
@@ -1999,8 +2005,8 @@ static void test_odd_offsets(void) {
           if (variant == 0)
             rename(out, ref);
           else
-            check(same_file(out, ref), "%s %s offsets variant %d: %s differs from the aligned run",
-                  runs[r][0], tdt_name[dt], variant, out);
+            check(same_file(out, ref), "%s %s offsets %d, kernels %s: %s differs from the aligned run",
+                  runs[r][0], tdt_name[dt], odd, isa ? isa : "default", out);
         }
       }
       for (int k = 1; k <= 3; k++) {
