@@ -434,6 +434,17 @@ static int read_stream(npy_file *f, int fd, char *err, size_t errlen) {
   e = read_upto(fd, &buf, &cap, &have, want = prefix + hlen);
   if (e) goto read_error;
   if (parse_header(buf, have, &info, err, errlen) != 0) goto failed;
+  /* a stream is held whole: an array larger than the machine's memory
+   * fails now, not once memory is exhausted */
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && (uintmax_t)pages <= SIZE_MAX / (uintmax_t)page &&
+      info.data_bytes > (size_t)pages * (size_t)page) {
+    char shape[96];
+    npy_format_shape(shape, sizeof shape, info.ndim, info.shape);
+    fail(err, errlen, "array larger than this machine's memory: shape %s of '%s' needs %zu bytes, "
+         "the machine has %zu", shape, info.descr, info.data_bytes, (size_t)pages * (size_t)page);
+    goto failed;
+  }
   e = read_upto(fd, &buf, &cap, &have, want = info.data_offset + info.data_bytes);
   if (e) goto read_error;
   if (npy_parse(buf, have, &f->info, err, errlen) != 0) goto failed;

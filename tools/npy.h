@@ -82,9 +82,10 @@ typedef struct npy_file {
 
 /* Opens and parses path. A stream that does not start with the magic and a
  * known version fails after its first 8 bytes, one whose header is longer
- * than NPY_STREAM_HEADER_MAX or malformed fails once the header is read,
- * and one that ends early fails with npy_parse's message for the bytes that
- * came; a stream is never read past the data. @return 0, or -1 with a
+ * than NPY_STREAM_HEADER_MAX, malformed, or announces more data than the
+ * machine's memory fails once the header is read, and one that ends early
+ * fails with npy_parse's message for the bytes that came; a stream is never
+ * read past the data. @return 0, or -1 with a
  * reason in err (as npy_parse, or the system's reason for an open/read
  * failure). */
 int npy_open(npy_file *f, const char *path, char *err, size_t errlen);
