@@ -394,18 +394,16 @@ int out_commit(out_set *s, const char **failed, char *err, size_t errlen) {
   int order[OUT_MAX], k = 0;
   for (int i = 1; i < s->n; i++) order[k++] = i;
   if (s->n > 0) order[k++] = 0;
+  static const char unflushed[] = "renamed into place, but its folder cannot be flushed";
   sigset_t old;
   hold(&old);
-  int rc = 0, errnum = 0;
+  int rc = 0, errnum = 0, bad = 0;
   const char *what = "";
   for (int a = 0; a < k && rc == 0; a++) {
     out_entry *e = &s->e[order[a]];
-    if (a == k - 1 && k > 1) {
-      int bad = sync_folders(s, order, k - 1, &errnum);
-      if (bad) {
-        rc = -1, *failed = s->e[bad - 1].path, what = "renamed into place, but its folder cannot be flushed";
-        break;
-      }
+    if (a == k - 1 && k > 1 && (bad = sync_folders(s, order, k - 1, &errnum)) != 0) {
+      rc = -1, *failed = s->e[bad - 1].path, what = unflushed;
+      break;
     }
     if (!e->live) continue;
     if (rename(e->tmp, e->target) != 0) {
@@ -415,10 +413,8 @@ int out_commit(out_set *s, const char **failed, char *err, size_t errlen) {
     e->live = 0;
     e->renamed = 1;
   }
-  if (rc == 0 && k > 0) {
-    int bad = sync_folders(s, order + k - 1, 1, &errnum);
-    if (bad) rc = -1, *failed = s->e[bad - 1].path, what = "renamed into place, but its folder cannot be flushed";
-  }
+  if (rc == 0 && k > 0 && (bad = sync_folders(s, order + k - 1, 1, &errnum)) != 0)
+    rc = -1, *failed = s->e[bad - 1].path, what = unflushed;
   if (rc != 0) {
     char done[512];
     list_renamed(s, done, sizeof done);
