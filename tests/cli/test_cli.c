@@ -1513,7 +1513,8 @@ static void test_errors(void) {
   check(rc == 2 && strstr(err_text, "usage: rmsnorm COMMAND") && out_text[0] == '\0',
         "no arguments: %d %s", rc, err_text);
 
-  /* a write that fails half-way (file size limit): no output, no temporary */
+  /* a write that fails half-way (`ulimit -f`, SIGXFSZ at its default as a
+   * shell leaves it): exit 1, one line, no output, no temporary */
   static const size_t big[2] = {64, 64};
   arr x = arr_new(TF32, 2, big);
   arr_fill(&x, FILL_DATA);
