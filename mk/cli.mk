@@ -2,7 +2,8 @@
 # Makefile): `make run` runs `rmsnorm demo` through RUN_CMD; `make fuzz`
 # fuzzes the .npy reader with libFuzzer for FUZZ_TIME seconds; `make test`
 # runs test-cli-fuzz, which replays the fuzz corpus under libFuzzer itself
-# (ctest replays it too, without libFuzzer, in both builds).
+# (ctest replays it too, without libFuzzer, in both builds), and
+# test-cli-valgrind, the command under valgrind memcheck on that corpus.
 
 # Included before the top Makefile's first target: keep `all` the default.
 ifeq ($(.DEFAULT_GOAL),)
@@ -19,7 +20,7 @@ FUZZ_SRCS = tools/npy.c tests/cli/fuzz_npy.c
 FUZZ_FLAGS = -std=c11 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wpedantic \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
-.PHONY: fuzz fuzz-build test-cli-fuzz
+.PHONY: fuzz fuzz-build test-cli-fuzz test-cli-valgrind
 
 $(FUZZ_BUILD)/fuzz_npy: $(FUZZ_SRCS) tools/npy.h
 	@mkdir -p $(FUZZ_BUILD)
@@ -48,3 +49,15 @@ test-cli-fuzz:
 	fi
 
 EXTRA_TESTS += test-cli-fuzz
+
+# The built command under valgrind memcheck on every corpus input, as a file
+# and through a pipe, JOBS at a time; any memcheck error (or a definite leak)
+# fails. Skipped with a note where valgrind is missing (.ci/run installs it).
+test-cli-valgrind: build
+	@if command -v valgrind >/dev/null 2>&1; then \
+	  sh tests/cli/valgrind_corpus.sh $(BUILD)/tools/rmsnorm $(FUZZ_CORPUS) $(JOBS); \
+	else \
+	  echo "test-cli-valgrind: skipped (no valgrind; .ci/run installs it)"; \
+	fi
+
+EXTRA_TESTS += test-cli-valgrind

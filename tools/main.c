@@ -1,10 +1,12 @@
 /* main.c - the rmsnorm command: top-level options and the table of
  * subcommands it dispatches to. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
+#include "outfile.h"
 #include "rmsnorm.h"
 
 typedef struct command {
@@ -104,10 +106,19 @@ static int dispatch(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  /* before anything else, and before any thread exists: a closed pipe or a
+   * file size limit becomes a failing write; a signal removes temporaries */
+  out_signals_init();
   int rc = dispatch(argc, argv);
-  /* a full disk or closed pipe on stdout is a failure, not a silent success */
-  if (fflush(stdout) != 0 || ferror(stdout)) {
-    rn_cli_error("cannot write to standard output");
+  /* a full disk or closed pipe on stdout is a failure, not a silent success:
+   * one line, exit 1 */
+  errno = 0;
+  int flushed = fflush(stdout) == 0;
+  if (!flushed || ferror(stdout)) {
+    if (!flushed && errno)
+      rn_cli_error("cannot write to standard output: %s", strerror(errno));
+    else
+      rn_cli_error("cannot write to standard output");
     if (rc == RN_EXIT_OK) rc = RN_EXIT_FAILURE;
   }
   return rc;

@@ -1,9 +1,10 @@
 /* npy.c - .npy header parsing (strict, bounds-checked: it reads untrusted
- * files and is fuzzed), numpy-identical header writing, and read-only input
- * mapping. Format: magic "\x93NUMPY", major and minor version bytes, the
- * header length (2 bytes little-endian in 1.0, 4 in 2.0/3.0), then a Python
- * dict literal {'descr': ..., 'fortran_order': ..., 'shape': (...), } padded
- * with spaces and ended by '\n'; the raw array follows. */
+ * files and is fuzzed), numpy-identical header writing, and input files
+ * (mapped read-only, or read from a stream exactly up to the data's end).
+ * Format: magic "\x93NUMPY", major and minor version bytes, the header
+ * length (2 bytes little-endian in 1.0, 4 in 2.0/3.0), then a Python dict
+ * literal {'descr': ..., 'fortran_order': ..., 'shape': (...), } padded with
+ * spaces and ended by '\n'; the raw array follows. */
 #define _POSIX_C_SOURCE 200809L
 #include "npy.h"
 
@@ -272,9 +273,11 @@ static int parse_dict(cursor *c, unsigned major, npy_info *info, char *err, size
   return 0;
 }
 
-int npy_parse(const void *buf, size_t len, npy_info *info, char *err, size_t errlen) {
-  const unsigned char *b = buf;
-  memset(info, 0, sizeof *info);
+/* The fixed prefix: magic, version, header length. Checks what of it is in
+ * buf[0..len), so a wrong magic fails on its first bytes. @return 0 with
+ * *prefix (10 or 12) and *hlen set, or -1 with a reason. */
+static int parse_prefix(const unsigned char *b, size_t len, npy_info *info, size_t *prefix,
+                        size_t *hlen, char *err, size_t errlen) {
   if (len == 0) return fail(err, errlen, "empty file, not a .npy file");
   if (memcmp(b, npy_magic, len < 6 ? len : 6) != 0)
     return fail(err, errlen, "not a .npy file (no \\x93NUMPY magic)");
@@ -284,10 +287,20 @@ int npy_parse(const void *buf, size_t len, npy_info *info, char *err, size_t err
   if (info->major < 1 || info->major > 3 || info->minor != 0)
     return fail(err, errlen, "unsupported .npy format version %u.%u (1.0, 2.0 and 3.0 are read)",
                 info->major, info->minor);
-  size_t prefix = info->major == 1 ? 10 : 12;
-  if (len < prefix) return fail(err, errlen, "truncated header (%zu bytes)", len);
-  size_t hlen = (size_t)b[8] | (size_t)b[9] << 8;
-  if (info->major > 1) hlen |= (size_t)b[10] << 16 | (size_t)b[11] << 24;
+  *prefix = info->major == 1 ? 10 : 12;
+  if (len < *prefix) return fail(err, errlen, "truncated header (%zu bytes)", len);
+  *hlen = (size_t)b[8] | (size_t)b[9] << 8;
+  if (info->major > 1) *hlen |= (size_t)b[10] << 16 | (size_t)b[11] << 24;
+  return 0;
+}
+
+/* The prefix and the header dict in buf[0..len); fills *info, data_bytes
+ * included, without asking for the data to be there. */
+static int parse_header(const unsigned char *b, size_t len, npy_info *info, char *err,
+                        size_t errlen) {
+  size_t prefix, hlen;
+  memset(info, 0, sizeof *info);
+  if (parse_prefix(b, len, info, &prefix, &hlen, err, errlen)) return -1;
   if (hlen > len - prefix)
     return fail(err, errlen, "header length %zu runs past the end of the file (%zu bytes)", hlen,
                 len);
@@ -309,6 +322,11 @@ int npy_parse(const void *buf, size_t len, npy_info *info, char *err, size_t err
   }
   info->count = empty ? 0 : count;
   info->data_bytes = info->count * info->elem_size;
+  return 0;
+}
+
+int npy_parse(const void *buf, size_t len, npy_info *info, char *err, size_t errlen) {
+  if (parse_header(buf, len, info, err, errlen)) return -1;
   if (info->data_bytes > len - info->data_offset) {
     char shape[96];
     npy_format_shape(shape, sizeof shape, info->ndim, info->shape);
@@ -364,38 +382,84 @@ size_t npy_header(void *out, size_t cap, int version, npy_dtype dt, int ndim,
 
 /* ---- input files -------------------------------------------------------- */
 
-/* Reads a whole non-seekable file (a pipe) into memory. */
-static int read_all(int fd, void **out, size_t *len) {
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  if (!buf) return ENOMEM;
-  for (;;) {
-    if (n == cap) {
-      if (cap > SIZE_MAX / 2) {
-        free(buf);
-        return EFBIG;
-      }
-      char *grown = realloc(buf, cap * 2);
-      if (!grown) {
-        free(buf);
-        return ENOMEM;
-      }
-      buf = grown;
-      cap *= 2;
+/* Reads into buf[*have..want), growing it (*cap) as bytes arrive, so a
+ * header that announces more than the stream holds costs only what came.
+ * Stops at want or at the end of the stream. @return 0, or an errno. */
+static int read_upto(int fd, unsigned char **buf, size_t *cap, size_t *have, size_t want) {
+  while (*have < want) {
+    if (*have == *cap) {
+      size_t grown = *cap < want / 2 ? *cap * 2 : want;
+      unsigned char *p = realloc(*buf, grown);
+      if (!p) return ENOMEM;
+      *buf = p;
+      *cap = grown;
     }
-    ssize_t r = read(fd, buf + n, cap - n);
+    /* never past want: what follows belongs to the next reader */
+    size_t chunk = (want < *cap ? want : *cap) - *have;
+    if (chunk > ((size_t)1 << 30)) chunk = (size_t)1 << 30;
+    ssize_t r = read(fd, *buf + *have, chunk);
     if (r < 0) {
       if (errno == EINTR) continue;
-      int e = errno;
-      free(buf);
-      return e;
+      return errno;
     }
     if (r == 0) break;
-    n += (size_t)r;
+    *have += (size_t)r;
   }
-  *out = buf;
-  *len = n;
   return 0;
+}
+
+/* A stream (pipe, FIFO, character device, or a file that cannot be mapped):
+ * the magic and version first (a wrong one fails at once, so /dev/zero or
+ * /dev/urandom is refused after 8 bytes), then the header (at most
+ * NPY_STREAM_HEADER_MAX bytes), then exactly the bytes of data it announces;
+ * nothing after them is read. When the stream ends early, npy_parse on what
+ * came gives the same message as a file of those bytes. */
+static int read_stream(npy_file *f, int fd, char *err, size_t errlen) {
+  size_t cap = 4096, have = 0, want = 8, prefix, hlen;
+  unsigned char *buf = malloc(cap);
+  npy_info info;
+  int e = buf ? 0 : ENOMEM;
+  /* magic and version; what they say is the rest of the prefix */
+  if (!e) e = read_upto(fd, &buf, &cap, &have, want);
+  if (!e && have == 8 && !memcmp(buf, npy_magic, 6) && buf[6] >= 1 && buf[6] <= 3 && buf[7] == 0)
+    e = read_upto(fd, &buf, &cap, &have, want = buf[6] == 1 ? 10 : 12);
+  if (e) goto read_error;
+  if (parse_prefix(buf, have, &info, &prefix, &hlen, err, errlen) != 0) goto failed;
+  if (hlen > NPY_STREAM_HEADER_MAX) {
+    fail(err, errlen, "header length %zu is more than the %d bytes read from a stream", hlen,
+         NPY_STREAM_HEADER_MAX);
+    goto failed;
+  }
+  /* the header, then the data */
+  e = read_upto(fd, &buf, &cap, &have, want = prefix + hlen);
+  if (e) goto read_error;
+  if (parse_header(buf, have, &info, err, errlen) != 0) goto failed;
+  /* a stream is held whole: an array larger than the machine's memory
+   * fails now, not once memory is exhausted */
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && (uintmax_t)pages <= SIZE_MAX / (uintmax_t)page &&
+      info.data_bytes > (size_t)pages * (size_t)page) {
+    char shape[96];
+    npy_format_shape(shape, sizeof shape, info.ndim, info.shape);
+    fail(err, errlen, "array larger than this machine's memory: shape %s of '%s' needs %zu bytes, "
+         "the machine has %zu", shape, info.descr, info.data_bytes, (size_t)pages * (size_t)page);
+    goto failed;
+  }
+  e = read_upto(fd, &buf, &cap, &have, want = info.data_offset + info.data_bytes);
+  if (e) goto read_error;
+  if (npy_parse(buf, have, &f->info, err, errlen) != 0) goto failed;
+  f->base = buf;
+  f->base_len = have;
+  return 0;
+
+read_error:
+  if (e == ENOMEM)
+    fail(err, errlen, "cannot read: out of memory for %zu bytes", want);
+  else
+    fail(err, errlen, "cannot read: %s", strerror(e));
+failed:
+  free(buf);
+  return -1;
 }
 
 int npy_open(npy_file *f, const char *path, char *err, size_t errlen) {
@@ -413,30 +477,26 @@ int npy_open(npy_file *f, const char *path, char *err, size_t errlen) {
     close(fd);
     return fail(err, errlen, "is a directory");
   }
-  if (S_ISREG(st.st_mode) && st.st_size > 0) {
-    if ((uintmax_t)st.st_size > SIZE_MAX) {
-      close(fd);
-      return fail(err, errlen, "file too large to map");
-    }
+  if (S_ISREG(st.st_mode) && st.st_size > 0 && (uintmax_t)st.st_size <= SIZE_MAX) {
     void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m != MAP_FAILED) {
+      close(fd);
       f->base = m;
       f->base_len = (size_t)st.st_size;
       f->mapped = 1;
+      if (npy_parse(f->base, f->base_len, &f->info, err, errlen) != 0) {
+        npy_close(f);
+        return -1;
+      }
+      f->data = (const char *)f->base + f->info.data_offset;
+      return 0;
     }
   }
-  if (!f->mapped) { /* a pipe, a file reporting size 0, or one that cannot be mapped */
-    int e = read_all(fd, &f->base, &f->base_len);
-    if (e) {
-      close(fd);
-      return fail(err, errlen, "cannot read: %s", strerror(e));
-    }
-  }
+  /* a pipe, a device, a file reporting size 0 (/proc), or one that cannot
+   * be mapped */
+  int rc = read_stream(f, fd, err, errlen);
   close(fd);
-  if (npy_parse(f->base, f->base_len, &f->info, err, errlen) != 0) {
-    npy_close(f);
-    return -1;
-  }
+  if (rc != 0) return -1;
   f->data = (const char *)f->base + f->info.data_offset;
   return 0;
 }

@@ -1,6 +1,7 @@
 /* npy.h - the NumPy .npy format, as far as the rmsnorm command needs it:
  * a strict header parser over bytes in memory (the fuzzed surface), a
- * header writer that produces numpy's own bytes, and read-only file mapping.
+ * header writer that produces numpy's own bytes, and input files (mapped
+ * read-only, or read from a stream up to the data's last byte).
  * Depends on libc only, so the fuzz target builds it alone. */
 #ifndef RMSNORM_TOOLS_NPY_H
 #define RMSNORM_TOOLS_NPY_H
@@ -62,8 +63,14 @@ void npy_format_shape(char *out, size_t cap, int ndim, const size_t *shape);
 size_t npy_header(void *out, size_t cap, int version, npy_dtype dt, int ndim,
                   const size_t *shape);
 
-/* An input file: mapped read-only when it is a regular file, read into
- * memory otherwise (a pipe). */
+/* The longest header read from a stream: 65535 bytes, the most a format 1.0
+ * header holds (numpy writes 2.0 only beyond it, which no array this reader
+ * accepts needs; np.load itself refuses more than 10000 by default). */
+#define NPY_STREAM_HEADER_MAX 65535
+
+/* An input file: mapped read-only when it is a regular file; otherwise (a
+ * pipe, FIFO or device) read as a stream: the magic and version first, then
+ * the header, then exactly the data's bytes, nothing after them. */
 typedef struct npy_file {
   const char *path;
   npy_info info;
@@ -73,8 +80,14 @@ typedef struct npy_file {
   int mapped;
 } npy_file;
 
-/* Opens and parses path. @return 0, or -1 with a reason in err (as
- * npy_parse, or the system's reason for an open/read failure). */
+/* Opens and parses path. A stream that does not start with the magic and a
+ * known version fails after its first 8 bytes, one whose header is longer
+ * than NPY_STREAM_HEADER_MAX, malformed, or announces more data than the
+ * machine's memory fails once the header is read, and one that ends early
+ * fails with npy_parse's message for the bytes that came; a stream is never
+ * read past the data. @return 0, or -1 with a
+ * reason in err (as npy_parse, or the system's reason for an open/read
+ * failure). */
 int npy_open(npy_file *f, const char *path, char *err, size_t errlen);
 /* Releases what npy_open acquired; safe on a zeroed or closed npy_file. */
 void npy_close(npy_file *f);

@@ -1,11 +1,13 @@
 /* outfile.c - outputs written to temporaries beside their targets and
- * renamed into place together, or not at all (see outfile.h). */
-#define _XOPEN_SOURCE 700 /* POSIX.1-2008 with XSI: realpath */
+ * renamed into place together, or not at all; the signal handlers that
+ * remove the temporaries when the process is killed (see outfile.h). */
+#define _XOPEN_SOURCE 700 /* POSIX.1-2008 with XSI: realpath, SIGPOLL */
 #include "outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,16 +18,18 @@
 
 #define OUT_PATH_MAX 4096
 
-/* Fixed-size storage, so that the signal handler reads nothing that is
+/* Fixed-size storage, so that the signal handlers read nothing that is
  * being allocated or freed. */
 typedef struct out_entry {
   const char *path;               /* as given, for messages */
   char target[OUT_PATH_MAX];      /* what the temporary is renamed onto */
   char tmp[OUT_PATH_MAX + 16];
   dev_t dir_dev;                  /* the target's folder, to see two names */
-  ino_t dir_ino;                  /* for one file */
+  ino_t dir_ino;                  /* for one file, and to sync it once */
+  int dir_fd;                     /* that folder, flushed after the renames (-1: cannot be) */
   int fd;
   int direct;                     /* a device or pipe, written at commit */
+  int renamed;
   unsigned char header[NPY_HEADER_MAX];
   size_t header_len;
   const void *data;
@@ -33,6 +37,9 @@ typedef struct out_entry {
   volatile sig_atomic_t live;     /* tmp exists and is ours to remove */
 } out_entry;
 
+/* Entries [0, n) are complete; only the main thread changes them, and only
+ * with the caught signals held (hold/release), so a handler on the main
+ * thread always sees a consistent set. */
 struct out_set {
   out_entry e[OUT_MAX];
   volatile sig_atomic_t n;
@@ -49,30 +56,152 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
   return -1;
 }
 
-/* Removes the temporaries, then dies of the signal as if unhandled. */
-static void on_signal(int sig) {
-  for (int i = 0; i < the_set.n && i < OUT_MAX; i++)
+/* ---- signals ------------------------------------------------------------ */
+
+/* Signals whose default ends the process, delivered from outside (or by a
+ * timer): handled on the main thread. SIGPIPE and SIGXFSZ are ignored
+ * instead (their write fails and is reported). */
+static const int async_signals[] = {
+  SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGALRM, SIGUSR1, SIGUSR2, SIGPROF, SIGVTALRM, SIGXCPU,
+#ifdef SIGPOLL
+  SIGPOLL,
+#endif
+#ifdef SIGSTKFLT
+  SIGSTKFLT,
+#endif
+#ifdef SIGPWR
+  SIGPWR,
+#endif
+};
+/* Signals a thread brings on itself (a fault, abort()): handled where they
+ * happen, then passed to the handler that was installed before ours. */
+static const int fault_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+#define N_FAULT (sizeof fault_signals / sizeof fault_signals[0])
+
+static sigset_t handled;      /* the asynchronous signals we handle */
+static sigset_t held;         /* those and the fault signals: held during changes */
+static pthread_t main_thread;
+static struct sigaction fault_previous[N_FAULT];
+
+/* Removes the temporaries; async-signal-safe. */
+static void remove_temporaries(void) {
+  int n = the_set.n;
+  for (int i = 0; i < n && i < OUT_MAX; i++)
     if (the_set.e[i].live) unlink(the_set.e[i].tmp);
-  signal(sig, SIG_DFL);
+}
+
+/* Dies of sig as if it had not been handled. */
+static void die_of(int sig) {
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, NULL);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  pthread_sigmask(SIG_UNBLOCK, &one, NULL);
   raise(sig);
+  _exit(128 + sig); /* not reached: the default action of sig ends the process */
+}
+
+static void on_async(int sig) {
+  if (!pthread_equal(pthread_self(), main_thread)) {
+    /* a worker thread: the main thread may be renaming, and holds the
+     * signal until it is done */
+    int saved = errno;
+    pthread_kill(main_thread, sig);
+    errno = saved;
+    return;
+  }
+  remove_temporaries();
+  die_of(sig);
+}
+
+static void on_fault(int sig, siginfo_t *info, void *context) {
+  (void)context;
+  if ((info->si_code == SI_USER || info->si_code == SI_QUEUE) &&
+      !pthread_equal(pthread_self(), main_thread)) {
+    /* sent by another process, not a fault of this thread: to the main
+     * thread, as the asynchronous ones */
+    int saved = errno;
+    pthread_kill(main_thread, sig);
+    errno = saved;
+    return;
+  }
+  remove_temporaries();
+  for (size_t i = 0; i < N_FAULT; i++)
+    if (fault_signals[i] == sig) sigaction(sig, &fault_previous[i], NULL);
+  /* a fault returns to the instruction, which faults again under the
+   * previous handler; a sent signal (kill, raise, abort) or a trap is sent
+   * again, and delivered to it when this handler returns */
+  if (info->si_code <= 0 || sig == SIGTRAP) raise(sig);
+}
+
+/* Holds the handled signals on this (the main) thread: a signal sent while
+ * a temporary is created, renamed or removed waits until that is done (a
+ * fault of the main thread itself in there would end the process without
+ * its handler; those calls do not fault). */
+static void hold(sigset_t *old) { pthread_sigmask(SIG_BLOCK, &held, old); }
+static void release(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
+
+static int ignored(int sig) {
+  struct sigaction now;
+  return sigaction(sig, NULL, &now) == 0 && !(now.sa_flags & SA_SIGINFO) &&
+         now.sa_handler == SIG_IGN;
+}
+
+void out_signals_init(void) {
+  static int installed;
+  if (installed) return;
+  installed = 1;
+  main_thread = pthread_self();
+  mode_t mask = umask(0);
+  umask(mask);
+  new_file_mode = 0666 & ~mask;
+
+  signal(SIGPIPE, SIG_IGN);
+  signal(SIGXFSZ, SIG_IGN);
+
+  /* which to handle: not those the parent left ignored (nohup, `cmd &`) */
+  sigemptyset(&handled);
+  for (size_t i = 0; i < sizeof async_signals / sizeof async_signals[0]; i++)
+    if (!ignored(async_signals[i])) sigaddset(&handled, async_signals[i]);
+  for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++)
+    if (!ignored(sig)) sigaddset(&handled, sig);
+  held = handled;
+  for (size_t i = 0; i < N_FAULT; i++)
+    if (!ignored(fault_signals[i])) sigaddset(&held, fault_signals[i]);
+
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_async;
+  sa.sa_mask = held; /* one handler at a time */
+  sa.sa_flags = SA_RESTART;
+  for (int sig = 1; sig <= SIGRTMAX; sig++)
+    if (sigismember(&handled, sig) == 1) sigaction(sig, &sa, NULL);
+
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fault;
+  sa.sa_mask = held;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  for (size_t i = 0; i < N_FAULT; i++)
+    if (sigismember(&held, fault_signals[i]) == 1)
+      sigaction(fault_signals[i], &sa, &fault_previous[i]);
+}
+
+/* ---- the output set ------------------------------------------------------ */
+
+static void close_entry(out_entry *e) {
+  if (e->fd >= 0) close(e->fd);
+  e->fd = -1;
+  if (e->dir_fd >= 0) close(e->dir_fd);
+  e->dir_fd = -1;
 }
 
 out_set *out_begin(void) {
-  static int installed;
-  if (!installed) {
-    mode_t mask = umask(0);
-    umask(mask);
-    new_file_mode = 0666 & ~mask;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
-    installed = 1;
-  }
+  out_signals_init(); /* no-op when main did it */
   out_abort(&the_set);
-  the_set.n = 0;
   return &the_set;
 }
 
@@ -82,18 +211,20 @@ static int add_direct(out_set *s, out_entry *e, char *err, size_t errlen) {
   e->fd = open(e->path, O_WRONLY | O_CLOEXEC);
   if (e->fd < 0) return fail(err, errlen, "cannot open for writing: %s", strerror(errno));
   e->direct = 1;
-  e->live = 0;
-  e->dir_dev = 0;
-  e->dir_ino = 0;
-  return s->n++;
+  sigset_t old;
+  hold(&old);
+  s->n++;
+  release(&old);
+  return s->n - 1;
 }
 
 int out_add(out_set *s, const char *path, char *err, size_t errlen) {
   if (s->n >= OUT_MAX) return fail(err, errlen, "too many outputs");
-  out_entry *e = &s->e[s->n];
+  out_entry *e = &s->e[s->n]; /* not yet counted: the handlers ignore it */
   memset(e, 0, sizeof *e);
   e->path = path;
   e->fd = -1;
+  e->dir_fd = -1;
   size_t len = strlen(path);
   if (len == 0) return fail(err, errlen, "empty file name");
   if (len >= OUT_PATH_MAX) return fail(err, errlen, "file name too long");
@@ -146,16 +277,27 @@ int out_add(out_set *s, const char *path, char *err, size_t errlen) {
   if (n < 0 || (size_t)n >= sizeof e->tmp) return fail(err, errlen, "file name too long");
   e->dir_dev = st.st_dev;
   e->dir_ino = st.st_ino;
-  s->n++; /* visible to the signal handler, which skips it until live */
+  /* for the flush after the rename; a folder that cannot be opened for
+   * reading cannot be flushed, and is not an error */
+  e->dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+  /* created and counted with the signals held: a handler sees the
+   * temporary exactly when it exists */
+  sigset_t old;
+  hold(&old);
   e->fd = mkstemp(e->tmp);
+  int errnum = errno;
+  if (e->fd >= 0) {
+    e->live = 1;
+    s->n++;
+  }
+  release(&old);
   if (e->fd < 0) {
-    int errnum = errno;
-    s->n--;
+    close_entry(e);
     return fail(err, errlen, "cannot create a file in %s: %s", dir, strerror(errnum));
   }
-  e->live = 1;
   if (fchmod(e->fd, mode) != 0) {
-    int errnum = errno;
+    errnum = errno;
     out_abort(s);
     return fail(err, errlen, "cannot set permissions: %s", strerror(errnum));
   }
@@ -195,6 +337,41 @@ int out_write_npy(out_set *s, int i, npy_dtype dt, int ndim, const size_t *shape
   return 0;
 }
 
+/* Flushes the folders of the entries in order[0..k) (each once) so that
+ * their renames survive a crash. A file system that cannot flush a folder
+ * (EINVAL and the like) is not an error. @return 0, or the entry whose
+ * folder failed, with its errno in *errnum. */
+static int sync_folders(out_set *s, const int *order, int k, int *errnum) {
+  for (int a = 0; a < k; a++) {
+    const out_entry *e = &s->e[order[a]];
+    if (e->direct || e->dir_fd < 0) continue;
+    int seen = 0;
+    for (int b = 0; b < a && !seen; b++) {
+      const out_entry *o = &s->e[order[b]];
+      seen = !o->direct && o->dir_dev == e->dir_dev && o->dir_ino == e->dir_ino;
+    }
+    if (seen) continue;
+    if (fsync(e->dir_fd) != 0 && errno != EINVAL && errno != EROFS && errno != EBADF &&
+        errno != ENOTSUP && errno != EOPNOTSUPP) {
+      *errnum = errno;
+      return order[a] + 1;
+    }
+  }
+  return 0;
+}
+
+/* "; already replaced: A, B" for the renamed entries, or "". */
+static void list_renamed(const out_set *s, char *out, size_t cap) {
+  size_t k = 0;
+  out[0] = '\0';
+  for (int i = 0; i < s->n && k < cap; i++) {
+    if (!s->e[i].renamed) continue;
+    int w = snprintf(out + k, cap - k, "%s%s", k ? ", " : "; already replaced: ", s->e[i].path);
+    if (w < 0) break;
+    k += (size_t)w;
+  }
+}
+
 int out_commit(out_set *s, const char **failed, char *err, size_t errlen) {
   /* streams first: if one fails, no file has been replaced yet */
   for (int i = 0; i < s->n; i++) {
@@ -211,27 +388,52 @@ int out_commit(out_set *s, const char **failed, char *err, size_t errlen) {
       return fail(err, errlen, "cannot write: %s", strerror(errnum));
     }
   }
-  for (int i = 0; i < s->n; i++) {
-    out_entry *e = &s->e[i];
+
+  /* then the files, the signals held until all are in place: the others
+   * first, their folders flushed, then the main output (entry 0) */
+  int order[OUT_MAX], k = 0;
+  for (int i = 1; i < s->n; i++) order[k++] = i;
+  if (s->n > 0) order[k++] = 0;
+  static const char unflushed[] = "renamed into place, but its folder cannot be flushed";
+  sigset_t old;
+  hold(&old);
+  int rc = 0, errnum = 0, bad = 0;
+  const char *what = "";
+  for (int a = 0; a < k && rc == 0; a++) {
+    out_entry *e = &s->e[order[a]];
+    if (a == k - 1 && k > 1 && (bad = sync_folders(s, order, k - 1, &errnum)) != 0) {
+      rc = -1, *failed = s->e[bad - 1].path, what = unflushed;
+      break;
+    }
     if (!e->live) continue;
     if (rename(e->tmp, e->target) != 0) {
-      int errnum = errno;
-      *failed = e->path;
-      out_abort(s);
-      return fail(err, errlen, "cannot rename into place: %s", strerror(errnum));
+      rc = -1, errnum = errno, *failed = e->path, what = "cannot rename into place";
+      break;
     }
     e->live = 0;
+    e->renamed = 1;
   }
-  s->n = 0;
-  return 0;
+  if (rc == 0 && k > 0 && (bad = sync_folders(s, order + k - 1, 1, &errnum)) != 0)
+    rc = -1, *failed = s->e[bad - 1].path, what = unflushed;
+  if (rc != 0) {
+    char done[512];
+    list_renamed(s, done, sizeof done);
+    fail(err, errlen, "%s: %s%s", what, strerror(errnum), done);
+  }
+  out_abort(s); /* closes everything; removes what was not renamed */
+  release(&old);
+  return rc;
 }
 
 void out_abort(out_set *s) {
+  sigset_t old;
+  hold(&old);
   for (int i = 0; i < s->n; i++) {
     out_entry *e = &s->e[i];
-    if (e->fd >= 0) close(e->fd);
-    e->fd = -1;
+    close_entry(e);
     if (e->live) unlink(e->tmp);
     e->live = 0;
   }
+  s->n = 0;
+  release(&old);
 }

@@ -1,9 +1,13 @@
-/* outfile.h - all-or-nothing output: every output of a command is written to
- * a temporary file beside its target, and the temporaries are renamed into
- * place only once all of them are complete. On failure (or SIGINT, SIGTERM,
- * SIGHUP) the temporaries are removed and existing targets are untouched.
- * A target that is a device or a pipe (-o /dev/stdout) cannot be replaced:
- * it is written in place, last, just before the renames. */
+/* outfile.h - all-or-nothing output, and the signals that would break it.
+ * Every output of a command is written to a temporary file beside its target
+ * (".NAME.XXXXXX"), flushed to disk, and the temporaries are renamed into
+ * place only once all of them are complete: the others first, the first one
+ * added (the command's main result) last, each folder flushed after its
+ * renames. On failure, and on any signal that can be caught, the temporaries
+ * are removed and existing targets are untouched. A target that is a device
+ * or a pipe (-o /dev/stdout) cannot be replaced: it is written in place, at
+ * commit, before any file is renamed. README.md ("Written") states what a
+ * reader may see. */
 #ifndef RMSNORM_TOOLS_OUTFILE_H
 #define RMSNORM_TOOLS_OUTFILE_H
 
@@ -17,14 +21,30 @@
 
 typedef struct out_set out_set;
 
-/* The one output set of this process (the signal handler needs to find
- * it), emptied. Installs the signal handlers on first use. */
+/* Called once, first thing in main, on the main thread:
+ * - SIGPIPE and SIGXFSZ are ignored, so a reader that goes away or a file
+ *   size limit (ulimit -f) is a failing write (EPIPE, EFBIG) that the
+ *   command reports and cleans up after, exit 1;
+ * - every other signal whose default is to end the process gets a handler
+ *   that removes the temporaries and then dies of the signal as if unhandled
+ *   (so the exit status still says which signal). Signals the parent left
+ *   ignored (nohup) stay ignored. A handler that runs on another thread (the
+ *   library's workers) passes the signal on to the main thread, which holds
+ *   it while a temporary is being created, renamed or removed; crashes
+ *   (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, ...) clean up where they
+ *   happen and then go to the handler that was there before (a
+ *   sanitizer's). SIGKILL cannot be caught: it may leave temporaries. */
+void out_signals_init(void);
+
+/* The one output set of this process (the signal handlers need to find it),
+ * emptied. */
 out_set *out_begin(void);
 
 /* Checks that path can be an output (not a directory, not named by an
  * earlier output of the set) and creates its temporary beside it (beside
  * the file a symbolic link points to, so the link is kept), or opens it
- * when it is a device or a pipe.
+ * when it is a device or a pipe (which, for a FIFO, waits for a reader).
+ * The first output added is the main one, renamed last.
  * @return the output's index, or -1 with a reason in err. */
 int out_add(out_set *s, const char *path, char *err, size_t errlen);
 
@@ -35,9 +55,11 @@ int out_add(out_set *s, const char *path, char *err, size_t errlen);
 int out_write_npy(out_set *s, int i, npy_dtype dt, int ndim, const size_t *shape,
                   const void *data, size_t bytes, char *err, size_t errlen);
 
-/* Writes the devices and pipes, then renames every temporary into place (in
- * the order added). @return 0, or -1 with a reason in err and the path that
- * failed in *failed; the temporaries not yet renamed are removed. */
+/* Writes the devices and pipes; then, with the caught signals held, renames
+ * every other temporary into place and flushes their folders, then the main
+ * output's, and flushes its folder. @return 0, or -1 with a reason in err
+ * (which names the outputs already renamed, if any) and the path that failed
+ * in *failed; the temporaries not yet renamed are removed. */
 int out_commit(out_set *s, const char **failed, char *err, size_t errlen);
 
 /* Removes every temporary not yet renamed and closes what is open. Safe to

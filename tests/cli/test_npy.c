@@ -391,6 +391,9 @@ static void test_open_errors(void) {
         "dir: %s", err);
   check(npy_open(&f, "/dev/null", err, sizeof err) == -1 && strstr(err, "empty file"),
         "/dev/null: %s", err);
+  /* endless devices: refused after the first 8 bytes, not read to the end */
+  check(npy_open(&f, "/dev/zero", err, sizeof err) == -1 && strstr(err, "not a .npy file"),
+        "/dev/zero: %s", err);
 }
 
 int main(int argc, char **argv) {
