@@ -20,16 +20,24 @@ rmsnorm_status rmsnorm_default_eps(rmsnorm_dtype dtype, double *eps) {
   return RMSNORM_OK;
 }
 
-rmsnorm_status rmsnorm_config_init(rmsnorm_config *cfg, rmsnorm_dtype dtype) {
+rmsnorm_status rmsnorm_config_init_size(rmsnorm_config *cfg, size_t size, rmsnorm_dtype dtype) {
   double eps;
   if (!cfg) return RMSNORM_ERROR_NULL_POINTER;
+  if (size < RN_CONFIG_SIZE_V1 || size > RN_CONFIG_MAX) return RMSNORM_ERROR_BAD_CONFIG;
   rmsnorm_status st = rmsnorm_default_eps(dtype, &eps);
   if (st != RMSNORM_OK) return st;
-  cfg->dtype = dtype;
-  cfg->param_dtype = dtype;
-  cfg->eps = eps;
-  cfg->partial = 1.0;
-  cfg->flags = 0;
+  /* the library's own struct, written up to the caller's size; the bytes of
+   * a newer caller's fields stay zero, their defaults */
+  rmsnorm_config c;
+  memset(&c, 0, sizeof c);
+  c.size = size;
+  c.dtype = dtype;
+  c.param_dtype = dtype;
+  c.eps = eps;
+  c.partial = 1.0;
+  c.flags = 0;
+  memset(cfg, 0, size);
+  memcpy(cfg, &c, size < sizeof c ? size : sizeof c);
   return RMSNORM_OK;
 }
 
@@ -86,8 +94,10 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
                                   size_t ldx, const void *weight, const void *bias, void *y,
                                   size_t ldy, void *mean, void *rstd) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_status st = rn_check_config(cfg, norm, 0);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = rn_check_config(cfg, &cfg_local, norm, 0);
   if (st != RMSNORM_OK) return st;
+  cfg = &cfg_local;
   if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
   size_t as = rn_acc_size(cfg->dtype);
@@ -178,8 +188,10 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                                    const void *mean, const void *rstd, void *dx, size_t lddx,
                                    void *dweight, void *dbias) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_status st = rn_check_config(cfg, norm, 0);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = rn_check_config(cfg, &cfg_local, norm, 0);
   if (st != RMSNORM_OK) return st;
+  cfg = &cfg_local;
   if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
   size_t as = rn_acc_size(cfg->dtype);

@@ -21,16 +21,18 @@
 #define NONE ((size_t)-1) /* no in-place view in rn_check_overlaps */
 
 /* Shape checks shared by the row-wise entry points: config (minus `refused`
- * flags), d > 0, and each rows x d matrix's stride and extent. */
-static rmsnorm_status check_rows(rmsnorm_context *ctx, const rmsnorm_config *cfg,
-                                 unsigned refused, size_t rows, size_t d, const size_t *lds,
-                                 size_t nld) {
+ * flags; read into *cfg_local, which the caller uses from then on), d > 0,
+ * and each rows x d matrix's stride and extent. */
+static rmsnorm_status check_rows(rmsnorm_context *ctx, const rmsnorm_config **cfg,
+                                 rmsnorm_config *cfg_local, unsigned refused, size_t rows,
+                                 size_t d, const size_t *lds, size_t nld) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_status st = rn_check_config(cfg, RN_RMSNORM, refused);
+  rmsnorm_status st = rn_check_config(*cfg, cfg_local, RN_RMSNORM, refused);
   if (st != RMSNORM_OK) return st;
+  *cfg = cfg_local;
   if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
   for (size_t i = 0; i < nld; i++)
-    if ((st = rn_check_matrix(rows, d, lds[i], rn_dtype_size(cfg->dtype))) != RMSNORM_OK)
+    if ((st = rn_check_matrix(rows, d, lds[i], rn_dtype_size(cfg_local->dtype))) != RMSNORM_OK)
       return st;
   return RMSNORM_OK;
 }
@@ -69,7 +71,9 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
                                    const void *weight, const void *bias, void *y, size_t ldy,
                                    void *rstd) {
   const size_t lds[3] = {ldh, ldu, ldy};
-  rmsnorm_status st = check_rows(ctx, cfg, RMSNORM_FLAG_ACCUMULATE, rows, d, lds, 3);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st =
+      check_rows(ctx, &cfg, &cfg_local, RMSNORM_FLAG_ACCUMULATE, rows, d, lds, 3);
   if (st != RMSNORM_OK || rows == 0) return st;
   if (!h || !u || !y) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
@@ -146,7 +150,8 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
                                     const void *weight, const void *rstd, void *dh, size_t lddh,
                                     void *dweight, void *dbias) {
   const size_t lds[4] = {ldh, lddy, lddh, dres ? lddres : d};
-  rmsnorm_status st = check_rows(ctx, cfg, 0, rows, d, lds, 4);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = check_rows(ctx, &cfg, &cfg_local, 0, rows, d, lds, 4);
   if (st != RMSNORM_OK) return st;
   if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (rows == 0) return RMSNORM_OK;
@@ -213,7 +218,9 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
                                      const float *static_scale, void *q, size_t ldq,
                                      float *scale, void *rstd) {
   const size_t lds[1] = {ldx};
-  rmsnorm_status st = check_rows(ctx, cfg, RMSNORM_FLAG_ACCUMULATE, rows, d, lds, 1);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st =
+      check_rows(ctx, &cfg, &cfg_local, RMSNORM_FLAG_ACCUMULATE, rows, d, lds, 1);
   if (st != RMSNORM_OK) return st;
   if ((st = rn_check_matrix(rows, d, ldq, 1)) != RMSNORM_OK) return st;
   if (qtype != RMSNORM_Q_INT8 && qtype != RMSNORM_Q_FP8_E4M3) return RMSNORM_ERROR_BAD_ARGUMENT;
@@ -327,7 +334,9 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
                                        const void *x, size_t ldx_token, size_t ldx_head,
                                        const void *weight, const void *bias, void *y,
                                        size_t ldy_token, size_t ldy_head, void *rstd) {
-  rmsnorm_status st = check_rows(ctx, cfg, RMSNORM_FLAG_ACCUMULATE, 0, head_dim, NULL, 0);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st =
+      check_rows(ctx, &cfg, &cfg_local, RMSNORM_FLAG_ACCUMULATE, 0, head_dim, NULL, 0);
   if (st != RMSNORM_OK) return st;
   if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
@@ -399,7 +408,8 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
                                         const void *weight, const void *rstd, void *dx,
                                         size_t lddx_token, size_t lddx_head, void *dweight,
                                         void *dbias) {
-  rmsnorm_status st = check_rows(ctx, cfg, 0, 0, head_dim, NULL, 0);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = check_rows(ctx, &cfg, &cfg_local, 0, 0, head_dim, NULL, 0);
   if (st != RMSNORM_OK) return st;
   if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
   if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
@@ -467,8 +477,10 @@ static double gain_at(const rmsnorm_config *cfg, const void *weight, size_t j) {
 rmsnorm_status rmsnorm_fold_weight(const rmsnorm_config *cfg, size_t d, size_t n,
                                    const void *weight, const void *w, size_t ldw,
                                    void *w_folded, size_t ldwf) {
-  rmsnorm_status st = rn_check_config(cfg, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = rn_check_config(cfg, &cfg_local, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE);
   if (st != RMSNORM_OK) return st;
+  cfg = &cfg_local;
   if (d == 0 || n == 0) return RMSNORM_ERROR_BAD_SIZE;
   size_t as = rn_acc_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
   if ((st = rn_check_matrix(d, n, ldw, as)) != RMSNORM_OK ||
@@ -573,7 +585,8 @@ rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rmsnorm_config
                                       const void *bias, void *z, size_t ldz, void *rstd) {
   if (!rn_blas_available()) return RMSNORM_ERROR_NOT_AVAILABLE;
   const size_t lds[1] = {ldx};
-  rmsnorm_status st = check_rows(ctx, cfg, RMSNORM_FLAG_ACCUMULATE |
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = check_rows(ctx, &cfg, &cfg_local, RMSNORM_FLAG_ACCUMULATE |
                                  RMSNORM_FLAG_ROUND_BEFORE_WEIGHT, rows, d, lds, 1);
   if (st != RMSNORM_OK) return st;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
@@ -646,7 +659,9 @@ rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx, const rmsnorm_confi
                                        void *dweight, void *dw, size_t lddw, void *dbias) {
   if (!rn_blas_available()) return RMSNORM_ERROR_NOT_AVAILABLE;
   const size_t lds[2] = {ldx, lddx};
-  rmsnorm_status st = check_rows(ctx, cfg, RMSNORM_FLAG_ROUND_BEFORE_WEIGHT, rows, d, lds, 2);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st =
+      check_rows(ctx, &cfg, &cfg_local, RMSNORM_FLAG_ROUND_BEFORE_WEIGHT, rows, d, lds, 2);
   if (st != RMSNORM_OK) return st;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
   size_t as = rn_acc_size(cfg->dtype);

@@ -8,6 +8,7 @@
 #include <float.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "dtype.h"
 #include "kernels.h"
@@ -17,11 +18,36 @@
   (RMSNORM_FLAG_EPS_OUTSIDE | RMSNORM_FLAG_WEIGHT_OFFSET |                       \
    RMSNORM_FLAG_ROUND_BEFORE_WEIGHT | RMSNORM_FLAG_ACCUMULATE)
 
-/* dtypes, flags (minus `refused`, which the operation does not take), eps and
- * partial of a config for `norm`. */
-static inline rmsnorm_status rn_check_config(const rmsnorm_config *cfg, rn_norm norm,
-                                             unsigned refused) {
+/* The config sizes a library accepts (see rmsnorm_config in the header): at
+ * least the end of the first version's last field, at most RN_CONFIG_MAX. */
+#define RN_CONFIG_SIZE_V1 (offsetof(rmsnorm_config, flags) + sizeof(unsigned))
+#define RN_CONFIG_MAX ((size_t)1024)
+
+/* Reads the caller's config into *out, a full struct of this library's
+ * version: the fields the caller's version has, defaults (zero) for the rest.
+ * A larger caller struct is accepted when the bytes this library does not know
+ * are all zero. */
+static inline rmsnorm_status rn_read_config(const rmsnorm_config *cfg, rmsnorm_config *out) {
+  size_t size;
   if (!cfg) return RMSNORM_ERROR_NULL_POINTER;
+  memcpy(&size, cfg, sizeof size);
+  if (size < RN_CONFIG_SIZE_V1 || size > RN_CONFIG_MAX) return RMSNORM_ERROR_BAD_CONFIG;
+  memset(out, 0, sizeof *out);
+  memcpy(out, cfg, size < sizeof *out ? size : sizeof *out);
+  for (size_t i = sizeof *out; i < size; i++)
+    if (((const unsigned char *)cfg)[i] != 0) return RMSNORM_ERROR_BAD_CONFIG;
+  out->size = sizeof *out;
+  return RMSNORM_OK;
+}
+
+/* Reads the caller's config into *out (rn_read_config) and checks its dtypes,
+ * flags (minus `refused`, which the operation does not take), eps and partial
+ * for `norm`. Entry points then use *out only. */
+static inline rmsnorm_status rn_check_config(const rmsnorm_config *user, rmsnorm_config *out,
+                                             rn_norm norm, unsigned refused) {
+  rmsnorm_status st = rn_read_config(user, out);
+  if (st != RMSNORM_OK) return st;
+  const rmsnorm_config *cfg = out;
   if (!rn_dtype_valid((int)cfg->dtype) || !rn_dtype_valid((int)cfg->param_dtype) ||
       (cfg->param_dtype != RMSNORM_F32 && cfg->param_dtype != cfg->dtype))
     return RMSNORM_ERROR_BAD_DTYPE;

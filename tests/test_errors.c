@@ -173,13 +173,13 @@ static void test_helpers(void) {
   rmsnorm_config c;
   tu_check(rmsnorm_config_init(&c, RMSNORM_BF16) == RMSNORM_OK && c.dtype == RMSNORM_BF16 &&
                c.param_dtype == RMSNORM_BF16 && c.eps == FLT_EPSILON && c.partial == 1 &&
-               c.flags == 0,
+               c.flags == 0 && c.size == sizeof(rmsnorm_config),
            "config_init");
   tu_check(rmsnorm_config_init(NULL, RMSNORM_F32) == RMSNORM_ERROR_NULL_POINTER, "config NULL");
   tu_check(rmsnorm_config_init(&c, (rmsnorm_dtype)4) == RMSNORM_ERROR_BAD_DTYPE, "config dtype");
   tu_check(rmsnorm_context_create(NULL) == RMSNORM_ERROR_NULL_POINTER, "create NULL");
   rmsnorm_context_free(NULL);
-  for (int s = 0; s <= RMSNORM_ERROR_NOT_AVAILABLE; s++) {
+  for (int s = 0; s <= RMSNORM_ERROR_BAD_CONFIG; s++) {
     const char *name = rmsnorm_status_name((rmsnorm_status)s);
     tu_check(strncmp(name, "RMSNORM_", 8) == 0, "status %d name %s", s, name);
     tu_check(strcmp(rmsnorm_status_message((rmsnorm_status)s), "unknown status") != 0,
@@ -190,12 +190,100 @@ static void test_helpers(void) {
   tu_check(strcmp(rmsnorm_version_string(), RMSNORM_VERSION_STRING) == 0, "version string");
 }
 
+/* The config's size field: a struct not filled by rmsnorm_config_init is
+ * refused by every entry point with nothing written; a caller compiled with a
+ * newer, larger struct works as long as the fields this library does not know
+ * are zero; rmsnorm_config_init_size writes nothing past the caller's size. */
+typedef struct newer_config { /* what a later header might declare */
+  rmsnorm_config base;
+  double added;
+  unsigned added_flags;
+} newer_config;
+
+static void test_config_abi(void) {
+  rmsnorm_config c = cfg_f32(), bad = c;
+  bad.size = 0;
+  EXPECT(rmsnorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_BAD_CONFIG);
+  EXPECT(rmsnorm_layernorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, mean, rstd),
+         RMSNORM_ERROR_BAD_CONFIG);
+  EXPECT(rmsnorm_backward(ctx, &bad, ROWS, D, x, D, dy, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_CONFIG);
+  EXPECT(rmsnorm_layernorm_backward(ctx, &bad, ROWS, D, x, D, dy, D, w, NULL, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_CONFIG);
+  EXPECT(rmsnorm_add_forward(ctx, &bad, ROWS, D, dx, D, x, D, w, b, y, D, rstd),
+         RMSNORM_ERROR_BAD_CONFIG);
+  EXPECT(rmsnorm_add_backward(ctx, &bad, ROWS, D, x, D, dy, D, NULL, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_CONFIG);
+  EXPECT(rmsnorm_forward_quant(ctx, &bad, ROWS, D, x, D, w, b, RMSNORM_Q_INT8, NULL, y, D, rstd,
+                               NULL), RMSNORM_ERROR_BAD_CONFIG);
+  EXPECT(rmsnorm_qk_norm_forward(ctx, &bad, ROWS, 2, 4, x, D, 4, w, b, y, D, 4, rstd),
+         RMSNORM_ERROR_BAD_CONFIG);
+  EXPECT(rmsnorm_qk_norm_backward(ctx, &bad, ROWS, 2, 4, x, D, 4, dy, D, 4, w, NULL, dx, D, 4,
+                                  dw, db), RMSNORM_ERROR_BAD_CONFIG);
+  EXPECT(rmsnorm_fold_weight(&bad, 2, 4, w, x, 4, y, 4), RMSNORM_ERROR_BAD_CONFIG);
+  if (rmsnorm_linear_available() == RMSNORM_OK) {
+    EXPECT(rmsnorm_linear_forward(ctx, &bad, 2, 4, 4, x, 4, dx, 4, NULL, y, 4, rstd),
+           RMSNORM_ERROR_BAD_CONFIG);
+    EXPECT(rmsnorm_linear_backward(ctx, &bad, 2, 4, 4, x, 4, w, NULL, 4, dy, 4, dy + 16, 4, dx, 4,
+                                   NULL, NULL, 4, NULL), RMSNORM_ERROR_BAD_CONFIG);
+  }
+  bad.size = (size_t)1 << 40; /* garbage: never read that far */
+  EXPECT(rmsnorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_BAD_CONFIG);
+  EXPECT(rmsnorm_forward(ctx, NULL, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_NULL_POINTER);
+
+  /* a newer caller: unknown fields zero -> the same result as today's struct */
+  float want[ROWS * LD], got[ROWS * LD];
+  c.eps = 1e-3;
+  c.flags = RMSNORM_FLAG_WEIGHT_OFFSET;
+  tu_check(rmsnorm_forward(ctx, &c, ROWS, D, x, D, w, b, want, D, NULL) == RMSNORM_OK, "abi: plain");
+  newer_config n;
+  memset(&n, 0x5a, sizeof n);
+  tu_check(rmsnorm_config_init_size(&n.base, sizeof n, RMSNORM_F32) == RMSNORM_OK &&
+               n.base.size == sizeof n && n.added == 0 && n.added_flags == 0,
+           "abi: init of a newer struct zeroes its unknown fields");
+  n.base.eps = 1e-3;
+  n.base.flags = RMSNORM_FLAG_WEIGHT_OFFSET;
+  tu_check(rmsnorm_forward(ctx, &n.base, ROWS, D, x, D, w, b, got, D, NULL) == RMSNORM_OK &&
+               !memcmp(want, got, sizeof(float) * ROWS * D),
+           "abi: a newer struct with its new fields zero runs as today's");
+  n.added = 0.5;
+  EXPECT(rmsnorm_forward(ctx, &n.base, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_BAD_CONFIG);
+  n.added = 0, n.added_flags = 1;
+  EXPECT(rmsnorm_backward(ctx, &n.base, ROWS, D, x, D, dy, D, w, NULL, dx, D, dw, db),
+         RMSNORM_ERROR_BAD_CONFIG);
+
+  /* an older caller, whose struct ends with flags: everything it has is used */
+  _Alignas(rmsnorm_config) unsigned char buf[sizeof(rmsnorm_config) + 16];
+  size_t v1 = offsetof(rmsnorm_config, flags) + sizeof(unsigned);
+  memset(buf, 0xab, sizeof buf);
+  tu_check(rmsnorm_config_init_size((rmsnorm_config *)(void *)buf, v1, RMSNORM_F32) == RMSNORM_OK,
+           "abi: init of the first version's size");
+  int clean = 1;
+  for (size_t i = v1; i < sizeof buf; i++) clean &= buf[i] == 0xab;
+  tu_check(clean, "abi: rmsnorm_config_init_size wrote past the caller's size");
+  rmsnorm_config *old = (rmsnorm_config *)(void *)buf;
+  old->eps = 1e-3;
+  old->flags = RMSNORM_FLAG_WEIGHT_OFFSET;
+  tu_check(rmsnorm_forward(ctx, old, ROWS, D, x, D, w, b, got, D, NULL) == RMSNORM_OK &&
+               !memcmp(want, got, sizeof(float) * ROWS * D),
+           "abi: the first version's struct");
+  tu_check(rmsnorm_config_init_size(&c, v1 - 1, RMSNORM_F32) == RMSNORM_ERROR_BAD_CONFIG &&
+               rmsnorm_config_init_size(&c, 0, RMSNORM_F32) == RMSNORM_ERROR_BAD_CONFIG &&
+               rmsnorm_config_init_size(&c, 4096, RMSNORM_F32) == RMSNORM_ERROR_BAD_CONFIG &&
+               rmsnorm_config_init_size(NULL, sizeof c, RMSNORM_F32) == RMSNORM_ERROR_NULL_POINTER,
+           "abi: bad sizes");
+  tu_check(strcmp(rmsnorm_status_name(RMSNORM_ERROR_BAD_CONFIG), "RMSNORM_ERROR_BAD_CONFIG") == 0 &&
+               RMSNORM_ERROR_BAD_CONFIG == 12,
+           "abi: status name and pinned value");
+}
+
 int main(void) {
   if (rmsnorm_context_create(&ctx) != RMSNORM_OK) return 2;
   reset();
   test_forward_errors();
   test_backward_errors();
   test_helpers();
+  test_config_abi();
   rmsnorm_context_free(ctx);
   return tu_finish("test_errors");
 }

@@ -97,6 +97,7 @@ class Config(ctypes.Structure):
     """struct rmsnorm_config."""
 
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("dtype", ctypes.c_int),
         ("param_dtype", ctypes.c_int),
         ("eps", ctypes.c_double),
@@ -129,7 +130,7 @@ _context_get_isa = _proto("rmsnorm_context_get_isa", _int, _vp, ctypes.POINTER(_
 _context_set_threads = _proto("rmsnorm_context_set_threads", _int, _vp, _int)
 _context_get_threads = _proto("rmsnorm_context_get_threads", _int, _vp, ctypes.POINTER(_int))
 _default_eps = _proto("rmsnorm_default_eps", _int, _int, ctypes.POINTER(ctypes.c_double))
-_config_init = _proto("rmsnorm_config_init", _int, _cfgp, _int)
+_config_init_size = _proto("rmsnorm_config_init_size", _int, _cfgp, _sz, _int)
 # The four operations. Called with a context handle, a config() pointer, sizes,
 # and pointers as Python ints (None for NULL), strides in elements; they return
 # the status, to pass to check() when not zero.
@@ -228,7 +229,7 @@ DEFAULT_EPS = {dt: default_eps(dt) for dt in DTYPE_NAMES}
 _CONFIG_TEMPLATES = {}
 for _dt in DTYPE_NAMES:
     _cfg = Config()
-    check(_config_init(ctypes.byref(_cfg), _dt), "rmsnorm_config_init")
+    check(_config_init_size(ctypes.byref(_cfg), ctypes.sizeof(_cfg), _dt), "rmsnorm_config_init")
     _CONFIG_TEMPLATES[_dt] = bytes(_cfg)
 
 _CONFIGS = {}  # (dtype, param_dtype, eps, partial, flags) -> pointer to a Config
