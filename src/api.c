@@ -113,14 +113,15 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
 
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(d * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + bcopy);
+  rn_context_lock(ctx);
+  char *scratch = rn_context_scratch(ctx, wcopy + bcopy);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   rn_forward_args a = {norm, cfg->dtype, d, norm == RN_LAYERNORM ? d : rn_partial_k(cfg->partial, d),
                        x, ldx, y, ldy,
                        rn_param_as_acc(cfg, weight, 1, d, scratch),
                        rn_param_as_acc(cfg, bias, 0, d, scratch + wcopy),
                        cfg->eps, cfg->flags, mean, rstd,
-                       y != x && rows * d * es >= RN_STREAM_BYTES};
+                       y != x && rn_stream_ok(y, es, rows * d * es)};
   const rn_kernel_set *k = rn_context_kernels(ctx);
   if (split_rows(ctx, rows, d, es)) {
     cols_job job = {k, cfg->dtype, &a, NULL, 0, d, {0}, NULL, NULL};
@@ -213,13 +214,14 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias))
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + plan.bytes);
+  rn_context_lock(ctx);
+  char *scratch = rn_context_scratch(ctx, wcopy + plan.bytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   rn_backward_args a = {norm, cfg->dtype, d, norm == RN_LAYERNORM ? d : rn_partial_k(cfg->partial, d),
                         x, ldx, dy, lddy, dx, lddx,
                         rn_param_as_acc(cfg, weight, 1, d, scratch),
                         cfg->eps, cfg->flags, mean, rstd,
-                        dx != dy && dx != x && rows * d * es >= RN_STREAM_BYTES};
+                        dx != dy && dx != x && rn_stream_ok(dx, es, rows * d * es)};
   backward_job job = {ctx, rn_context_kernels(ctx), &a, 0};
   int ntasks = rn_threads_for(ctx, rows * d * 3 * es, plan.nchunks);
   if (split_rows(ctx, rows, d, es)) {

@@ -14,6 +14,7 @@
 #include "context.h"
 #include "dtype.h"
 #include "kernels.h"
+#include "rescue.h"
 #include "rowmath.h"
 #include "validate.h"
 #include "work.h"
@@ -86,7 +87,8 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
 
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(d * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + bcopy);
+  rn_context_lock(ctx);
+  char *scratch = rn_context_scratch(ctx, wcopy + bcopy);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   add_fwd_job job;
   job.ks = rn_context_kernels(ctx);
@@ -96,7 +98,7 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
                               rn_param_as_acc(cfg, weight, 1, d, scratch),
                               rn_param_as_acc(cfg, bias, 0, d, scratch + wcopy),
                               cfg->eps, cfg->flags, NULL, rstd,
-                              y != u && rows * d * es >= RN_STREAM_BYTES};
+                              y != u && rn_stream_ok(y, es, rows * d * es)};
   job.rows = rows;
   job.block = block_rows(d, es);
   rn_run_tasks(ctx, rn_threads_for(ctx, rows * d * 4 * es, rows), add_fwd_task, &job);
@@ -171,12 +173,13 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
   rn_grad_plan plan;
   if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias))
     return RMSNORM_ERROR_OUT_OF_MEMORY;
+  rn_context_lock(ctx);
   int ntasks = rn_threads_for(ctx, rows * d * (dres ? 4 : 3) * es, plan.nchunks);
   size_t block = block_rows(d, es);
   size_t task_bytes = dres ? rn_align64(block * d * es) : 0;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bytes = wcopy + plan.bytes + (size_t)ntasks * task_bytes;
-  char *scratch = rn_context_acquire(ctx, bytes);
+  char *scratch = rn_context_scratch(ctx, bytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   add_bwd_job job;
   job.ks = rn_context_kernels(ctx);
@@ -184,7 +187,7 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
                                h, ldh, dy, lddy, dh, lddh,
                                rn_param_as_acc(cfg, weight, 1, d, scratch),
                                cfg->eps, cfg->flags, NULL, rstd,
-                               !dres && dh != dy && rows * d * es >= RN_STREAM_BYTES};
+                               !dres && dh != dy && rn_stream_ok(dh, es, rows * d * es)};
   job.dres = dres;
   job.lddres = lddres;
   job.lddh = lddh;
@@ -224,7 +227,8 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
   if (st != RMSNORM_OK) return st;
   if ((st = rn_check_matrix(rows, d, ldq, 1)) != RMSNORM_OK) return st;
   if (qtype != RMSNORM_Q_INT8 && qtype != RMSNORM_Q_FP8_E4M3) return RMSNORM_ERROR_BAD_ARGUMENT;
-  if (static_scale && (!(*static_scale > 0 && *static_scale <= FLT_MAX) || scale))
+  float s0 = static_scale ? rn_ld_f32(static_scale, 0) : 0.0f;
+  if (static_scale && (!(s0 > 0 && s0 <= FLT_MAX) || scale))
     return RMSNORM_ERROR_BAD_ARGUMENT;
   if (rows == 0) return RMSNORM_OK;
   if (!x || !q || (!static_scale && !scale)) return RMSNORM_ERROR_NULL_POINTER;
@@ -236,12 +240,13 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
                   rn_vector_span(rstd, rows, as, 1)};
   if ((st = rn_check_overlaps(s, 7, NONE, NONE, NONE)) != RMSNORM_OK) return st;
 
+  rn_context_lock(ctx);
   int ntasks = rn_threads_for(ctx, rows * d * (es + 1), rows);
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(d * as) : 0;
   size_t task_bytes = RN_QUANT_SCRATCH(d);
   size_t bytes = wcopy + bcopy + (size_t)ntasks * task_bytes;
-  char *scratch = rn_context_acquire(ctx, bytes);
+  char *scratch = rn_context_scratch(ctx, bytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   quant_job job;
   job.kernel = rn_context_kernels(ctx)->quant[cfg->dtype];
@@ -254,7 +259,7 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
   job.args.q = q;
   job.args.ldq = ldq;
   job.args.scale = scale;
-  job.args.static_scale = static_scale ? *static_scale : 0.0f;
+  job.args.static_scale = s0;
   job.rows = rows;
   job.task_bytes = task_bytes;
   job.task_scratch = scratch + wcopy + bcopy;
@@ -356,7 +361,8 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
 
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(head_dim * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(head_dim * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + bcopy);
+  rn_context_lock(ctx);
+  char *scratch = rn_context_scratch(ctx, wcopy + bcopy);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   qk_fwd_job job;
   job.kernel = rn_context_kernels(ctx)->forward[cfg->dtype];
@@ -368,7 +374,7 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
                                rn_param_as_acc(cfg, weight, 1, head_dim, scratch),
                                rn_param_as_acc(cfg, bias, 0, head_dim, scratch + wcopy),
                                cfg->eps, cfg->flags, NULL, rstd,
-                               job.g.flat && y != x && rows * head_dim * es >= RN_STREAM_BYTES};
+                               job.g.flat && y != x && rn_stream_ok(y, es, rows * head_dim * es)};
   rn_run_tasks(ctx, rn_threads_for(ctx, rows * head_dim * 2 * es, tokens), qk_fwd_task, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
@@ -439,7 +445,8 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
   if (!rn_grad_plan_init(&plan, cfg, tokens, chunk_tokens, head_dim, dweight, dbias))
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(head_dim * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + plan.bytes);
+  rn_context_lock(ctx);
+  char *scratch = rn_context_scratch(ctx, wcopy + plan.bytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   qk_bwd_job job;
   job.kernel = rn_context_kernels(ctx)->backward[cfg->dtype];
@@ -452,7 +459,7 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
                                 rn_param_as_acc(cfg, weight, 1, head_dim, scratch),
                                 cfg->eps, cfg->flags, NULL, rstd,
                                 job.g.flat && dx != dy && dx != x &&
-                                    rows * head_dim * es >= RN_STREAM_BYTES};
+                                    rn_stream_ok(dx, es, rows * head_dim * es)};
   int ntasks = rn_threads_for(ctx, rows * head_dim * 3 * es, plan.nchunks);
   rn_grad_run(ctx, &plan, scratch + wcopy, ntasks, qk_bwd_chunk, &job);
   rn_context_unlock(ctx);
@@ -491,16 +498,16 @@ rmsnorm_status rmsnorm_fold_weight(const rmsnorm_config *cfg, size_t d, size_t n
                   rn_vector_span(weight, d, ps, 0)};
   if ((st = rn_check_overlaps(s, 3, 1, 0, NONE)) != RMSNORM_OK) return st;
   int f64 = rn_acc_is_f64(cfg->dtype);
-  for (size_t j = 0; j < d; j++) {
+  for (size_t j = 0; j < d; j++) { /* W and W': any address */
     double g = gain_at(cfg, weight, j);
     if (f64) {
-      const double *src = (const double *)w + j * ldw;
-      double *dst = (double *)w_folded + j * ldwf;
-      for (size_t k = 0; k < n; k++) dst[k] = g * src[k];
+      const char *src = (const char *)w + j * ldw * 8;
+      char *dst = (char *)w_folded + j * ldwf * 8;
+      for (size_t k = 0; k < n; k++) rn_st_f64(dst, k, g * rn_ld_f64(src, k));
     } else {
-      const float *src = (const float *)w + j * ldw;
-      float *dst = (float *)w_folded + j * ldwf;
-      for (size_t k = 0; k < n; k++) dst[k] = (float)g * src[k];
+      const char *src = (const char *)w + j * ldw * 4;
+      char *dst = (char *)w_folded + j * ldwf * 4;
+      for (size_t k = 0; k < n; k++) rn_st_f32(dst, k, (float)g * rn_ld_f32(src, k));
     }
   }
   return RMSNORM_OK;
@@ -531,7 +538,8 @@ static void lin_stats(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t ro
   rn_run_tasks(ctx, ntasks, lin_stats_task, &job);
 }
 
-/* Widens rows [r0, r0+m) x c of src (dtype, ld) into dst (acc, ld_dst). */
+/* Widens rows [r0, r0+m) x c of src (dtype, ld; any address) into dst (acc,
+ * ld_dst; aligned scratch). */
 static void widen_rows(rmsnorm_dtype dt, const void *src, size_t ld, size_t r0, size_t m,
                        size_t c, void *dst, size_t ld_dst) {
   size_t es = rn_dtype_size(dt);
@@ -548,36 +556,126 @@ static void widen_rows(rmsnorm_dtype dt, const void *src, size_t ld, size_t r0, 
   }
 }
 
-/* Rounds rows of src (acc, ld_src) to dst (dtype, ld_dst), y = r_i * s + b:
- * with r NULL a plain conversion. */
+/* Rounds rows of src (acc, ld_src; scratch) to dst (dtype, ld_dst; any
+ * address). */
 static void narrow_rows(rmsnorm_dtype dt, const void *src, size_t ld_src, size_t m, size_t c,
-                        const void *r, const void *bias, void *dst, size_t ld_dst) {
+                        void *dst, size_t ld_dst) {
   int f64 = rn_acc_is_f64(dt);
   for (size_t i = 0; i < m; i++) {
     char *o = (char *)dst + i * ld_dst * rn_dtype_size(dt);
     if (f64) {
-      const double *s = (const double *)src + i * ld_src, *b = bias;
-      double ri = r ? ((const double *)r)[i] : 1.0;
-      double *od = (double *)(void *)o;
-      for (size_t j = 0; j < c; j++) od[j] = r ? (b ? ri * s[j] + b[j] : ri * s[j]) : s[j];
+      memcpy(o, (const double *)src + i * ld_src, c * 8);
     } else {
-      const float *s = (const float *)src + i * ld_src, *b = bias;
-      float ri = r ? ((const float *)r)[i] : 1.0f;
-      if (dt == RMSNORM_F32) {
-        float *of = (float *)(void *)o;
-        for (size_t j = 0; j < c; j++) of[j] = r ? (b ? ri * s[j] + b[j] : ri * s[j]) : s[j];
-      } else {
-        for (size_t j = 0; j < c; j++)
-          rn_store(o, dt, j, r ? (b ? ri * s[j] + b[j] : ri * s[j]) : s[j]);
-      }
+      const float *s = (const float *)src + i * ld_src;
+      if (dt == RMSNORM_F32)
+        memcpy(o, s, c * 4);
+      else
+        for (size_t j = 0; j < c; j++) rn_store(o, dt, j, s[j]);
     }
   }
 }
 
-/* Rows per GEMM chunk for fp16/bf16 data (and for the backward). */
+/* Rows per GEMM chunk where the rows go through scratch: fp16/bf16 data,
+ * misaligned fp32/fp64 rows, and the backward. */
 #define LIN_CHUNK 256
 
 static int fits_int(size_t v) { return v <= (size_t)INT_MAX; }
+
+/* W' as the GEMMs read it: the caller's matrix, or an aligned copy of it
+ * (stride n) when it is not aligned to its element type. */
+typedef struct lin_matrix {
+  const void *p;
+  size_t ld;
+} lin_matrix;
+
+static lin_matrix lin_aligned(const void *w, size_t ld, size_t d, size_t n, size_t as,
+                              char *copy) {
+  lin_matrix m = {w, ld};
+  if (rn_aligned(w, as)) return m;
+  for (size_t j = 0; j < d; j++) memcpy(copy + j * n * as, (const char *)w + j * ld * as, n * as);
+  m.p = copy;
+  m.ld = n;
+  return m;
+}
+
+/* What the forward's row finishing needs. */
+typedef struct lin_fwd {
+  const rmsnorm_config *cfg;
+  rn_forward_args stats; /* the norm of x's rows (x, d, k, eps, flags) */
+  lin_matrix wf;         /* W' (d x n), aligned */
+  const void *b;         /* bias (n,) acc, or NULL */
+  const char *r;         /* r of every row (acc) */
+  size_t n;
+  char *xs, *zs;         /* (d,) and (n,) acc: one row recomputed in scaled form */
+} lin_fwd;
+
+/* Row `row` of Z recomputed where the GEMM on unscaled x cannot be trusted:
+ * its r outside the compute type's normal range, or a product that left the
+ * range (|x| ~ 1e37 makes x W' overflow although RMSNorm(x) W' is modest).
+ * The GEMM then runs on x_j * 2^s with 2^s the power of two at or below r,
+ * which is xhat_j within a factor of two: it overflows only where
+ * RMSNorm(X) W' does. r comes from the rescue path in its scaled form
+ * r = rs * 2^-e, so it never leaves double's range either; the remaining
+ * factor r / 2^s lies in [1, 2). A row whose statistic meets a NaN/Inf keeps
+ * the NaNs the normal pass gave it. */
+static void lin_redo_row(const lin_fwd *f, size_t row, void *zrow) {
+  rmsnorm_dtype dt = f->cfg->dtype;
+  int f64 = rn_acc_is_f64(dt);
+  size_t d = f->stats.d, n = f->n;
+  double rs;
+  int e;
+  rn_rescue_row_r(&f->stats, row, &rs, &e);
+  if (!isfinite(rs)) return;
+  const char *x = (const char *)f->stats.x + row * f->stats.ldx * rn_dtype_size(dt);
+  if (rs == 0) { /* a zero row with eps = 0 maps to the bias */
+    for (size_t k = 0; k < n; k++) rn_store(zrow, dt, k, f->b ? rn_load_acc(f->b, f64, k) : 0.0);
+    return;
+  }
+  int shift = ilogb(rs) - e; /* 2^shift <= r < 2^(shift+1) */
+  for (size_t j = 0; j < d; j++) rn_store_acc(f->xs, f64, j, ldexp(rn_load(x, dt, j), shift));
+  rn_gemm(f64, 0, 0, 1, n, d, 1.0, f->xs, d, f->wf.p, f->wf.ld, 0.0, f->zs, n);
+  double factor = ldexp(rs, -ilogb(rs)); /* r / 2^shift */
+  for (size_t k = 0; k < n; k++) {
+    double v = factor * rn_load_acc(f->zs, f64, k);
+    if (f->b) v += rn_load_acc(f->b, f64, k);
+    rn_store(zrow, dt, k, v);
+  }
+}
+
+/* Z rows [r0, r0+m): z_k = r * g_k + b_k from the GEMM's g (acc, ld_src),
+ * rounded once to the dtype into dst (any address); rows the GEMM could not
+ * be trusted with are recomputed (lin_redo_row). */
+static void lin_finish_rows(const lin_fwd *f, size_t r0, size_t m, const void *src,
+                            size_t ld_src, void *dst, size_t ld_dst) {
+  rmsnorm_dtype dt = f->cfg->dtype;
+  int f64 = rn_acc_is_f64(dt);
+  size_t n = f->n, es = rn_dtype_size(dt);
+  for (size_t i = 0; i < m; i++) {
+    char *o = (char *)dst + i * ld_dst * es;
+    double rd = rn_load_acc(f->r, f64, r0 + i);
+    int bad = !rn_saved_r_usable(rd, f64);
+    if (f64) {
+      const double *s = (const double *)src + i * ld_src, *b = f->b;
+      for (size_t k = 0; k < n; k++) {
+        double v = b ? rd * s[k] + b[k] : rd * s[k];
+        bad |= !(fabs(v) <= DBL_MAX);
+        rn_st_f64(o, k, v);
+      }
+    } else {
+      const float *s = (const float *)src + i * ld_src, *b = f->b;
+      float ri = (float)rd;
+      for (size_t k = 0; k < n; k++) {
+        float v = b ? ri * s[k] + b[k] : ri * s[k];
+        bad |= !(fabsf(v) <= FLT_MAX);
+        if (dt == RMSNORM_F32)
+          rn_st_f32(o, k, v);
+        else
+          rn_store(o, dt, k, v);
+      }
+    }
+    if (bad) lin_redo_row(f, r0 + i, o);
+  }
+}
 
 rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
                                       size_t rows, size_t d, size_t n, const void *x,
@@ -607,34 +705,85 @@ rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rmsnorm_config
                   rn_vector_span(rstd, rows, as, 1)};
   if ((st = rn_check_overlaps(s, 5, NONE, NONE, NONE)) != RMSNORM_OK) return st;
 
-  int f64 = rn_acc_is_f64(cfg->dtype), narrow = es != as;
+  int f64 = rn_acc_is_f64(cfg->dtype);
+  /* fp32/fp64 rows aligned to their type go to the GEMM as they lie; others
+   * through scratch, in chunks */
+  int direct = es == as && rn_aligned(x, es) && rn_aligned(z, es);
+  size_t chunk = direct ? 0 : rows < LIN_CHUNK ? rows : LIN_CHUNK;
+  rn_context_lock(ctx);
   int ntasks = rn_threads_for(ctx, rows * d * es, rows);
-  size_t chunk = narrow ? (rows < LIN_CHUNK ? rows : LIN_CHUNK) : 0;
+  /* scratch: bias copy | r (rows) | rescue rows (ntasks) | X, Z chunks |
+   *          W' copy | one recomputed row (d + n) */
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(n * as) : 0;
   size_t rbytes = rn_align64(rows * as);
   size_t tbytes = (size_t)ntasks * RN_QUANT_SCRATCH(d);
   size_t xbytes = rn_align64(chunk * d * as), zbytes = rn_align64(chunk * n * as);
-  size_t bytes = bcopy + rbytes + tbytes + xbytes + zbytes;
-  char *scratch = rn_context_acquire(ctx, bytes);
+  size_t wbytes = rn_aligned(w_folded, as) ? 0 : rn_align64(d * n * as);
+  size_t fbytes = rn_align64(d * as) + rn_align64(n * as);
+  char *scratch =
+      rn_context_scratch(ctx, bcopy + rbytes + tbytes + xbytes + zbytes + wbytes + fbytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
-  const void *b = rn_param_as_acc(cfg, bias, 0, n, scratch);
-  char *r = scratch + bcopy, *xc = r + rbytes + tbytes, *zc = xc + xbytes;
+  char *r = scratch + bcopy, *xc = r + rbytes + tbytes, *zc = xc + xbytes, *wc = zc + zbytes;
+  lin_fwd f;
+  f.cfg = cfg;
+  f.stats = (rn_forward_args){RN_RMSNORM, cfg->dtype, d, rn_partial_k(cfg->partial, d), x, ldx,
+                              NULL, 0, NULL, NULL, cfg->eps, cfg->flags, NULL, r, 0};
+  f.wf = lin_aligned(w_folded, ldwf, d, n, as, wc);
+  f.b = rn_param_as_acc(cfg, bias, 0, n, scratch);
+  f.r = r;
+  f.n = n;
+  f.xs = wc + wbytes;
+  f.zs = f.xs + rn_align64(d * as);
   lin_stats(ctx, cfg, rows, d, x, ldx, r, r + rbytes, ntasks);
 
-  if (!narrow) { /* fp32/fp64: one GEMM straight into z, then the row scale */
-    rn_gemm(f64, 0, 0, rows, n, d, 1.0, x, ldx, w_folded, ldwf, 0.0, z, ldz);
-    narrow_rows(cfg->dtype, z, ldz, rows, n, r, b, z, ldz);
-  } else { /* fp16/bf16: chunks widened to float, and rounded back */
+  if (direct) { /* one GEMM straight into z, then the row scale in place */
+    rn_gemm(f64, 0, 0, rows, n, d, 1.0, x, ldx, f.wf.p, f.wf.ld, 0.0, z, ldz);
+    lin_finish_rows(&f, 0, rows, z, ldz, z, ldz);
+  } else { /* chunks widened to the compute type, and rounded back */
     for (size_t r0 = 0; r0 < rows; r0 += chunk) {
       size_t m = rows - r0 < chunk ? rows - r0 : chunk;
       widen_rows(cfg->dtype, x, ldx, r0, m, d, xc, d);
-      rn_gemm(0, 0, 0, m, n, d, 1.0, xc, d, w_folded, ldwf, 0.0, zc, n);
-      narrow_rows(cfg->dtype, zc, n, m, n, r + r0 * as, b, (char *)z + r0 * ldz * es, ldz);
+      rn_gemm(f64, 0, 0, m, n, d, 1.0, xc, d, f.wf.p, f.wf.ld, 0.0, zc, n);
+      lin_finish_rows(&f, r0, m, zc, n, (char *)z + r0 * ldz * es, ldz);
     }
   }
   if (rstd) memcpy(rstd, r, rows * as);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
+}
+
+/* xhat of rows [r0, r0+m) of the chunk xc (acc, stride d) in place, xhat =
+ * r x. A row whose r is outside the compute type's normal range (|x| far
+ * from 1) takes r in the rescue path's scaled form, r = rs * 2^-e
+ * (rn_scaled_mul), which stays in range. */
+static void lin_xhat_rows(const rn_forward_args *stats, const char *r, size_t r0, size_t m,
+                          char *xc) {
+  int f64 = rn_acc_is_f64(stats->dtype);
+  size_t d = stats->d;
+  for (size_t i = 0; i < m; i++) {
+    double ri = rn_load_acc(r, f64, r0 + i);
+    if (f64) {
+      double *xr = (double *)(void *)xc + i * d;
+      if (rn_saved_r_usable(ri, 1)) {
+        for (size_t j = 0; j < d; j++) xr[j] *= ri;
+        continue;
+      }
+      double rs;
+      int e;
+      rn_rescue_row_r(stats, r0 + i, &rs, &e);
+      for (size_t j = 0; j < d; j++) xr[j] = rn_scaled_mul(xr[j], rs, e);
+    } else {
+      float *xr = (float *)(void *)xc + i * d, rf = (float)ri;
+      if (rn_saved_r_usable(ri, 0)) {
+        for (size_t j = 0; j < d; j++) xr[j] *= rf;
+        continue;
+      }
+      double rs;
+      int e;
+      rn_rescue_row_r(stats, r0 + i, &rs, &e);
+      for (size_t j = 0; j < d; j++) xr[j] = (float)rn_scaled_mul(xr[j], rs, e);
+    }
+  }
 }
 
 /* Backward of Z = diag(r) X W' + 1 bias^T with W' = diag(w) W, matching
@@ -690,21 +839,26 @@ rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx, const rmsnorm_confi
   int f64 = rn_acc_is_f64(cfg->dtype);
   rmsnorm_dtype adt = f64 ? RMSNORM_F64 : RMSNORM_F32;
   size_t chunk = rows < LIN_CHUNK ? rows : LIN_CHUNK;
-  int ntasks = rn_threads_for(ctx, rows * d * es, rows);
   int need_m = dweight || dw;
-  /* scratch: r (rows) | row scratch (ntasks) | X, G (chunk x d) | dZ (chunk x n)
-   *          | M (d x n) | dbias sums (n doubles) */
+  if (need_m && n > SIZE_MAX / 16 / d) return RMSNORM_ERROR_OUT_OF_MEMORY;
+  rn_context_lock(ctx);
+  int ntasks = rn_threads_for(ctx, rows * d * es, rows);
+  /* scratch: r (rows) | rescue rows (ntasks) | X, G (chunk x d) | dZ (chunk x n)
+   *          | M (d x n) | dbias sums (n doubles) | W' copy */
   size_t rbytes = rn_align64(rows * as), tbytes = (size_t)ntasks * RN_QUANT_SCRATCH(d);
   size_t xbytes = rn_align64(chunk * d * as), zbytes = rn_align64(chunk * n * as);
-  if (need_m && n > SIZE_MAX / 16 / d) return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t mbytes = need_m ? rn_align64(d * n * as) : 0, sbytes = dbias ? rn_align64(n * 8) : 0;
-  size_t bytes = rbytes + tbytes + 2 * xbytes + zbytes + mbytes + sbytes;
-  char *scratch = rn_context_acquire(ctx, bytes);
+  size_t wbytes = rn_aligned(w_folded, as) ? 0 : rn_align64(d * n * as);
+  char *scratch =
+      rn_context_scratch(ctx, rbytes + tbytes + 2 * xbytes + zbytes + mbytes + sbytes + wbytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   char *r = scratch, *xc = r + rbytes + tbytes, *gc = xc + xbytes, *zc = gc + xbytes;
   char *m = zc + zbytes;
   double *bsum = (double *)(void *)(m + mbytes);
+  lin_matrix wf = lin_aligned(w_folded, ldwf, d, n, as, m + mbytes + sbytes);
   if (dbias) memset(bsum, 0, n * sizeof(double));
+  rn_forward_args stats = {RN_RMSNORM, cfg->dtype, d, rn_partial_k(cfg->partial, d), x, ldx,
+                           NULL, 0, NULL, NULL, cfg->eps, cfg->flags, NULL, r, 0};
   lin_stats(ctx, cfg, rows, d, x, ldx, r, r + rbytes, ntasks);
 
   for (size_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -712,23 +866,15 @@ rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx, const rmsnorm_confi
     widen_rows(cfg->dtype, x, ldx, r0, mr, d, xc, d);
     widen_rows(cfg->dtype, dz, lddz, r0, mr, n, zc, n);
     /* G = dZ W'^T: (mr x n)(n x d) */
-    rn_gemm(f64, 0, 1, mr, d, n, 1.0, zc, n, w_folded, ldwf, 0.0, gc, d);
+    rn_gemm(f64, 0, 1, mr, d, n, 1.0, zc, n, wf.p, wf.ld, 0.0, gc, d);
     /* dX = the RMSNorm backward of G with no weight, in place in G */
-    rn_backward_args ba = {RN_RMSNORM, adt, d, rn_partial_k(cfg->partial, d), xc, d, gc, d, gc, d,
+    rn_backward_args ba = {RN_RMSNORM, adt, d, stats.k, xc, d, gc, d, gc, d,
                            NULL, cfg->eps, cfg->flags, NULL, r + r0 * as, 0};
     rn_context_kernels(ctx)->backward[adt](&ba, 0, mr, NULL, NULL);
-    narrow_rows(cfg->dtype, gc, d, mr, d, NULL, NULL, (char *)dx + r0 * lddx * es, lddx);
+    narrow_rows(cfg->dtype, gc, d, mr, d, (char *)dx + r0 * lddx * es, lddx);
     if (need_m) {
       /* Xhat = diag(r) X in place, then M += Xhat^T dZ: (d x mr)(mr x n) */
-      for (size_t i = 0; i < mr; i++) {
-        if (f64) {
-          double ri = ((const double *)(const void *)r)[r0 + i], *xr = (double *)(void *)xc + i * d;
-          for (size_t j = 0; j < d; j++) xr[j] *= ri;
-        } else {
-          float ri = ((const float *)(const void *)r)[r0 + i], *xr = (float *)(void *)xc + i * d;
-          for (size_t j = 0; j < d; j++) xr[j] *= ri;
-        }
-      }
+      lin_xhat_rows(&stats, r, r0, mr, xc);
       rn_gemm(f64, 1, 0, d, n, mr, 1.0, xc, d, zc, n, r0 ? 1.0 : 0.0, m, n);
     }
     if (dbias)

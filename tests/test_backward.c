@@ -103,7 +103,7 @@ static void run_case(const bcase *c, const double *x_override) {
                              c->saved ? rstd : NULL, dx.data, lddx, dwp, dbp);
   tu_check(st == RMSNORM_OK, "%s: status %s", what, rmsnorm_status_name(st));
 
-  oracle_opts o = {c->layernorm, c->layernorm ? d : (size_t)ceil(c->partial * (double)d), c->eps,
+  oracle_opts o = {c->layernorm, c->layernorm ? d : tu_partial_k(c->partial, d), c->eps,
                    c->outside, 0, c->dt};
   if (o.k > d) o.k = d;
   for (size_t i = 0; i < rows; i++)

@@ -88,7 +88,7 @@ static void run_case(const fcase *c, const double *x_override) {
                             c->inplace ? c->ldx : c->ldy, rstd);
   tu_check(st == RMSNORM_OK, "%s: status %s", what, rmsnorm_status_name(st));
 
-  oracle_opts o = {c->layernorm, c->layernorm ? d : (size_t)ceil(c->partial * (double)d),
+  oracle_opts o = {c->layernorm, c->layernorm ? d : tu_partial_k(c->partial, d),
                    c->eps, c->outside, c->round_first, c->dt};
   if (o.k > d) o.k = d;
   int f64 = rn_acc_is_f64(c->dt);
