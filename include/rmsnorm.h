@@ -189,6 +189,19 @@ static inline rmsnorm_status rmsnorm_config_init(rmsnorm_config *cfg, rmsnorm_dt
   return rmsnorm_config_init_size(cfg, sizeof(rmsnorm_config), dtype);
 }
 
+/* pRMSNorm's statistic length for a partial fraction p of a row of d: the
+ * smallest k in [1, d] such that k/d, rounded to the nearest double, is >= p.
+ * This is ceil(p*d) with p read as the number the caller meant rather than
+ * its binary approximation: a p written as a decimal P (0.07) for which P*d
+ * is an integer K (7 for d = 100) gives exactly K (a binary 0.07 times 100
+ * is 7.0000000000000007, whose ceiling is 8), and p = (double)K / d gives K.
+ * Where P*d is not an integer, k = ceil(P*d) for any P of up to
+ * 15 - log10(d) significant digits. (The authors' pRMSNorm code uses
+ * int(d*p), a floor: see README.)
+ * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_SIZE
+ * (d == 0), RMSNORM_ERROR_BAD_PARTIAL (p outside (0, 1]). */
+RMSNORM_API rmsnorm_status rmsnorm_partial_count(double partial, size_t d, size_t *k);
+
 /* Buffers, for all four operations:
  *   x, y, dy, dx: rows x d elements of cfg->dtype, row i starting at
  *                 ptr + i*ld (ld in elements, >= d). Any alignment.
@@ -200,7 +213,7 @@ static inline rmsnorm_status rmsnorm_config_init(rmsnorm_config *cfg, rmsnorm_dt
  * overlap between an output and another buffer is RMSNORM_ERROR_OVERLAP. */
 
 /* RMSNorm forward, per row:
- *   k    = ceil(partial * d)            (computed in double; k = d when partial = 1)
+ *   k    = rmsnorm_partial_count(partial, d)   (ceil(partial * d); d when partial = 1)
  *   ms   = (1/k) * sum_{j<k} x_j^2
  *   r    = 1/sqrt(ms + eps)             or 1/(sqrt(ms) + eps) with RMSNORM_FLAG_EPS_OUTSIDE
  *   y_j  = x_j * r * w_j + b_j          for all j < d

@@ -41,6 +41,14 @@ rmsnorm_status rmsnorm_config_init_size(rmsnorm_config *cfg, size_t size, rmsnor
   return RMSNORM_OK;
 }
 
+rmsnorm_status rmsnorm_partial_count(double partial, size_t d, size_t *k) {
+  if (!k) return RMSNORM_ERROR_NULL_POINTER;
+  if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
+  if (!(partial > 0 && partial <= 1)) return RMSNORM_ERROR_BAD_PARTIAL;
+  *k = rn_partial_k(partial, d);
+  return RMSNORM_OK;
+}
+
 /* ---- long rows split across threads --------------------------------------- */
 
 /* With fewer rows than threads, rows at least this long are split: the

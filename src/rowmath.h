@@ -61,12 +61,29 @@ static inline double rn_halve_lanes(double *acc, size_t lanes) {
   return acc[0];
 }
 
-/* ceil(p*d) in double, kept within [1, d]. */
+/* pRMSNorm's k for a fraction p in (0, 1] of d: the smallest k in [1, d]
+ * whose quotient k/d, rounded to the nearest double, is >= p. That is
+ * ceil(p*d) with p standing for every real number that rounds to it: a p
+ * written as a decimal P (0.07) whose P*d is an integer K (7 for d = 100)
+ * gives K, although the double nearest 0.07 times 100 is 7.0000000000000007
+ * whose ceiling is 8; and p = K/d computed in double gives K.
+ * Computed exactly: c = ceil(p*d) of the exact product (its rounding error
+ * from fma), then c - 1 when (c - 1)/d rounds to p. At most one integer can
+ * do so while d < 2^53, since p's rounding interval is narrower than 1/d. */
 static inline size_t rn_partial_k(double p, size_t d) {
-  double kd = ceil(p * (double)d);
-  if (kd < 1) return 1;
-  if (kd >= (double)d) return d;
-  return (size_t)kd;
+  if (p >= 1) return d;
+  double dd = (double)d, c;
+  if (d >= ((size_t)1 << 53)) { /* no such row fits in memory: plain ceil */
+    c = ceil(p * dd);
+  } else {
+    double prod = p * dd, err = fma(p, dd, -prod); /* p*d = prod + err exactly */
+    c = ceil(prod);
+    if (c == prod && err > 0) c += 1; /* prod is an integer the exact value exceeds */
+    if (c >= 2 && (c - 1) / dd >= p) c -= 1;
+  }
+  if (c < 1) return 1;
+  if (c >= dd) return d;
+  return (size_t)c;
 }
 
 #endif
