@@ -18,12 +18,13 @@ void rn_rescue_forward_row(const rn_forward_args *a, size_t row);
 void rn_rescue_backward_row(const rn_backward_args *a, size_t row, void *dw_part,
                             void *db_part);
 
-/* v * rs * 2^-e, rounded once where the result is in range: the product
- * first (it overflows only for v near the top of double's range), else the
- * scaling first. */
+/* v * rs * 2^-e without leaving double's range on the way: the mantissas
+ * (in [0.5, 1)) are multiplied, rounded once, and the exponents added. rs
+ * may be anywhere in range (tiny when eps dominates the statistic). */
 static inline double rn_scaled_mul(double v, double rs, int e) {
-  double p = v * rs;
-  return fabs(p) <= DBL_MAX ? ldexp(p, -e) : ldexp(v, -e) * rs;
+  int ev, er;
+  double mv = frexp(v, &ev), mr = frexp(rs, &er);
+  return ldexp(mv * mr, ev + er - e);
 }
 
 /* RMSNorm r of row `row` of a->x in a scaled form that never leaves

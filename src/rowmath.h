@@ -11,16 +11,29 @@
 
 #include "kernels.h"
 
-/* A row sum computed in the storage's compute type cannot be trusted when it
- * overflowed, or when it is so small that squares may have underflowed while
- * eps is too small to dominate. Such rows go to the double-precision rescue
- * path (src/rescue.c). For float sums: squares >= 2^-126 are exact in range,
- * so a sum >= 2^-100 has lost at most k*2^-149 to underflow, < 2^-23 relative
- * for k <= 2^26. Zero rows with a real eps (>= 2^-70) never need the rescue. */
-static inline int rn_sum_untrusted(double s, double eps, int f64) {
+/* A row sum of squares computed in the storage's compute type cannot be
+ * trusted when it overflowed, or when it is so small that squares may have
+ * underflowed while eps is too small to hide the loss. Such rows go to the
+ * double-precision rescue path (src/rescue.c).
+ *
+ * Float sums: every square enters through one FMA, whose rounding in the
+ * subnormal range errs by at most 2^-150, so over k terms the sum s is off by
+ * at most k * 2^-150 and the mean ms = s/k by at most 2^-150.
+ *   - s >= 2^-100: at most k * 2^-50 relative, < 2^-24 for k <= 2^26.
+ *   - eps inside the root, 1/sqrt(ms + eps): ms's error is at most
+ *     2^-150 / eps of ms + eps, 2^-80 for eps >= 2^-70.
+ *   - eps outside, 1/(sqrt(ms) + eps): sqrt moves by at most sqrt(2^-150) =
+ *     2^-75, at most 2^-31 of sqrt(ms) + eps for eps >= 2^-44. (A bound of
+ *     2^-70 here would let x ~ 1.5 * 2^-75, eps = 2^-70 through with r off by
+ *     2.6e-3.)
+ * Double sums (fp64 data) alike: errors of 2^-1075 per term; s >= 2^-960,
+ * or eps >= 2^-930 inside (2^-145 relative), or eps >= 2^-470 outside
+ * (sqrt(2^-1075) / 2^-470 = 2^-67.5). A zero row with a real eps never needs
+ * the rescue. */
+static inline int rn_sum_untrusted(double s, double eps, int eps_outside, int f64) {
   if (!isfinite(s)) return 1;
-  if (f64) return s < 0x1p-960 && eps < 0x1p-930;
-  return s < 0x1p-100 && eps < 0x1p-70;
+  if (f64) return s < 0x1p-960 && eps < (eps_outside ? 0x1p-470 : 0x1p-930);
+  return s < 0x1p-100 && eps < (eps_outside ? 0x1p-44 : 0x1p-70);
 }
 
 /* RMSNorm r from the sum of squares over k elements. A zero denominator
