@@ -271,34 +271,32 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
 /* =============================== QK-norm =============================== */
 
 /* A [tokens, heads] grid of rows of hd elements whose rows do not overlap:
- * token-major (heads inside a token) or head-major. *extent: elements from the
- * first to one past the last. */
+ * token-major (heads inside a token) or head-major. A stride that is never
+ * used (one head, or one token) is not checked. */
 static rmsnorm_status check_grid(size_t tokens, size_t heads, size_t hd, size_t ld_t,
-                                 size_t ld_h, size_t es, size_t *extent) {
+                                 size_t ld_h, size_t es) {
   size_t inner;
   /* token-major: each token's heads are a heads x hd matrix of stride ld_h */
   if (rn_check_matrix(heads, hd, ld_h, es) == RMSNORM_OK &&
-      (inner = (heads - 1) * ld_h + hd, rn_check_matrix(tokens, inner, ld_t, es) == RMSNORM_OK)) {
-    *extent = (tokens - 1) * ld_t + inner;
+      (inner = heads > 1 ? (heads - 1) * ld_h + hd : hd,
+       rn_check_matrix(tokens, inner, ld_t, es) == RMSNORM_OK))
     return RMSNORM_OK;
-  }
   if (rn_check_matrix(tokens, hd, ld_t, es) == RMSNORM_OK &&
-      (inner = (tokens - 1) * ld_t + hd, rn_check_matrix(heads, inner, ld_h, es) == RMSNORM_OK)) {
-    *extent = (heads - 1) * ld_h + inner;
+      (inner = tokens > 1 ? (tokens - 1) * ld_t + hd : hd,
+       rn_check_matrix(heads, inner, ld_h, es) == RMSNORM_OK))
     return RMSNORM_OK;
-  }
   /* an overflow of either layout is a size error, anything else a stride one */
   if ((heads > 1 && ld_h > SIZE_MAX / heads) || (tokens > 1 && ld_t > SIZE_MAX / tokens))
     return RMSNORM_ERROR_BAD_SIZE;
   return RMSNORM_ERROR_BAD_STRIDE;
 }
 
-static rn_span grid_span(const void *p, size_t extent, size_t ld_t, size_t ld_h, size_t es,
-                         int output) {
-  rn_span s = rn_vector_span(p, extent, es, output);
-  s.ld = ld_t;
-  s.ld2 = ld_h;
-  return s;
+/* One head (MQA/GQA K) never uses its head stride, one token its token
+ * stride: such a stride is set so that the rows form one list of stride
+ * ld_head (the kernels' fast path). */
+static void qk_unused_strides(size_t tokens, size_t heads, size_t *ld_t, size_t *ld_h) {
+  if (heads == 1) *ld_h = *ld_t;
+  if (tokens == 1) *ld_t = heads * *ld_h;
 }
 
 /* The per-buffer strides of a QK-norm call. */
@@ -345,16 +343,19 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
   if (st != RMSNORM_OK) return st;
   if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
-  size_t as = rn_acc_size(cfg->dtype), ex, ey;
+  size_t as = rn_acc_size(cfg->dtype);
   if (tokens == 0) return RMSNORM_OK;
-  if ((st = check_grid(tokens, heads, head_dim, ldx_token, ldx_head, es, &ex)) != RMSNORM_OK ||
-      (st = check_grid(tokens, heads, head_dim, ldy_token, ldy_head, es, &ey)) != RMSNORM_OK)
+  if ((st = check_grid(tokens, heads, head_dim, ldx_token, ldx_head, es)) != RMSNORM_OK ||
+      (st = check_grid(tokens, heads, head_dim, ldy_token, ldy_head, es)) != RMSNORM_OK)
     return st;
   if (tokens > SIZE_MAX / heads) return RMSNORM_ERROR_BAD_SIZE;
   size_t rows = tokens * heads;
   if (!x || !y) return RMSNORM_ERROR_NULL_POINTER;
-  rn_span s[5] = {grid_span(x, ex, ldx_token, ldx_head, es, 0),
-                  grid_span(y, ey, ldy_token, ldy_head, es, 1),
+  /* an unused stride takes the value that makes the rows one flat list */
+  qk_unused_strides(tokens, heads, &ldx_token, &ldx_head);
+  qk_unused_strides(tokens, heads, &ldy_token, &ldy_head);
+  rn_span s[5] = {rn_grid_span(x, tokens, ldx_token, heads, ldx_head, head_dim, es, 0),
+                  rn_grid_span(y, tokens, ldy_token, heads, ldy_head, head_dim, es, 1),
                   rn_vector_span(weight, head_dim, ps, 0), rn_vector_span(bias, head_dim, ps, 0),
                   rn_vector_span(rstd, rows, as, 1)};
   if ((st = rn_check_overlaps(s, 5, 1, 0, NONE)) != RMSNORM_OK) return st;
@@ -420,18 +421,21 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
   if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
   if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
-  size_t as = rn_acc_size(cfg->dtype), ex, edy, edx;
+  size_t as = rn_acc_size(cfg->dtype);
   if (tokens == 0) return RMSNORM_OK;
-  if ((st = check_grid(tokens, heads, head_dim, ldx_token, ldx_head, es, &ex)) != RMSNORM_OK ||
-      (st = check_grid(tokens, heads, head_dim, lddy_token, lddy_head, es, &edy)) != RMSNORM_OK ||
-      (st = check_grid(tokens, heads, head_dim, lddx_token, lddx_head, es, &edx)) != RMSNORM_OK)
+  if ((st = check_grid(tokens, heads, head_dim, ldx_token, ldx_head, es)) != RMSNORM_OK ||
+      (st = check_grid(tokens, heads, head_dim, lddy_token, lddy_head, es)) != RMSNORM_OK ||
+      (st = check_grid(tokens, heads, head_dim, lddx_token, lddx_head, es)) != RMSNORM_OK)
     return st;
   if (tokens > SIZE_MAX / heads) return RMSNORM_ERROR_BAD_SIZE;
   size_t rows = tokens * heads;
   if (!x || !dy || !dx) return RMSNORM_ERROR_NULL_POINTER;
-  rn_span s[7] = {grid_span(x, ex, ldx_token, ldx_head, es, 0),
-                  grid_span(dy, edy, lddy_token, lddy_head, es, 0),
-                  grid_span(dx, edx, lddx_token, lddx_head, es, 1),
+  qk_unused_strides(tokens, heads, &ldx_token, &ldx_head);
+  qk_unused_strides(tokens, heads, &lddy_token, &lddy_head);
+  qk_unused_strides(tokens, heads, &lddx_token, &lddx_head);
+  rn_span s[7] = {rn_grid_span(x, tokens, ldx_token, heads, ldx_head, head_dim, es, 0),
+                  rn_grid_span(dy, tokens, lddy_token, heads, lddy_head, head_dim, es, 0),
+                  rn_grid_span(dx, tokens, lddx_token, heads, lddx_head, head_dim, es, 1),
                   rn_vector_span(weight, head_dim, ps, 0),
                   rn_vector_span(rstd, rows, as, 0),
                   rn_vector_span(dweight, head_dim, ps, 1),
@@ -590,7 +594,7 @@ typedef struct lin_matrix {
 
 static lin_matrix lin_aligned(const void *w, size_t ld, size_t d, size_t n, size_t as,
                               char *copy) {
-  lin_matrix m = {w, ld};
+  lin_matrix m = {w, d > 1 ? ld : n}; /* one row: the BLAS still wants ld >= n */
   if (rn_aligned(w, as)) return m;
   for (size_t j = 0; j < d; j++) memcpy(copy + j * n * as, (const char *)w + j * ld * as, n * as);
   m.p = copy;
@@ -737,7 +741,9 @@ rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rmsnorm_config
   lin_stats(ctx, cfg, rows, d, x, ldx, r, r + rbytes, ntasks);
 
   if (direct) { /* one GEMM straight into z, then the row scale in place */
-    rn_gemm(f64, 0, 0, rows, n, d, 1.0, x, ldx, f.wf.p, f.wf.ld, 0.0, z, ldz);
+    /* a matrix of one row uses no stride, but the BLAS checks ld >= columns */
+    rn_gemm(f64, 0, 0, rows, n, d, 1.0, x, rows > 1 ? ldx : d, f.wf.p, f.wf.ld, 0.0, z,
+            rows > 1 ? ldz : n);
     lin_finish_rows(&f, 0, rows, z, ldz, z, ldz);
   } else { /* chunks widened to the compute type, and rounded back */
     for (size_t r0 = 0; r0 < rows; r0 += chunk) {
