@@ -48,7 +48,10 @@ typedef enum rmsnorm_status {
                                       the exact in-place view the operation allows) */
   RMSNORM_ERROR_OUT_OF_MEMORY = 9, /* scratch memory could not be allocated */
   RMSNORM_ERROR_BAD_ARGUMENT = 10, /* any other invalid argument (see the function's contract) */
-  RMSNORM_ERROR_NOT_AVAILABLE = 11 /* not built in, or not supported by this CPU */
+  RMSNORM_ERROR_NOT_AVAILABLE = 11, /* not built in, or not supported by this CPU */
+  RMSNORM_ERROR_BAD_CONFIG = 12    /* the rmsnorm_config was not filled by rmsnorm_config_init
+                                      (its size field is unknown), or sets fields this
+                                      library is too old to know */
 } rmsnorm_status;
 
 /* Storage types. fp16 is IEEE binary16, bf16 the top half of an IEEE binary32;
@@ -78,14 +81,27 @@ enum {
 };
 
 /* What one call computes, beyond shapes and buffers. Fill it with
- * rmsnorm_config_init(), then change what differs. */
+ * rmsnorm_config_init(), then change what differs.
+ *
+ * The struct is extensible: `size` says which version of it the caller was
+ * compiled with (rmsnorm_config_init sets it to sizeof(rmsnorm_config)), and
+ * later versions only append fields after the end of the previous one, with
+ * zero meaning their default. A library older than the caller accepts a
+ * larger struct as long as the fields it does not know are all zero bytes
+ * (else RMSNORM_ERROR_BAD_CONFIG); a newer library gives the fields an older
+ * caller lacks their defaults. A config not filled by rmsnorm_config_init
+ * (size 0 or garbage) is RMSNORM_ERROR_BAD_CONFIG in every call. */
 typedef struct rmsnorm_config {
+  size_t size;               /* bytes of this struct as the caller knows it: set by
+                                rmsnorm_config_init, never changed by hand */
   rmsnorm_dtype dtype;       /* storage of x, y, dy, dx */
   rmsnorm_dtype param_dtype; /* storage of weight, bias, dweight, dbias: RMSNORM_F32 or dtype */
   double eps;                /* >= 0 and finite */
-  double partial;            /* pRMSNorm: statistic over the first ceil(partial*d) elements;
-                                in (0, 1]; 1 is plain RMSNorm. LayerNorm requires 1. */
+  double partial;            /* pRMSNorm: statistic over the first k = rmsnorm_partial_count(
+                                partial, d) elements; in (0, 1]; 1 is plain RMSNorm.
+                                LayerNorm requires 1. */
   unsigned flags;            /* RMSNORM_FLAG_* */
+  /* new fields go here, after sizeof of the previous version */
 } rmsnorm_config;
 
 /* Opaque context: owns scratch memory (so calls do not allocate once warm).
@@ -156,10 +172,35 @@ RMSNORM_API rmsnorm_status rmsnorm_context_get_threads(const rmsnorm_context *ct
  * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_DTYPE. */
 RMSNORM_API rmsnorm_status rmsnorm_default_eps(rmsnorm_dtype dtype, double *eps);
 
-/* Fills *cfg with: dtype, param_dtype = dtype, eps = rmsnorm_default_eps(dtype),
- * partial = 1, flags = 0.
- * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_DTYPE. */
-RMSNORM_API rmsnorm_status rmsnorm_config_init(rmsnorm_config *cfg, rmsnorm_dtype dtype);
+/* Fills the first `size` bytes of *cfg for the caller's version of the
+ * struct: size = `size`, dtype, param_dtype = dtype, eps =
+ * rmsnorm_default_eps(dtype), partial = 1, flags = 0, every other byte zero.
+ * Fields past `size` (a caller older than the library) are not written.
+ * Callers in C use rmsnorm_config_init below; bindings through a foreign
+ * function interface call this with their struct's size.
+ * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_DTYPE,
+ * RMSNORM_ERROR_BAD_CONFIG (size below the first version's or above 1024). */
+RMSNORM_API rmsnorm_status rmsnorm_config_init_size(rmsnorm_config *cfg, size_t size,
+                                                    rmsnorm_dtype dtype);
+
+/* rmsnorm_config_init_size(cfg, sizeof(rmsnorm_config), dtype): compiled into
+ * the caller, so the size is the one of the header it was built with. */
+static inline rmsnorm_status rmsnorm_config_init(rmsnorm_config *cfg, rmsnorm_dtype dtype) {
+  return rmsnorm_config_init_size(cfg, sizeof(rmsnorm_config), dtype);
+}
+
+/* pRMSNorm's statistic length for a partial fraction p of a row of d: the
+ * smallest k in [1, d] such that k/d, rounded to the nearest double, is >= p.
+ * This is ceil(p*d) with p read as the number the caller meant rather than
+ * its binary approximation: a p written as a decimal P (0.07) for which P*d
+ * is an integer K (7 for d = 100) gives exactly K (a binary 0.07 times 100
+ * is 7.0000000000000007, whose ceiling is 8), and p = (double)K / d gives K.
+ * Where P*d is not an integer, k = ceil(P*d) for any P of up to
+ * 15 - log10(d) significant digits. (The authors' pRMSNorm code uses
+ * int(d*p), a floor: see README.)
+ * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_SIZE
+ * (d == 0), RMSNORM_ERROR_BAD_PARTIAL (p outside (0, 1]). */
+RMSNORM_API rmsnorm_status rmsnorm_partial_count(double partial, size_t d, size_t *k);
 
 /* Buffers, for all four operations:
  *   x, y, dy, dx: rows x d elements of cfg->dtype, row i starting at
@@ -172,7 +213,7 @@ RMSNORM_API rmsnorm_status rmsnorm_config_init(rmsnorm_config *cfg, rmsnorm_dtyp
  * overlap between an output and another buffer is RMSNORM_ERROR_OVERLAP. */
 
 /* RMSNorm forward, per row:
- *   k    = ceil(partial * d)            (computed in double; k = d when partial = 1)
+ *   k    = rmsnorm_partial_count(partial, d)   (ceil(partial * d); d when partial = 1)
  *   ms   = (1/k) * sum_{j<k} x_j^2
  *   r    = 1/sqrt(ms + eps)             or 1/(sqrt(ms) + eps) with RMSNORM_FLAG_EPS_OUTSIDE
  *   y_j  = x_j * r * w_j + b_j          for all j < d

@@ -20,16 +20,32 @@ rmsnorm_status rmsnorm_default_eps(rmsnorm_dtype dtype, double *eps) {
   return RMSNORM_OK;
 }
 
-rmsnorm_status rmsnorm_config_init(rmsnorm_config *cfg, rmsnorm_dtype dtype) {
+rmsnorm_status rmsnorm_config_init_size(rmsnorm_config *cfg, size_t size, rmsnorm_dtype dtype) {
   double eps;
   if (!cfg) return RMSNORM_ERROR_NULL_POINTER;
+  if (size < RN_CONFIG_SIZE_V1 || size > RN_CONFIG_MAX) return RMSNORM_ERROR_BAD_CONFIG;
   rmsnorm_status st = rmsnorm_default_eps(dtype, &eps);
   if (st != RMSNORM_OK) return st;
-  cfg->dtype = dtype;
-  cfg->param_dtype = dtype;
-  cfg->eps = eps;
-  cfg->partial = 1.0;
-  cfg->flags = 0;
+  /* the library's own struct, written up to the caller's size; the bytes of
+   * a newer caller's fields stay zero, their defaults */
+  rmsnorm_config c;
+  memset(&c, 0, sizeof c);
+  c.size = size;
+  c.dtype = dtype;
+  c.param_dtype = dtype;
+  c.eps = eps;
+  c.partial = 1.0;
+  c.flags = 0;
+  memset(cfg, 0, size);
+  memcpy(cfg, &c, size < sizeof c ? size : sizeof c);
+  return RMSNORM_OK;
+}
+
+rmsnorm_status rmsnorm_partial_count(double partial, size_t d, size_t *k) {
+  if (!k) return RMSNORM_ERROR_NULL_POINTER;
+  if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
+  if (!(partial > 0 && partial <= 1)) return RMSNORM_ERROR_BAD_PARTIAL;
+  *k = rn_partial_k(partial, d);
   return RMSNORM_OK;
 }
 
@@ -86,8 +102,10 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
                                   size_t ldx, const void *weight, const void *bias, void *y,
                                   size_t ldy, void *mean, void *rstd) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_status st = rn_check_config(cfg, norm, 0);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = rn_check_config(cfg, &cfg_local, norm, 0);
   if (st != RMSNORM_OK) return st;
+  cfg = &cfg_local;
   if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
   size_t as = rn_acc_size(cfg->dtype);
@@ -103,14 +121,15 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
 
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(d * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + bcopy);
+  rn_context_lock(ctx);
+  char *scratch = rn_context_scratch(ctx, wcopy + bcopy);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   rn_forward_args a = {norm, cfg->dtype, d, norm == RN_LAYERNORM ? d : rn_partial_k(cfg->partial, d),
                        x, ldx, y, ldy,
                        rn_param_as_acc(cfg, weight, 1, d, scratch),
                        rn_param_as_acc(cfg, bias, 0, d, scratch + wcopy),
                        cfg->eps, cfg->flags, mean, rstd,
-                       y != x && rows * d * es >= RN_STREAM_BYTES};
+                       y != x && rn_stream_ok(y, es, rows * d * es)};
   const rn_kernel_set *k = rn_context_kernels(ctx);
   if (split_rows(ctx, rows, d, es)) {
     cols_job job = {k, cfg->dtype, &a, NULL, 0, d, {0}, NULL, NULL};
@@ -178,8 +197,10 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                                    const void *mean, const void *rstd, void *dx, size_t lddx,
                                    void *dweight, void *dbias) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_status st = rn_check_config(cfg, norm, 0);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = rn_check_config(cfg, &cfg_local, norm, 0);
   if (st != RMSNORM_OK) return st;
+  cfg = &cfg_local;
   if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
   size_t as = rn_acc_size(cfg->dtype);
@@ -201,13 +222,14 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias))
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + plan.bytes);
+  rn_context_lock(ctx);
+  char *scratch = rn_context_scratch(ctx, wcopy + plan.bytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   rn_backward_args a = {norm, cfg->dtype, d, norm == RN_LAYERNORM ? d : rn_partial_k(cfg->partial, d),
                         x, ldx, dy, lddy, dx, lddx,
                         rn_param_as_acc(cfg, weight, 1, d, scratch),
                         cfg->eps, cfg->flags, mean, rstd,
-                        dx != dy && dx != x && rows * d * es >= RN_STREAM_BYTES};
+                        dx != dy && dx != x && rn_stream_ok(dx, es, rows * d * es)};
   backward_job job = {ctx, rn_context_kernels(ctx), &a, 0};
   int ntasks = rn_threads_for(ctx, rows * d * 3 * es, plan.nchunks);
   if (split_rows(ctx, rows, d, es)) {

@@ -88,21 +88,17 @@ void rn_context_lock(rmsnorm_context *ctx) { pthread_mutex_lock(&ctx->lock); }
 void rn_context_unlock(rmsnorm_context *ctx) { pthread_mutex_unlock(&ctx->lock); }
 
 void *rn_context_scratch(rmsnorm_context *ctx, size_t bytes) {
+  if (bytes < 64) bytes = 64;
   if (bytes <= ctx->scratch_bytes) return ctx->scratch;
   size_t rounded = (bytes + 63) & ~(size_t)63;
-  if (rounded < bytes) return NULL;
-  void *p = aligned_alloc(64, rounded);
-  if (!p) return NULL;
+  void *p = rounded < bytes ? NULL : aligned_alloc(64, rounded);
+  if (!p) {
+    rn_context_unlock(ctx);
+    return NULL;
+  }
   free(ctx->scratch);
   ctx->scratch = p;
   ctx->scratch_bytes = rounded;
-  return p;
-}
-
-void *rn_context_acquire(rmsnorm_context *ctx, size_t bytes) {
-  rn_context_lock(ctx);
-  void *p = rn_context_scratch(ctx, bytes < 64 ? 64 : bytes);
-  if (!p) rn_context_unlock(ctx);
   return p;
 }
 

@@ -10,14 +10,15 @@
 #include "parallel.h"
 #include "rmsnorm.h"
 
+/* Calls on one context serialize: an entry point locks the context after
+ * validating its arguments and before it reads anything of the context
+ * (kernel set, thread count, scratch), and unlocks it when done. */
 void rn_context_lock(rmsnorm_context *ctx);
 void rn_context_unlock(rmsnorm_context *ctx);
-/* At least `bytes` of 64-byte-aligned scratch, or NULL when it cannot be had
- * (the old scratch is kept). Call with the lock held. */
+/* At least `bytes` (and at least 64) of 64-byte-aligned scratch, lock held.
+ * When it cannot be allocated, unlocks the context and returns NULL (the
+ * caller returns RMSNORM_ERROR_OUT_OF_MEMORY; the old scratch is kept). */
 void *rn_context_scratch(rmsnorm_context *ctx, size_t bytes);
-/* Locks the context and returns at least `bytes` (and at least 64) of its
- * scratch; on allocation failure unlocks it again and returns NULL. */
-void *rn_context_acquire(rmsnorm_context *ctx, size_t bytes);
 const rn_kernel_set *rn_context_kernels(const rmsnorm_context *ctx);
 /* The most threads a call may use. */
 int rn_context_threads(const rmsnorm_context *ctx);

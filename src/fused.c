@@ -14,6 +14,7 @@
 #include "context.h"
 #include "dtype.h"
 #include "kernels.h"
+#include "rescue.h"
 #include "rowmath.h"
 #include "validate.h"
 #include "work.h"
@@ -21,16 +22,18 @@
 #define NONE ((size_t)-1) /* no in-place view in rn_check_overlaps */
 
 /* Shape checks shared by the row-wise entry points: config (minus `refused`
- * flags), d > 0, and each rows x d matrix's stride and extent. */
-static rmsnorm_status check_rows(rmsnorm_context *ctx, const rmsnorm_config *cfg,
-                                 unsigned refused, size_t rows, size_t d, const size_t *lds,
-                                 size_t nld) {
+ * flags; read into *cfg_local, which the caller uses from then on), d > 0,
+ * and each rows x d matrix's stride and extent. */
+static rmsnorm_status check_rows(rmsnorm_context *ctx, const rmsnorm_config **cfg,
+                                 rmsnorm_config *cfg_local, unsigned refused, size_t rows,
+                                 size_t d, const size_t *lds, size_t nld) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_status st = rn_check_config(cfg, RN_RMSNORM, refused);
+  rmsnorm_status st = rn_check_config(*cfg, cfg_local, RN_RMSNORM, refused);
   if (st != RMSNORM_OK) return st;
+  *cfg = cfg_local;
   if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
   for (size_t i = 0; i < nld; i++)
-    if ((st = rn_check_matrix(rows, d, lds[i], rn_dtype_size(cfg->dtype))) != RMSNORM_OK)
+    if ((st = rn_check_matrix(rows, d, lds[i], rn_dtype_size(cfg_local->dtype))) != RMSNORM_OK)
       return st;
   return RMSNORM_OK;
 }
@@ -69,7 +72,9 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
                                    const void *weight, const void *bias, void *y, size_t ldy,
                                    void *rstd) {
   const size_t lds[3] = {ldh, ldu, ldy};
-  rmsnorm_status st = check_rows(ctx, cfg, RMSNORM_FLAG_ACCUMULATE, rows, d, lds, 3);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st =
+      check_rows(ctx, &cfg, &cfg_local, RMSNORM_FLAG_ACCUMULATE, rows, d, lds, 3);
   if (st != RMSNORM_OK || rows == 0) return st;
   if (!h || !u || !y) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
@@ -82,7 +87,8 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
 
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(d * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + bcopy);
+  rn_context_lock(ctx);
+  char *scratch = rn_context_scratch(ctx, wcopy + bcopy);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   add_fwd_job job;
   job.ks = rn_context_kernels(ctx);
@@ -92,7 +98,7 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
                               rn_param_as_acc(cfg, weight, 1, d, scratch),
                               rn_param_as_acc(cfg, bias, 0, d, scratch + wcopy),
                               cfg->eps, cfg->flags, NULL, rstd,
-                              y != u && rows * d * es >= RN_STREAM_BYTES};
+                              y != u && rn_stream_ok(y, es, rows * d * es)};
   job.rows = rows;
   job.block = block_rows(d, es);
   rn_run_tasks(ctx, rn_threads_for(ctx, rows * d * 4 * es, rows), add_fwd_task, &job);
@@ -146,7 +152,8 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
                                     const void *weight, const void *rstd, void *dh, size_t lddh,
                                     void *dweight, void *dbias) {
   const size_t lds[4] = {ldh, lddy, lddh, dres ? lddres : d};
-  rmsnorm_status st = check_rows(ctx, cfg, 0, rows, d, lds, 4);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = check_rows(ctx, &cfg, &cfg_local, 0, rows, d, lds, 4);
   if (st != RMSNORM_OK) return st;
   if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (rows == 0) return RMSNORM_OK;
@@ -166,12 +173,13 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
   rn_grad_plan plan;
   if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias))
     return RMSNORM_ERROR_OUT_OF_MEMORY;
+  rn_context_lock(ctx);
   int ntasks = rn_threads_for(ctx, rows * d * (dres ? 4 : 3) * es, plan.nchunks);
   size_t block = block_rows(d, es);
   size_t task_bytes = dres ? rn_align64(block * d * es) : 0;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bytes = wcopy + plan.bytes + (size_t)ntasks * task_bytes;
-  char *scratch = rn_context_acquire(ctx, bytes);
+  char *scratch = rn_context_scratch(ctx, bytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   add_bwd_job job;
   job.ks = rn_context_kernels(ctx);
@@ -179,7 +187,7 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
                                h, ldh, dy, lddy, dh, lddh,
                                rn_param_as_acc(cfg, weight, 1, d, scratch),
                                cfg->eps, cfg->flags, NULL, rstd,
-                               !dres && dh != dy && rows * d * es >= RN_STREAM_BYTES};
+                               !dres && dh != dy && rn_stream_ok(dh, es, rows * d * es)};
   job.dres = dres;
   job.lddres = lddres;
   job.lddh = lddh;
@@ -213,11 +221,14 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
                                      const float *static_scale, void *q, size_t ldq,
                                      float *scale, void *rstd) {
   const size_t lds[1] = {ldx};
-  rmsnorm_status st = check_rows(ctx, cfg, RMSNORM_FLAG_ACCUMULATE, rows, d, lds, 1);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st =
+      check_rows(ctx, &cfg, &cfg_local, RMSNORM_FLAG_ACCUMULATE, rows, d, lds, 1);
   if (st != RMSNORM_OK) return st;
   if ((st = rn_check_matrix(rows, d, ldq, 1)) != RMSNORM_OK) return st;
   if (qtype != RMSNORM_Q_INT8 && qtype != RMSNORM_Q_FP8_E4M3) return RMSNORM_ERROR_BAD_ARGUMENT;
-  if (static_scale && (!(*static_scale > 0 && *static_scale <= FLT_MAX) || scale))
+  float s0 = static_scale ? rn_ld_f32(static_scale, 0) : 0.0f;
+  if (static_scale && (!(s0 > 0 && s0 <= FLT_MAX) || scale))
     return RMSNORM_ERROR_BAD_ARGUMENT;
   if (rows == 0) return RMSNORM_OK;
   if (!x || !q || (!static_scale && !scale)) return RMSNORM_ERROR_NULL_POINTER;
@@ -229,12 +240,13 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
                   rn_vector_span(rstd, rows, as, 1)};
   if ((st = rn_check_overlaps(s, 7, NONE, NONE, NONE)) != RMSNORM_OK) return st;
 
+  rn_context_lock(ctx);
   int ntasks = rn_threads_for(ctx, rows * d * (es + 1), rows);
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(d * as) : 0;
   size_t task_bytes = RN_QUANT_SCRATCH(d);
   size_t bytes = wcopy + bcopy + (size_t)ntasks * task_bytes;
-  char *scratch = rn_context_acquire(ctx, bytes);
+  char *scratch = rn_context_scratch(ctx, bytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   quant_job job;
   job.kernel = rn_context_kernels(ctx)->quant[cfg->dtype];
@@ -248,7 +260,7 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
   job.args.q = q;
   job.args.ldq = ldq;
   job.args.scale = scale;
-  job.args.static_scale = static_scale ? *static_scale : 0.0f;
+  job.args.static_scale = s0;
   job.rows = rows;
   job.task_bytes = task_bytes;
   job.task_scratch = scratch + wcopy + bcopy;
@@ -260,34 +272,32 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
 /* =============================== QK-norm =============================== */
 
 /* A [tokens, heads] grid of rows of hd elements whose rows do not overlap:
- * token-major (heads inside a token) or head-major. *extent: elements from the
- * first to one past the last. */
+ * token-major (heads inside a token) or head-major. A stride that is never
+ * used (one head, or one token) is not checked. */
 static rmsnorm_status check_grid(size_t tokens, size_t heads, size_t hd, size_t ld_t,
-                                 size_t ld_h, size_t es, size_t *extent) {
+                                 size_t ld_h, size_t es) {
   size_t inner;
   /* token-major: each token's heads are a heads x hd matrix of stride ld_h */
   if (rn_check_matrix(heads, hd, ld_h, es) == RMSNORM_OK &&
-      (inner = (heads - 1) * ld_h + hd, rn_check_matrix(tokens, inner, ld_t, es) == RMSNORM_OK)) {
-    *extent = (tokens - 1) * ld_t + inner;
+      (inner = heads > 1 ? (heads - 1) * ld_h + hd : hd,
+       rn_check_matrix(tokens, inner, ld_t, es) == RMSNORM_OK))
     return RMSNORM_OK;
-  }
   if (rn_check_matrix(tokens, hd, ld_t, es) == RMSNORM_OK &&
-      (inner = (tokens - 1) * ld_t + hd, rn_check_matrix(heads, inner, ld_h, es) == RMSNORM_OK)) {
-    *extent = (heads - 1) * ld_h + inner;
+      (inner = tokens > 1 ? (tokens - 1) * ld_t + hd : hd,
+       rn_check_matrix(heads, inner, ld_h, es) == RMSNORM_OK))
     return RMSNORM_OK;
-  }
   /* an overflow of either layout is a size error, anything else a stride one */
   if ((heads > 1 && ld_h > SIZE_MAX / heads) || (tokens > 1 && ld_t > SIZE_MAX / tokens))
     return RMSNORM_ERROR_BAD_SIZE;
   return RMSNORM_ERROR_BAD_STRIDE;
 }
 
-static rn_span grid_span(const void *p, size_t extent, size_t ld_t, size_t ld_h, size_t es,
-                         int output) {
-  rn_span s = rn_vector_span(p, extent, es, output);
-  s.ld = ld_t;
-  s.ld2 = ld_h;
-  return s;
+/* One head (MQA/GQA K) never uses its head stride, one token its token
+ * stride: such a stride is set so that the rows form one list of stride
+ * ld_head (the kernels' fast path). */
+static void qk_unused_strides(size_t tokens, size_t heads, size_t *ld_t, size_t *ld_h) {
+  if (heads == 1) *ld_h = *ld_t;
+  if (tokens == 1) *ld_t = heads * *ld_h;
 }
 
 /* The per-buffer strides of a QK-norm call. */
@@ -328,27 +338,33 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
                                        const void *x, size_t ldx_token, size_t ldx_head,
                                        const void *weight, const void *bias, void *y,
                                        size_t ldy_token, size_t ldy_head, void *rstd) {
-  rmsnorm_status st = check_rows(ctx, cfg, RMSNORM_FLAG_ACCUMULATE, 0, head_dim, NULL, 0);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st =
+      check_rows(ctx, &cfg, &cfg_local, RMSNORM_FLAG_ACCUMULATE, 0, head_dim, NULL, 0);
   if (st != RMSNORM_OK) return st;
   if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
-  size_t as = rn_acc_size(cfg->dtype), ex, ey;
+  size_t as = rn_acc_size(cfg->dtype);
   if (tokens == 0) return RMSNORM_OK;
-  if ((st = check_grid(tokens, heads, head_dim, ldx_token, ldx_head, es, &ex)) != RMSNORM_OK ||
-      (st = check_grid(tokens, heads, head_dim, ldy_token, ldy_head, es, &ey)) != RMSNORM_OK)
+  if ((st = check_grid(tokens, heads, head_dim, ldx_token, ldx_head, es)) != RMSNORM_OK ||
+      (st = check_grid(tokens, heads, head_dim, ldy_token, ldy_head, es)) != RMSNORM_OK)
     return st;
   if (tokens > SIZE_MAX / heads) return RMSNORM_ERROR_BAD_SIZE;
   size_t rows = tokens * heads;
   if (!x || !y) return RMSNORM_ERROR_NULL_POINTER;
-  rn_span s[5] = {grid_span(x, ex, ldx_token, ldx_head, es, 0),
-                  grid_span(y, ey, ldy_token, ldy_head, es, 1),
+  /* an unused stride takes the value that makes the rows one flat list */
+  qk_unused_strides(tokens, heads, &ldx_token, &ldx_head);
+  qk_unused_strides(tokens, heads, &ldy_token, &ldy_head);
+  rn_span s[5] = {rn_grid_span(x, tokens, ldx_token, heads, ldx_head, head_dim, es, 0),
+                  rn_grid_span(y, tokens, ldy_token, heads, ldy_head, head_dim, es, 1),
                   rn_vector_span(weight, head_dim, ps, 0), rn_vector_span(bias, head_dim, ps, 0),
                   rn_vector_span(rstd, rows, as, 1)};
   if ((st = rn_check_overlaps(s, 5, 1, 0, NONE)) != RMSNORM_OK) return st;
 
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(head_dim * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(head_dim * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + bcopy);
+  rn_context_lock(ctx);
+  char *scratch = rn_context_scratch(ctx, wcopy + bcopy);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   qk_fwd_job job;
   job.kernel = rn_context_kernels(ctx)->forward[cfg->dtype];
@@ -360,7 +376,7 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
                                rn_param_as_acc(cfg, weight, 1, head_dim, scratch),
                                rn_param_as_acc(cfg, bias, 0, head_dim, scratch + wcopy),
                                cfg->eps, cfg->flags, NULL, rstd,
-                               job.g.flat && y != x && rows * head_dim * es >= RN_STREAM_BYTES};
+                               job.g.flat && y != x && rn_stream_ok(y, es, rows * head_dim * es)};
   rn_run_tasks(ctx, rn_threads_for(ctx, rows * head_dim * 2 * es, tokens), qk_fwd_task, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
@@ -400,23 +416,27 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
                                         const void *weight, const void *rstd, void *dx,
                                         size_t lddx_token, size_t lddx_head, void *dweight,
                                         void *dbias) {
-  rmsnorm_status st = check_rows(ctx, cfg, 0, 0, head_dim, NULL, 0);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = check_rows(ctx, &cfg, &cfg_local, 0, 0, head_dim, NULL, 0);
   if (st != RMSNORM_OK) return st;
   if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
   if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
-  size_t as = rn_acc_size(cfg->dtype), ex, edy, edx;
+  size_t as = rn_acc_size(cfg->dtype);
   if (tokens == 0) return RMSNORM_OK;
-  if ((st = check_grid(tokens, heads, head_dim, ldx_token, ldx_head, es, &ex)) != RMSNORM_OK ||
-      (st = check_grid(tokens, heads, head_dim, lddy_token, lddy_head, es, &edy)) != RMSNORM_OK ||
-      (st = check_grid(tokens, heads, head_dim, lddx_token, lddx_head, es, &edx)) != RMSNORM_OK)
+  if ((st = check_grid(tokens, heads, head_dim, ldx_token, ldx_head, es)) != RMSNORM_OK ||
+      (st = check_grid(tokens, heads, head_dim, lddy_token, lddy_head, es)) != RMSNORM_OK ||
+      (st = check_grid(tokens, heads, head_dim, lddx_token, lddx_head, es)) != RMSNORM_OK)
     return st;
   if (tokens > SIZE_MAX / heads) return RMSNORM_ERROR_BAD_SIZE;
   size_t rows = tokens * heads;
   if (!x || !dy || !dx) return RMSNORM_ERROR_NULL_POINTER;
-  rn_span s[7] = {grid_span(x, ex, ldx_token, ldx_head, es, 0),
-                  grid_span(dy, edy, lddy_token, lddy_head, es, 0),
-                  grid_span(dx, edx, lddx_token, lddx_head, es, 1),
+  qk_unused_strides(tokens, heads, &ldx_token, &ldx_head);
+  qk_unused_strides(tokens, heads, &lddy_token, &lddy_head);
+  qk_unused_strides(tokens, heads, &lddx_token, &lddx_head);
+  rn_span s[7] = {rn_grid_span(x, tokens, ldx_token, heads, ldx_head, head_dim, es, 0),
+                  rn_grid_span(dy, tokens, lddy_token, heads, lddy_head, head_dim, es, 0),
+                  rn_grid_span(dx, tokens, lddx_token, heads, lddx_head, head_dim, es, 1),
                   rn_vector_span(weight, head_dim, ps, 0),
                   rn_vector_span(rstd, rows, as, 0),
                   rn_vector_span(dweight, head_dim, ps, 1),
@@ -430,7 +450,8 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
   if (!rn_grad_plan_init(&plan, cfg, tokens, chunk_tokens, head_dim, dweight, dbias))
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(head_dim * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + plan.bytes);
+  rn_context_lock(ctx);
+  char *scratch = rn_context_scratch(ctx, wcopy + plan.bytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   qk_bwd_job job;
   job.kernel = rn_context_kernels(ctx)->backward[cfg->dtype];
@@ -443,7 +464,7 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
                                 rn_param_as_acc(cfg, weight, 1, head_dim, scratch),
                                 cfg->eps, cfg->flags, NULL, rstd,
                                 job.g.flat && dx != dy && dx != x &&
-                                    rows * head_dim * es >= RN_STREAM_BYTES};
+                                    rn_stream_ok(dx, es, rows * head_dim * es)};
   int ntasks = rn_threads_for(ctx, rows * head_dim * 3 * es, plan.nchunks);
   rn_grad_run(ctx, &plan, scratch + wcopy, ntasks, qk_bwd_chunk, &job);
   rn_context_unlock(ctx);
@@ -468,8 +489,10 @@ static double gain_at(const rmsnorm_config *cfg, const void *weight, size_t j) {
 rmsnorm_status rmsnorm_fold_weight(const rmsnorm_config *cfg, size_t d, size_t n,
                                    const void *weight, const void *w, size_t ldw,
                                    void *w_folded, size_t ldwf) {
-  rmsnorm_status st = rn_check_config(cfg, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = rn_check_config(cfg, &cfg_local, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE);
   if (st != RMSNORM_OK) return st;
+  cfg = &cfg_local;
   if (d == 0 || n == 0) return RMSNORM_ERROR_BAD_SIZE;
   size_t as = rn_acc_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
   if ((st = rn_check_matrix(d, n, ldw, as)) != RMSNORM_OK ||
@@ -480,16 +503,16 @@ rmsnorm_status rmsnorm_fold_weight(const rmsnorm_config *cfg, size_t d, size_t n
                   rn_vector_span(weight, d, ps, 0)};
   if ((st = rn_check_overlaps(s, 3, 1, 0, NONE)) != RMSNORM_OK) return st;
   int f64 = rn_acc_is_f64(cfg->dtype);
-  for (size_t j = 0; j < d; j++) {
+  for (size_t j = 0; j < d; j++) { /* W and W': any address */
     double g = gain_at(cfg, weight, j);
     if (f64) {
-      const double *src = (const double *)w + j * ldw;
-      double *dst = (double *)w_folded + j * ldwf;
-      for (size_t k = 0; k < n; k++) dst[k] = g * src[k];
+      const char *src = (const char *)w + j * ldw * 8;
+      char *dst = (char *)w_folded + j * ldwf * 8;
+      for (size_t k = 0; k < n; k++) rn_st_f64(dst, k, g * rn_ld_f64(src, k));
     } else {
-      const float *src = (const float *)w + j * ldw;
-      float *dst = (float *)w_folded + j * ldwf;
-      for (size_t k = 0; k < n; k++) dst[k] = (float)g * src[k];
+      const char *src = (const char *)w + j * ldw * 4;
+      char *dst = (char *)w_folded + j * ldwf * 4;
+      for (size_t k = 0; k < n; k++) rn_st_f32(dst, k, (float)g * rn_ld_f32(src, k));
     }
   }
   return RMSNORM_OK;
@@ -520,7 +543,8 @@ static void lin_stats(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t ro
   rn_run_tasks(ctx, ntasks, lin_stats_task, &job);
 }
 
-/* Widens rows [r0, r0+m) x c of src (dtype, ld) into dst (acc, ld_dst). */
+/* Widens rows [r0, r0+m) x c of src (dtype, ld; any address) into dst (acc,
+ * ld_dst; aligned scratch). */
 static void widen_rows(rmsnorm_dtype dt, const void *src, size_t ld, size_t r0, size_t m,
                        size_t c, void *dst, size_t ld_dst) {
   size_t es = rn_dtype_size(dt);
@@ -537,36 +561,126 @@ static void widen_rows(rmsnorm_dtype dt, const void *src, size_t ld, size_t r0, 
   }
 }
 
-/* Rounds rows of src (acc, ld_src) to dst (dtype, ld_dst), y = r_i * s + b:
- * with r NULL a plain conversion. */
+/* Rounds rows of src (acc, ld_src; scratch) to dst (dtype, ld_dst; any
+ * address). */
 static void narrow_rows(rmsnorm_dtype dt, const void *src, size_t ld_src, size_t m, size_t c,
-                        const void *r, const void *bias, void *dst, size_t ld_dst) {
+                        void *dst, size_t ld_dst) {
   int f64 = rn_acc_is_f64(dt);
   for (size_t i = 0; i < m; i++) {
     char *o = (char *)dst + i * ld_dst * rn_dtype_size(dt);
     if (f64) {
-      const double *s = (const double *)src + i * ld_src, *b = bias;
-      double ri = r ? ((const double *)r)[i] : 1.0;
-      double *od = (double *)(void *)o;
-      for (size_t j = 0; j < c; j++) od[j] = r ? (b ? ri * s[j] + b[j] : ri * s[j]) : s[j];
+      memcpy(o, (const double *)src + i * ld_src, c * 8);
     } else {
-      const float *s = (const float *)src + i * ld_src, *b = bias;
-      float ri = r ? ((const float *)r)[i] : 1.0f;
-      if (dt == RMSNORM_F32) {
-        float *of = (float *)(void *)o;
-        for (size_t j = 0; j < c; j++) of[j] = r ? (b ? ri * s[j] + b[j] : ri * s[j]) : s[j];
-      } else {
-        for (size_t j = 0; j < c; j++)
-          rn_store(o, dt, j, r ? (b ? ri * s[j] + b[j] : ri * s[j]) : s[j]);
-      }
+      const float *s = (const float *)src + i * ld_src;
+      if (dt == RMSNORM_F32)
+        memcpy(o, s, c * 4);
+      else
+        for (size_t j = 0; j < c; j++) rn_store(o, dt, j, s[j]);
     }
   }
 }
 
-/* Rows per GEMM chunk for fp16/bf16 data (and for the backward). */
+/* Rows per GEMM chunk where the rows go through scratch: fp16/bf16 data,
+ * misaligned fp32/fp64 rows, and the backward. */
 #define LIN_CHUNK 256
 
 static int fits_int(size_t v) { return v <= (size_t)INT_MAX; }
+
+/* W' as the GEMMs read it: the caller's matrix, or an aligned copy of it
+ * (stride n) when it is not aligned to its element type. */
+typedef struct lin_matrix {
+  const void *p;
+  size_t ld;
+} lin_matrix;
+
+static lin_matrix lin_aligned(const void *w, size_t ld, size_t d, size_t n, size_t as,
+                              char *copy) {
+  lin_matrix m = {w, d > 1 ? ld : n}; /* one row: the BLAS still wants ld >= n */
+  if (rn_aligned(w, as)) return m;
+  for (size_t j = 0; j < d; j++) memcpy(copy + j * n * as, (const char *)w + j * ld * as, n * as);
+  m.p = copy;
+  m.ld = n;
+  return m;
+}
+
+/* What the forward's row finishing needs. */
+typedef struct lin_fwd {
+  const rmsnorm_config *cfg;
+  rn_forward_args stats; /* the norm of x's rows (x, d, k, eps, flags) */
+  lin_matrix wf;         /* W' (d x n), aligned */
+  const void *b;         /* bias (n,) acc, or NULL */
+  const char *r;         /* r of every row (acc) */
+  size_t n;
+  char *xs, *zs;         /* (d,) and (n,) acc: one row recomputed in scaled form */
+} lin_fwd;
+
+/* Row `row` of Z recomputed where the GEMM on unscaled x cannot be trusted:
+ * its r outside the compute type's normal range, or a product that left the
+ * range (|x| ~ 1e37 makes x W' overflow although RMSNorm(x) W' is modest).
+ * The GEMM then runs on x_j * 2^s with 2^s the power of two at or below r,
+ * which is xhat_j within a factor of two: it overflows only where
+ * RMSNorm(X) W' does. r comes from the rescue path in its scaled form
+ * r = rs * 2^-e, so it never leaves double's range either; the remaining
+ * factor r / 2^s lies in [1, 2). A row whose statistic meets a NaN/Inf keeps
+ * the NaNs the normal pass gave it. */
+static void lin_redo_row(const lin_fwd *f, size_t row, void *zrow) {
+  rmsnorm_dtype dt = f->cfg->dtype;
+  int f64 = rn_acc_is_f64(dt);
+  size_t d = f->stats.d, n = f->n;
+  double rs;
+  int e;
+  rn_rescue_row_r(&f->stats, row, &rs, &e);
+  if (!isfinite(rs)) return;
+  const char *x = (const char *)f->stats.x + row * f->stats.ldx * rn_dtype_size(dt);
+  if (rs == 0) { /* a zero row with eps = 0 maps to the bias */
+    for (size_t k = 0; k < n; k++) rn_store(zrow, dt, k, f->b ? rn_load_acc(f->b, f64, k) : 0.0);
+    return;
+  }
+  int shift = ilogb(rs) - e; /* 2^shift <= r < 2^(shift+1) */
+  for (size_t j = 0; j < d; j++) rn_store_acc(f->xs, f64, j, ldexp(rn_load(x, dt, j), shift));
+  rn_gemm(f64, 0, 0, 1, n, d, 1.0, f->xs, d, f->wf.p, f->wf.ld, 0.0, f->zs, n);
+  double factor = ldexp(rs, -ilogb(rs)); /* r / 2^shift */
+  for (size_t k = 0; k < n; k++) {
+    double v = factor * rn_load_acc(f->zs, f64, k);
+    if (f->b) v += rn_load_acc(f->b, f64, k);
+    rn_store(zrow, dt, k, v);
+  }
+}
+
+/* Z rows [r0, r0+m): z_k = r * g_k + b_k from the GEMM's g (acc, ld_src),
+ * rounded once to the dtype into dst (any address); rows the GEMM could not
+ * be trusted with are recomputed (lin_redo_row). */
+static void lin_finish_rows(const lin_fwd *f, size_t r0, size_t m, const void *src,
+                            size_t ld_src, void *dst, size_t ld_dst) {
+  rmsnorm_dtype dt = f->cfg->dtype;
+  int f64 = rn_acc_is_f64(dt);
+  size_t n = f->n, es = rn_dtype_size(dt);
+  for (size_t i = 0; i < m; i++) {
+    char *o = (char *)dst + i * ld_dst * es;
+    double rd = rn_load_acc(f->r, f64, r0 + i);
+    int bad = !rn_saved_r_usable(rd, f64);
+    if (f64) {
+      const double *s = (const double *)src + i * ld_src, *b = f->b;
+      for (size_t k = 0; k < n; k++) {
+        double v = b ? rd * s[k] + b[k] : rd * s[k];
+        bad |= !(fabs(v) <= DBL_MAX);
+        rn_st_f64(o, k, v);
+      }
+    } else {
+      const float *s = (const float *)src + i * ld_src, *b = f->b;
+      float ri = (float)rd;
+      for (size_t k = 0; k < n; k++) {
+        float v = b ? ri * s[k] + b[k] : ri * s[k];
+        bad |= !(fabsf(v) <= FLT_MAX);
+        if (dt == RMSNORM_F32)
+          rn_st_f32(o, k, v);
+        else
+          rn_store(o, dt, k, v);
+      }
+    }
+    if (bad) lin_redo_row(f, r0 + i, o);
+  }
+}
 
 rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
                                       size_t rows, size_t d, size_t n, const void *x,
@@ -574,7 +688,8 @@ rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rmsnorm_config
                                       const void *bias, void *z, size_t ldz, void *rstd) {
   if (!rn_blas_available()) return RMSNORM_ERROR_NOT_AVAILABLE;
   const size_t lds[1] = {ldx};
-  rmsnorm_status st = check_rows(ctx, cfg, RMSNORM_FLAG_ACCUMULATE |
+  rmsnorm_config cfg_local;
+  rmsnorm_status st = check_rows(ctx, &cfg, &cfg_local, RMSNORM_FLAG_ACCUMULATE |
                                  RMSNORM_FLAG_ROUND_BEFORE_WEIGHT, rows, d, lds, 1);
   if (st != RMSNORM_OK) return st;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
@@ -595,34 +710,87 @@ rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rmsnorm_config
                   rn_vector_span(rstd, rows, as, 1)};
   if ((st = rn_check_overlaps(s, 5, NONE, NONE, NONE)) != RMSNORM_OK) return st;
 
-  int f64 = rn_acc_is_f64(cfg->dtype), narrow = es != as;
+  int f64 = rn_acc_is_f64(cfg->dtype);
+  /* fp32/fp64 rows aligned to their type go to the GEMM as they lie; others
+   * through scratch, in chunks */
+  int direct = es == as && rn_aligned(x, es) && rn_aligned(z, es);
+  size_t chunk = direct ? 0 : rows < LIN_CHUNK ? rows : LIN_CHUNK;
+  rn_context_lock(ctx);
   int ntasks = rn_threads_for(ctx, rows * d * es, rows);
-  size_t chunk = narrow ? (rows < LIN_CHUNK ? rows : LIN_CHUNK) : 0;
+  /* scratch: bias copy | r (rows) | rescue rows (ntasks) | X, Z chunks |
+   *          W' copy | one recomputed row (d + n) */
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(n * as) : 0;
   size_t rbytes = rn_align64(rows * as);
   size_t tbytes = (size_t)ntasks * RN_QUANT_SCRATCH(d);
   size_t xbytes = rn_align64(chunk * d * as), zbytes = rn_align64(chunk * n * as);
-  size_t bytes = bcopy + rbytes + tbytes + xbytes + zbytes;
-  char *scratch = rn_context_acquire(ctx, bytes);
+  size_t wbytes = rn_aligned(w_folded, as) ? 0 : rn_align64(d * n * as);
+  size_t fbytes = rn_align64(d * as) + rn_align64(n * as);
+  char *scratch =
+      rn_context_scratch(ctx, bcopy + rbytes + tbytes + xbytes + zbytes + wbytes + fbytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
-  const void *b = rn_param_as_acc(cfg, bias, 0, n, scratch);
-  char *r = scratch + bcopy, *xc = r + rbytes + tbytes, *zc = xc + xbytes;
+  char *r = scratch + bcopy, *xc = r + rbytes + tbytes, *zc = xc + xbytes, *wc = zc + zbytes;
+  lin_fwd f;
+  f.cfg = cfg;
+  f.stats = (rn_forward_args){RN_RMSNORM, cfg->dtype, d, rn_partial_k(cfg->partial, d), x, ldx,
+                              NULL, 0, NULL, NULL, cfg->eps, cfg->flags, NULL, r, 0};
+  f.wf = lin_aligned(w_folded, ldwf, d, n, as, wc);
+  f.b = rn_param_as_acc(cfg, bias, 0, n, scratch);
+  f.r = r;
+  f.n = n;
+  f.xs = wc + wbytes;
+  f.zs = f.xs + rn_align64(d * as);
   lin_stats(ctx, cfg, rows, d, x, ldx, r, r + rbytes, ntasks);
 
-  if (!narrow) { /* fp32/fp64: one GEMM straight into z, then the row scale */
-    rn_gemm(f64, 0, 0, rows, n, d, 1.0, x, ldx, w_folded, ldwf, 0.0, z, ldz);
-    narrow_rows(cfg->dtype, z, ldz, rows, n, r, b, z, ldz);
-  } else { /* fp16/bf16: chunks widened to float, and rounded back */
+  if (direct) { /* one GEMM straight into z, then the row scale in place */
+    /* a matrix of one row uses no stride, but the BLAS checks ld >= columns */
+    rn_gemm(f64, 0, 0, rows, n, d, 1.0, x, rows > 1 ? ldx : d, f.wf.p, f.wf.ld, 0.0, z,
+            rows > 1 ? ldz : n);
+    lin_finish_rows(&f, 0, rows, z, ldz, z, ldz);
+  } else { /* chunks widened to the compute type, and rounded back */
     for (size_t r0 = 0; r0 < rows; r0 += chunk) {
       size_t m = rows - r0 < chunk ? rows - r0 : chunk;
       widen_rows(cfg->dtype, x, ldx, r0, m, d, xc, d);
-      rn_gemm(0, 0, 0, m, n, d, 1.0, xc, d, w_folded, ldwf, 0.0, zc, n);
-      narrow_rows(cfg->dtype, zc, n, m, n, r + r0 * as, b, (char *)z + r0 * ldz * es, ldz);
+      rn_gemm(f64, 0, 0, m, n, d, 1.0, xc, d, f.wf.p, f.wf.ld, 0.0, zc, n);
+      lin_finish_rows(&f, r0, m, zc, n, (char *)z + r0 * ldz * es, ldz);
     }
   }
   if (rstd) memcpy(rstd, r, rows * as);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
+}
+
+/* xhat of rows [r0, r0+m) of the chunk xc (acc, stride d) in place, xhat =
+ * r x. A row whose r is outside the compute type's normal range (|x| far
+ * from 1) takes r in the rescue path's scaled form, r = rs * 2^-e
+ * (rn_scaled_mul), which stays in range. */
+static void lin_xhat_rows(const rn_forward_args *stats, const char *r, size_t r0, size_t m,
+                          char *xc) {
+  int f64 = rn_acc_is_f64(stats->dtype);
+  size_t d = stats->d;
+  for (size_t i = 0; i < m; i++) {
+    double ri = rn_load_acc(r, f64, r0 + i);
+    if (f64) {
+      double *xr = (double *)(void *)xc + i * d;
+      if (rn_saved_r_usable(ri, 1)) {
+        for (size_t j = 0; j < d; j++) xr[j] *= ri;
+        continue;
+      }
+      double rs;
+      int e;
+      rn_rescue_row_r(stats, r0 + i, &rs, &e);
+      for (size_t j = 0; j < d; j++) xr[j] = rn_scaled_mul(xr[j], rs, e);
+    } else {
+      float *xr = (float *)(void *)xc + i * d, rf = (float)ri;
+      if (rn_saved_r_usable(ri, 0)) {
+        for (size_t j = 0; j < d; j++) xr[j] *= rf;
+        continue;
+      }
+      double rs;
+      int e;
+      rn_rescue_row_r(stats, r0 + i, &rs, &e);
+      for (size_t j = 0; j < d; j++) xr[j] = (float)rn_scaled_mul(xr[j], rs, e);
+    }
+  }
 }
 
 /* Backward of Z = diag(r) X W' + 1 bias^T with W' = diag(w) W, matching
@@ -647,7 +815,9 @@ rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx, const rmsnorm_confi
                                        void *dweight, void *dw, size_t lddw, void *dbias) {
   if (!rn_blas_available()) return RMSNORM_ERROR_NOT_AVAILABLE;
   const size_t lds[2] = {ldx, lddx};
-  rmsnorm_status st = check_rows(ctx, cfg, RMSNORM_FLAG_ROUND_BEFORE_WEIGHT, rows, d, lds, 2);
+  rmsnorm_config cfg_local;
+  rmsnorm_status st =
+      check_rows(ctx, &cfg, &cfg_local, RMSNORM_FLAG_ROUND_BEFORE_WEIGHT, rows, d, lds, 2);
   if (st != RMSNORM_OK) return st;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
   size_t as = rn_acc_size(cfg->dtype);
@@ -676,21 +846,26 @@ rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx, const rmsnorm_confi
   int f64 = rn_acc_is_f64(cfg->dtype);
   rmsnorm_dtype adt = f64 ? RMSNORM_F64 : RMSNORM_F32;
   size_t chunk = rows < LIN_CHUNK ? rows : LIN_CHUNK;
-  int ntasks = rn_threads_for(ctx, rows * d * es, rows);
   int need_m = dweight || dw;
-  /* scratch: r (rows) | row scratch (ntasks) | X, G (chunk x d) | dZ (chunk x n)
-   *          | M (d x n) | dbias sums (n doubles) */
+  if (need_m && n > SIZE_MAX / 16 / d) return RMSNORM_ERROR_OUT_OF_MEMORY;
+  rn_context_lock(ctx);
+  int ntasks = rn_threads_for(ctx, rows * d * es, rows);
+  /* scratch: r (rows) | rescue rows (ntasks) | X, G (chunk x d) | dZ (chunk x n)
+   *          | M (d x n) | dbias sums (n doubles) | W' copy */
   size_t rbytes = rn_align64(rows * as), tbytes = (size_t)ntasks * RN_QUANT_SCRATCH(d);
   size_t xbytes = rn_align64(chunk * d * as), zbytes = rn_align64(chunk * n * as);
-  if (need_m && n > SIZE_MAX / 16 / d) return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t mbytes = need_m ? rn_align64(d * n * as) : 0, sbytes = dbias ? rn_align64(n * 8) : 0;
-  size_t bytes = rbytes + tbytes + 2 * xbytes + zbytes + mbytes + sbytes;
-  char *scratch = rn_context_acquire(ctx, bytes);
+  size_t wbytes = rn_aligned(w_folded, as) ? 0 : rn_align64(d * n * as);
+  char *scratch =
+      rn_context_scratch(ctx, rbytes + tbytes + 2 * xbytes + zbytes + mbytes + sbytes + wbytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   char *r = scratch, *xc = r + rbytes + tbytes, *gc = xc + xbytes, *zc = gc + xbytes;
   char *m = zc + zbytes;
   double *bsum = (double *)(void *)(m + mbytes);
+  lin_matrix wf = lin_aligned(w_folded, ldwf, d, n, as, m + mbytes + sbytes);
   if (dbias) memset(bsum, 0, n * sizeof(double));
+  rn_forward_args stats = {RN_RMSNORM, cfg->dtype, d, rn_partial_k(cfg->partial, d), x, ldx,
+                           NULL, 0, NULL, NULL, cfg->eps, cfg->flags, NULL, r, 0};
   lin_stats(ctx, cfg, rows, d, x, ldx, r, r + rbytes, ntasks);
 
   for (size_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -698,23 +873,15 @@ rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx, const rmsnorm_confi
     widen_rows(cfg->dtype, x, ldx, r0, mr, d, xc, d);
     widen_rows(cfg->dtype, dz, lddz, r0, mr, n, zc, n);
     /* G = dZ W'^T: (mr x n)(n x d) */
-    rn_gemm(f64, 0, 1, mr, d, n, 1.0, zc, n, w_folded, ldwf, 0.0, gc, d);
+    rn_gemm(f64, 0, 1, mr, d, n, 1.0, zc, n, wf.p, wf.ld, 0.0, gc, d);
     /* dX = the RMSNorm backward of G with no weight, in place in G */
-    rn_backward_args ba = {RN_RMSNORM, adt, d, rn_partial_k(cfg->partial, d), xc, d, gc, d, gc, d,
+    rn_backward_args ba = {RN_RMSNORM, adt, d, stats.k, xc, d, gc, d, gc, d,
                            NULL, cfg->eps, cfg->flags, NULL, r + r0 * as, 0};
     rn_context_kernels(ctx)->backward[adt](&ba, 0, mr, NULL, NULL);
-    narrow_rows(cfg->dtype, gc, d, mr, d, NULL, NULL, (char *)dx + r0 * lddx * es, lddx);
+    narrow_rows(cfg->dtype, gc, d, mr, d, (char *)dx + r0 * lddx * es, lddx);
     if (need_m) {
       /* Xhat = diag(r) X in place, then M += Xhat^T dZ: (d x mr)(mr x n) */
-      for (size_t i = 0; i < mr; i++) {
-        if (f64) {
-          double ri = ((const double *)(const void *)r)[r0 + i], *xr = (double *)(void *)xc + i * d;
-          for (size_t j = 0; j < d; j++) xr[j] *= ri;
-        } else {
-          float ri = ((const float *)(const void *)r)[r0 + i], *xr = (float *)(void *)xc + i * d;
-          for (size_t j = 0; j < d; j++) xr[j] *= ri;
-        }
-      }
+      lin_xhat_rows(&stats, r, r0, mr, xc);
       rn_gemm(f64, 1, 0, d, n, mr, 1.0, xc, d, zc, n, r0 ? 1.0 : 0.0, m, n);
     }
     if (dbias)

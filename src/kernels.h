@@ -30,6 +30,8 @@ typedef enum rn_norm { RN_RMSNORM = 0, RN_LAYERNORM = 1 } rn_norm;
 
 /* Forward over rows [row_begin, row_end). Compute type: float for fp32, fp16
  * and bf16 data, double for fp64 data ("acc" below). */
+/* Data rows (x, y, dy, dx) and per-row stats (mean, rstd) are user memory at
+ * any address: kernels reach them with unaligned loads and stores. */
 typedef struct rn_forward_args {
   rn_norm norm;
   rmsnorm_dtype dtype; /* storage of x and y */
@@ -40,12 +42,14 @@ typedef struct rn_forward_args {
   void *y;             /* y: (rows, ldy), may equal x */
   size_t ldy;
   const void *w;       /* w: (d,) acc, the effective gain (1+g folded in), or NULL */
-  const void *b;       /* b: (d,) acc, or NULL */
+  const void *b;       /* b: (d,) acc, or NULL (w and b are aligned to the acc type:
+                          the API copies misaligned ones) */
   double eps;
   unsigned flags;      /* RMSNORM_FLAG_EPS_OUTSIDE, RMSNORM_FLAG_ROUND_BEFORE_WEIGHT */
   void *mean;          /* mean: (rows,) acc, LayerNorm only, or NULL */
   void *rstd;          /* rstd: (rows,) acc, or NULL */
-  int stream;          /* y is large and not x: kernels may store past the caches */
+  int stream;          /* y is large, not x, and aligned to its element size: kernels
+                          may store past the caches */
 } rn_forward_args;
 
 /* Backward over rows [row_begin, row_end), adding this block's dweight/dbias

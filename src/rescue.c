@@ -71,12 +71,12 @@ static scaled_stats row_stats(rn_norm norm, const void *x, rmsnorm_dtype dt, siz
   return s;
 }
 
-/* xhat_j. Elements past k (pRMSNorm) are scaled without the 2^-e detour: they
- * did not set e and could leave double's range through it. */
+/* xhat_j. Elements past k (pRMSNorm) did not set e: v * r is formed so that
+ * neither v * 2^-e nor r = rs * 2^-e alone can leave double's range. */
 static double row_xhat(const scaled_stats *s, rn_norm norm, const void *x, rmsnorm_dtype dt,
                        size_t k, size_t j) {
   double v = rn_load(x, dt, j);
-  if (norm == RN_RMSNORM && j >= k) return v * ldexp(s->rs, -s->e);
+  if (norm == RN_RMSNORM && j >= k) return rn_scaled_mul(v, s->rs, s->e);
   return (ldexp(v, -s->e) - s->mean_s) * s->rs;
 }
 
@@ -96,6 +96,13 @@ void rn_rescue_forward_row(const rn_forward_args *a, size_t row) {
   }
   if (a->rstd) rn_store_acc(a->rstd, f64, row, ldexp(s.rs, -s.e));
   if (a->mean) rn_store_acc(a->mean, f64, row, ldexp(s.mean_s, s.e));
+}
+
+void rn_rescue_row_r(const rn_forward_args *a, size_t row, double *rs, int *e) {
+  const char *x = (const char *)a->x + row * a->ldx * rn_dtype_size(a->dtype);
+  scaled_stats s = row_stats(RN_RMSNORM, x, a->dtype, a->d, a->k, a->eps, a->flags);
+  *rs = s.rs;
+  *e = s.e;
 }
 
 void rn_rescue_backward_row(const rn_backward_args *a, size_t row, void *dw_part,

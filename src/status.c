@@ -18,6 +18,7 @@ const char *rmsnorm_status_name(rmsnorm_status status) {
     case RMSNORM_ERROR_OUT_OF_MEMORY: return "RMSNORM_ERROR_OUT_OF_MEMORY";
     case RMSNORM_ERROR_BAD_ARGUMENT: return "RMSNORM_ERROR_BAD_ARGUMENT";
     case RMSNORM_ERROR_NOT_AVAILABLE: return "RMSNORM_ERROR_NOT_AVAILABLE";
+    case RMSNORM_ERROR_BAD_CONFIG: return "RMSNORM_ERROR_BAD_CONFIG";
   }
   return "unknown status";
 }
@@ -40,6 +41,9 @@ const char *rmsnorm_status_message(rmsnorm_status status) {
     case RMSNORM_ERROR_BAD_ARGUMENT:
       return "invalid argument (for example dweight requested without a weight)";
     case RMSNORM_ERROR_NOT_AVAILABLE: return "not available in this build or on this CPU";
+    case RMSNORM_ERROR_BAD_CONFIG:
+      return "the config was not filled by rmsnorm_config_init, or sets fields this library "
+             "version does not know";
   }
   return "unknown status";
 }

@@ -15,7 +15,8 @@ static rmsnorm_dtype acc_dtype(rmsnorm_dtype dt) {
 int rn_param_needs_copy(const rmsnorm_config *cfg, const void *p, int is_weight) {
   if (!p) return 0;
   return cfg->param_dtype != acc_dtype(cfg->dtype) ||
-         (is_weight && (cfg->flags & RMSNORM_FLAG_WEIGHT_OFFSET));
+         (is_weight && (cfg->flags & RMSNORM_FLAG_WEIGHT_OFFSET)) ||
+         !rn_aligned(p, rn_acc_size(cfg->dtype));
 }
 
 const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_weight, size_t d,
@@ -121,9 +122,9 @@ static void reduce_parts(const grad_job *job, const char *parts, void *out, size
     for (size_t c = 1; c < p->nchunks; c++)
       for (size_t j = 0; j < n; j++) total[j] += q[c * d + j];
   }
-  if (cfg->param_dtype == RMSNORM_F32) {
-    float *o = (float *)out + j0;
-    for (size_t j = 0; j < n; j++) o[j] = (float)(acc ? total[j] + o[j] : total[j]);
+  if (cfg->param_dtype == RMSNORM_F32) { /* out: any address */
+    for (size_t j = 0; j < n; j++)
+      rn_st_f32(out, j0 + j, (float)(acc ? total[j] + rn_ld_f32(out, j0 + j) : total[j]));
     return;
   }
   for (size_t j = j0; j < j1; j++) {

@@ -6,6 +6,7 @@
 #define RMSNORM_WORK_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "context.h"
 #include "kernels.h"
@@ -14,6 +15,13 @@
 /* Outputs at least this large are written with non-temporal stores where the
  * kernel set has them. */
 #define RN_STREAM_BYTES ((size_t)16 << 20)
+
+/* Whether outputs of `bytes` at p (elements of es bytes) are worth streaming
+ * past the caches: large, and p aligned to its element size (a streaming store
+ * needs a vector-aligned address, which misaligned elements never reach). */
+static inline int rn_stream_ok(const void *p, size_t es, size_t bytes) {
+  return bytes >= RN_STREAM_BYTES && ((uintptr_t)p & (es - 1)) == 0;
+}
 
 /* Scratch regions start on 64-byte boundaries. */
 static inline size_t rn_align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -24,7 +32,8 @@ static inline size_t rn_split_begin(size_t units, int t, int n) {
 }
 
 /* Whether a weight (is_weight) or bias p needs a converted copy of d acc
- * elements to reach the kernels (other dtype, or the 1 + g offset). */
+ * elements to reach the kernels (other dtype, the 1 + g offset, or an address
+ * not aligned to the acc type: kernels get aligned parameters). */
 int rn_param_needs_copy(const rmsnorm_config *cfg, const void *p, int is_weight);
 /* p in the compute type: p itself, or its converted copy written to buf. */
 const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_weight, size_t d,

@@ -103,7 +103,7 @@ static void run_case(const bcase *c, const double *x_override) {
                              c->saved ? rstd : NULL, dx.data, lddx, dwp, dbp);
   tu_check(st == RMSNORM_OK, "%s: status %s", what, rmsnorm_status_name(st));
 
-  oracle_opts o = {c->layernorm, c->layernorm ? d : (size_t)ceil(c->partial * (double)d), c->eps,
+  oracle_opts o = {c->layernorm, c->layernorm ? d : tu_partial_k(c->partial, d), c->eps,
                    c->outside, 0, c->dt};
   if (o.k > d) o.k = d;
   for (size_t i = 0; i < rows; i++)
@@ -214,6 +214,37 @@ static void test_special_rows(void) {
   free(xv);
 }
 
+/* The backward of tiny rows at the edges of the fast path's trust bounds,
+ * each eps form (see test_forward.c's test_eps_edges): one row per case, as
+ * dx is judged relative to its largest magnitude. pRMSNorm too: fp64 rows
+ * near the subnormals give r near double's top, and x * r past k must stay
+ * in range. */
+static void test_eps_edges(void) {
+  static const int float_exps[] = {-50, -63, -70, -75, -80, -100, -120};
+  static const double float_eps[] = {0, 0x1p-71, 0x1p-70, 0x1p-50, 0x1p-45, 0x1p-44, 0x1p-43, 1e-5};
+  static const int double_exps[] = {-450, -500, -537, -540, -600, -1000, -1030};
+  static const double double_eps[] = {0, 0x1p-931, 0x1p-930, 0x1p-480, 0x1p-471, 0x1p-470,
+                                      0x1p-469, 1e-12};
+  const size_t d = 67;
+  static const rmsnorm_dtype dts[] = {RMSNORM_F32, RMSNORM_BF16, RMSNORM_F64};
+  double *xv = malloc(d * sizeof *xv);
+  for (int t = 0; t < 3; t++) {
+    int f64 = dts[t] == RMSNORM_F64;
+    for (int outside = 0; outside < 2; outside++)
+      for (size_t ei = 0; ei < 8; ei++)
+        for (size_t xi = 0; xi < 7; xi++)
+          for (int part = 0; part < 2; part++) {
+            int e = f64 ? double_exps[xi] : float_exps[xi];
+            for (size_t j = 0; j < d; j++) xv[j] = ldexp(tu_normal(), e);
+            bcase c = {dts[t], dts[t], 0, 1, d, d, d, d, 1, 1, 1,
+                       f64 ? double_eps[ei] : float_eps[ei], outside, part ? 0.5 : 1.0,
+                       (int)(xi % 2), 0, 0, 1.0};
+            run_case(&c, xv);
+          }
+  }
+  free(xv);
+}
+
 /* L(x, g, b) = sum dy * y through the library's fp64 forward. */
 static double fd_loss(const rmsnorm_config *cfg, int ln, size_t rows, size_t d, const double *x,
                       const double *g, const double *b, const double *dy, double *y) {
@@ -296,6 +327,7 @@ int main(void) {
   test_variant_grid();
   test_model_sizes();
   test_special_rows();
+  test_eps_edges();
   test_finite_differences();
   rmsnorm_context_free(ctx);
   return tu_finish("test_backward");

@@ -88,7 +88,7 @@ static void run_case(const fcase *c, const double *x_override) {
                             c->inplace ? c->ldx : c->ldy, rstd);
   tu_check(st == RMSNORM_OK, "%s: status %s", what, rmsnorm_status_name(st));
 
-  oracle_opts o = {c->layernorm, c->layernorm ? d : (size_t)ceil(c->partial * (double)d),
+  oracle_opts o = {c->layernorm, c->layernorm ? d : tu_partial_k(c->partial, d),
                    c->eps, c->outside, c->round_first, c->dt};
   if (o.k > d) o.k = d;
   int f64 = rn_acc_is_f64(c->dt);
@@ -229,6 +229,46 @@ static void test_special_rows(void) {
   free(xv);
 }
 
+/* Tiny rows at the edges of the fast path's trust bounds (rowmath.h), for
+ * each eps form: rows scaled by 2^e around where squares start to underflow,
+ * eps around 2^-70 (inside) and 2^-44 (outside) for float compute, 2^-930 and
+ * 2^-470 for double; every row within the forward's promise and its rstd
+ * within float's rounding of the oracle. Among them the row x = 1.5 * 2^-75
+ * with eps = 2^-70 outside the root, which a float sum trusted by the
+ * inside-the-root bound got wrong by 2.6e-3 in r. */
+static const int float_exps[] = {-40, -50, -60, -63, -66, -70, -73, -75, -78, -80, -90, -100, -110, -120};
+static const double float_eps[] = {0, 0x1p-90, 0x1p-71, 0x1p-70, 0x1p-69, 0x1p-60, 0x1p-50,
+                                   0x1p-45, 0x1p-44, 0x1p-43, 0x1p-30, 1e-5};
+static const int double_exps[] = {-400, -450, -470, -480, -500, -520, -530, -537, -540, -560,
+                                  -600, -700, -800, -900, -1000};
+static const double double_eps[] = {0, 0x1p-940, 0x1p-931, 0x1p-930, 0x1p-929, 0x1p-600,
+                                    0x1p-480, 0x1p-471, 0x1p-470, 0x1p-469, 0x1p-300, 1e-12};
+
+static void test_eps_edges(void) {
+  const size_t d = 67;
+  static const rmsnorm_dtype dts[] = {RMSNORM_F32, RMSNORM_BF16, RMSNORM_F64};
+  for (int t = 0; t < 3; t++) {
+    rmsnorm_dtype dt = dts[t];
+    int f64 = dt == RMSNORM_F64;
+    const int *exps = f64 ? double_exps : float_exps;
+    size_t nexp = f64 ? sizeof double_exps / sizeof *double_exps
+                      : sizeof float_exps / sizeof *float_exps;
+    const double *epss = f64 ? double_eps : float_eps;
+    size_t rows = nexp + 1;
+    double *xv = malloc(rows * d * sizeof *xv);
+    for (int outside = 0; outside < 2; outside++)
+      for (size_t ei = 0; ei < 12; ei++) {
+        for (size_t i = 0; i < nexp; i++)
+          for (size_t j = 0; j < d; j++) xv[i * d + j] = ldexp(tu_normal(), exps[i]);
+        for (size_t j = 0; j < d; j++) /* the row: constant 1.5 * 2^-75 (or 2^-540) */
+          xv[nexp * d + j] = ldexp(1.5, f64 ? -540 : -75) * (j % 2 ? -1 : 1);
+        fcase c = {dt, dt, 0, rows, d, d, d, 1, 0, epss[ei], outside, 1.0, 0, 0, 1.0};
+        run_case(&c, xv);
+      }
+    free(xv);
+  }
+}
+
 /* A NaN or Inf makes its row non-finite and no other. */
 static void test_nonfinite_rows(void) {
   const size_t d = 37, rows = 3;
@@ -268,6 +308,7 @@ int main(void) {
   test_model_sizes();
   test_long_rows();
   test_special_rows();
+  test_eps_edges();
   test_nonfinite_rows();
   rmsnorm_context_free(ctx);
   return tu_finish("test_forward");

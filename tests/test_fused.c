@@ -226,7 +226,7 @@ static void quant_case(rmsnorm_dtype dt, rmsnorm_dtype pdt, size_t rows, size_t 
                                             stat ? &sstat : NULL, q, ldq, stat ? NULL : scale,
                                             NULL);
   tu_check(st == RMSNORM_OK, "quant: status %s", rmsnorm_status_name(st));
-  oracle_opts o = {0, rn_partial_k(cfg.partial, d), cfg.eps,
+  oracle_opts o = {0, tu_partial_k(cfg.partial, d), cfg.eps,
                    (cfg.flags & RMSNORM_FLAG_EPS_OUTSIDE) != 0,
                    (cfg.flags & RMSNORM_FLAG_ROUND_BEFORE_WEIGHT) != 0, dt};
   ld_t *xl = malloc(d * sizeof(ld_t)), *yl = malloc(d * sizeof(ld_t));
@@ -402,8 +402,10 @@ static void test_qk(void) {
 /* ---- RMSNorm + linear ------------------------------------------------- */
 
 /* Against the unfused long-double oracle: Z = RMSNorm(X; g) W + bias, and
- * its autograd (dY = dZ W^T, dX = RMSNorm backward, dW = Y^T dZ, dg, dbias). */
-static void linear_case(rmsnorm_dtype dt, size_t rows, size_t d, size_t n, int v) {
+ * its autograd (dY = dZ W^T, dX = RMSNorm backward, dW = Y^T dZ, dg, dbias).
+ * row_scale (rows values, or NULL for 1) scales each row of X; wscale W. */
+static void linear_case_scaled(rmsnorm_dtype dt, size_t rows, size_t d, size_t n, int v,
+                               const double *row_scale, double wscale) {
   rmsnorm_config cfg = make_cfg(dt, RMSNORM_F32, v);
   cfg.flags &= ~(unsigned)RMSNORM_FLAG_ROUND_BEFORE_WEIGHT;
   rmsnorm_dtype adt = dt == RMSNORM_F64 ? RMSNORM_F64 : RMSNORM_F32;
@@ -412,7 +414,9 @@ static void linear_case(rmsnorm_dtype dt, size_t rows, size_t d, size_t n, int v
   tu_tensor W = tu_alloc(adt, d, n, n), Wf = tu_alloc(adt, d, n, n + 1), bias = vec(RMSNORM_F32, n, 0, 1);
   tu_tensor z = tu_alloc(dt, rows, n, ldz), dz = tu_alloc(dt, rows, n, ldz), dx = tu_alloc(dt, rows, d, d);
   tu_tensor dg = vec(RMSNORM_F32, d, 0, 0), dW = tu_alloc(adt, d, n, n), db = vec(RMSNORM_F32, n, 0, 0);
-  tu_fill_normal(&x, 1.0), tu_fill_normal(&W, 0.1), tu_fill_normal(&dz, 1.0);
+  tu_fill_normal(&W, wscale), tu_fill_normal(&dz, 1.0);
+  for (size_t i = 0; i < rows; i++)
+    for (size_t j = 0; j < d; j++) tu_set(&x, i, j, (row_scale ? row_scale[i] : 1.0) * tu_normal());
   int weighted = v % 5 != 4;
   const void *gp = weighted ? g.data : NULL, *bp = v & 1 ? bias.data : NULL;
   rmsnorm_status st = rmsnorm_fold_weight(&cfg, d, n, gp, W.data, n, Wf.data, n + 1);
@@ -425,7 +429,7 @@ static void linear_case(rmsnorm_dtype dt, size_t rows, size_t d, size_t n, int v
   tu_check(st == RMSNORM_OK, "linear backward: %s", rmsnorm_status_name(st));
   if (st != RMSNORM_OK) return;
 
-  oracle_opts o = {0, rn_partial_k(cfg.partial, d), cfg.eps,
+  oracle_opts o = {0, tu_partial_k(cfg.partial, d), cfg.eps,
                    (cfg.flags & RMSNORM_FLAG_EPS_OUTSIDE) != 0, 0, dt};
   ld_t *xl = malloc(d * sizeof(ld_t)), *yl = malloc(rows * d * sizeof(ld_t)), *wl = malloc(d * sizeof(ld_t));
   ld_t *dyl = malloc(d * sizeof(ld_t)), *dxl = malloc(d * sizeof(ld_t));
@@ -443,7 +447,8 @@ static void linear_case(rmsnorm_dtype dt, size_t rows, size_t d, size_t n, int v
         zk += yl[i * d + j] * (ld_t)tu_get(&W, j, k);
         mag += fabsl(yl[i * d + j] * (ld_t)tu_get(&W, j, k));
       }
-      ok &= tu_check(fabsl(tu_get(&z, i, k) - zk) <= tol * (mag + 1e-30L),
+      ok &= tu_check(fabsl(tu_get(&z, i, k) - zk) <= tol * (mag + 1e-30L) &&
+                         isfinite(tu_get(&z, i, k)),
                      "linear %s rows=%zu d=%zu n=%zu v=%d: z(%zu,%zu)=%.9g want %.9Lg",
                      tu_dtype_name(dt), rows, d, n, v, i, k, tu_get(&z, i, k), zk);
     }
@@ -457,7 +462,8 @@ static void linear_case(rmsnorm_dtype dt, size_t rows, size_t d, size_t n, int v
     ld_t dmag = 0;
     for (size_t j = 0; j < d; j++) dmag = fmaxl(dmag, fmaxl(fabsl(dxl[j]), r * fabsl(dyl[j] * wl[j])));
     for (size_t j = 0; j < d; j++)
-      ok &= tu_check(fabsl(tu_get(&dx, i, j) - dxl[j]) <= 4 * tol * (dmag + 1e-30L),
+      ok &= tu_check(fabsl(tu_get(&dx, i, j) - dxl[j]) <= 4 * tol * (dmag + 1e-30L) ||
+                         tu_overflows(dt, dxl[j], tu_get(&dx, i, j)),
                      "linear backward %s d=%zu n=%zu v=%d: dx(%zu,%zu)=%.9g want %.9Lg",
                      tu_dtype_name(dt), d, n, v, i, j, tu_get(&dx, i, j), dxl[j]);
     for (size_t j = 0; j < d; j++)
@@ -484,6 +490,27 @@ static void linear_case(rmsnorm_dtype dt, size_t rows, size_t d, size_t n, int v
   free(xl), free(yl), free(wl), free(dyl), free(dxl), free(dgl), free(dWl), free(dbl);
   tu_free(&x), tu_free(&g), tu_free(&W), tu_free(&Wf), tu_free(&bias), tu_free(&z), tu_free(&dz);
   tu_free(&dx), tu_free(&dg), tu_free(&dW), tu_free(&db);
+}
+
+static void linear_case(rmsnorm_dtype dt, size_t rows, size_t d, size_t n, int v) {
+  linear_case_scaled(dt, rows, d, n, v, NULL, 0.1);
+}
+
+/* Rows far from 1: the GEMM on unnormalized X would overflow (|x| ~ 1e37 in
+ * fp32 against weights ~ 1: x W' ~ 1e39, while RMSNorm(X) W is ~ 10) or lose
+ * r's range (|x| ~ 1e-40: r ~ 1e40 is no float). Z and every gradient stay
+ * within the compute type's rounding of the unfused long-double oracle. */
+static void test_linear_range(void) {
+  static const double scales[4][6] = {
+      {1e37, 5e37, 1e-30, 1e-40, 1.0, 1e30},      /* f32 (max 3.4e38; x is scale * N(0,1)) */
+      {1e4, 2e3, 1e-6, 1e-7, 1.0, 100.0},         /* f16: its max is 65504 */
+      {1e37, 5e37, 1e-30, 1e-38, 1.0, 1e30},      /* bf16 */
+      {1e300, 3e307, 1e-300, 1e-310, 1.0, 1e200}, /* f64 */
+  };
+  int v = 1000;
+  for (int dt = 0; dt < 4; dt++)
+    for (int rep = 0; rep < 5; rep++, v++)
+      linear_case_scaled((rmsnorm_dtype)dt, 6, 96, 24, v, scales[dt], 1.0);
 }
 
 /* The seed's worked example, 2 x 4 times 4 x 3, folded or not. */
@@ -526,6 +553,7 @@ static void test_linear(void) {
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
       for (int rep = 0; rep < 2; rep++, v++)
         linear_case((rmsnorm_dtype)dt, shapes[s][0], shapes[s][1], shapes[s][2], v);
+  test_linear_range();
 }
 
 /* ---- every ISA and thread count: the reference's bits ------------------- */

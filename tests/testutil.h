@@ -136,6 +136,40 @@ static inline double tu_ulps(rmsnorm_dtype dt, double a, double b) {
   return fabs((double)tu_ordered(dt, a) - (double)tu_ordered(dt, b));
 }
 
+/* pRMSNorm's k for a p the tests write as a short decimal (0.4, 0.37, ...):
+ * ceil(P * d) in exact integer arithmetic, P the shortest decimal that
+ * reads back as p (at most 15 significant digits here), clamped to [1, d].
+ * Independent of the library's way of computing it. */
+/* Whether `want` lies beyond dtype dt's largest finite value and `got` is the
+ * infinity of its sign (a result that cannot be represented). */
+static inline int tu_overflows(rmsnorm_dtype dt, long double want, double got) {
+  long double max = dt == RMSNORM_F64 ? 1.7976931348623157e308L
+                    : dt == RMSNORM_F16 ? 65504.0L
+                    : dt == RMSNORM_BF16 ? 3.3895313892515355e38L : 3.4028234663852886e38L;
+  return fabsl(want) > max * (1 + 0x1p-7L) && isinf(got) && (got > 0) == (want > 0);
+}
+
+__extension__ typedef unsigned __int128 tu_u128;
+static inline size_t tu_partial_k(double p, size_t d) {
+  char buf[40];
+  tu_u128 mant = 0, pow10 = 1;
+  for (int digits = 1; digits <= 15; digits++) {
+    snprintf(buf, sizeof buf, "%.*e", digits - 1, p);
+    if (strtod(buf, NULL) == p) break;
+  }
+  /* buf is D.DDDe[+-]XX: mantissa digits and a decimal exponent */
+  int exp10 = atoi(strchr(buf, 'e') + 1), ndig = 0;
+  for (const char *c = buf; *c != 'e'; c++)
+    if (*c >= '0' && *c <= '9') mant = mant * 10 + (unsigned)(*c - '0'), ndig++;
+  int scale = ndig - 1 - exp10; /* p = mant / 10^scale */
+  if (scale < 0) return d;      /* p >= 10: not a fraction */
+  if (scale > 36) return 1;     /* p < 1e-21: p * d < 1 for any d here */
+  for (int i = 0; i < scale; i++) pow10 *= 10;
+  tu_u128 num = mant * d;
+  size_t k = (size_t)((num + pow10 - 1) / pow10);
+  return k < 1 ? 1 : k > d ? d : k;
+}
+
 static inline const char *tu_dtype_name(rmsnorm_dtype dt) {
   static const char *names[] = {"f32", "f16", "bf16", "f64"};
   return rn_dtype_valid(dt) ? names[dt] : "?";

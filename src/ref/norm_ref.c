@@ -5,21 +5,29 @@
 #include <stdint.h>
 
 #include "../convert.h"
+#include "../dtype.h"
 #include "../kernels.h"
 #include "../quant.h"
 #include "../rescue.h"
 #include "../rowmath.h"
 
+/* Rows of user buffers are reached through byte offsets and loaded and stored
+ * with memcpy (dtype.h): any address works. */
+#define RN_ROW(p, row, ld) ((const char *)(p) + (row) * (ld) * sizeof(RN_T))
+#define RN_ROW_OUT(p, row, ld) ((char *)(p) + (row) * (ld) * sizeof(RN_T))
+
 #define RN_FMA fmaf
 #define RN_A float
+#define RN_LDA(p, i) rn_ld_f32((p), (i))
+#define RN_STA(p, i, v) rn_st_f32((p), (i), (v))
 #define RN_F64 0
 #define RN_LANES RN_LANES_F32
 #define RN_BLOCK RN_BLOCK_F32
 
 #define RN_NAME(n) n##_f32
 #define RN_T float
-#define RN_LD(p, j) ((p)[j])
-#define RN_ST(p, j, v) ((p)[j] = (v))
+#define RN_LD(p, j) rn_ld_f32((p), (j))
+#define RN_ST(p, j, v) rn_st_f32((p), (j), (v))
 #define RN_RT(v) (v)
 #include "norm_ref.inc"
 #include "fused_ref.inc"
@@ -32,8 +40,8 @@
 
 #define RN_NAME(n) n##_f16
 #define RN_T uint16_t
-#define RN_LD(p, j) rn_f16_to_f32((p)[j])
-#define RN_ST(p, j, v) ((p)[j] = rn_f32_to_f16(v))
+#define RN_LD(p, j) rn_f16_to_f32(rn_ld_u16((p), (j)))
+#define RN_ST(p, j, v) rn_st_u16((p), (j), rn_f32_to_f16(v))
 #define RN_RT(v) rn_f16_to_f32(rn_f32_to_f16(v))
 #include "norm_ref.inc"
 #include "fused_ref.inc"
@@ -46,8 +54,8 @@
 
 #define RN_NAME(n) n##_bf16
 #define RN_T uint16_t
-#define RN_LD(p, j) rn_bf16_to_f32((p)[j])
-#define RN_ST(p, j, v) ((p)[j] = rn_f32_to_bf16(v))
+#define RN_LD(p, j) rn_bf16_to_f32(rn_ld_u16((p), (j)))
+#define RN_ST(p, j, v) rn_st_u16((p), (j), rn_f32_to_bf16(v))
 #define RN_RT(v) rn_bf16_to_f32(rn_f32_to_bf16(v))
 #include "norm_ref.inc"
 #include "fused_ref.inc"
@@ -60,18 +68,22 @@
 
 #undef RN_FMA
 #undef RN_A
+#undef RN_LDA
+#undef RN_STA
 #undef RN_F64
 #undef RN_LANES
 #undef RN_BLOCK
 #define RN_FMA fma
 #define RN_A double
+#define RN_LDA(p, i) rn_ld_f64((p), (i))
+#define RN_STA(p, i, v) rn_st_f64((p), (i), (v))
 #define RN_F64 1
 #define RN_LANES RN_LANES_F64
 #define RN_BLOCK RN_BLOCK_F64
 #define RN_NAME(n) n##_f64
 #define RN_T double
-#define RN_LD(p, j) ((p)[j])
-#define RN_ST(p, j, v) ((p)[j] = (v))
+#define RN_LD(p, j) rn_ld_f64((p), (j))
+#define RN_ST(p, j, v) rn_st_f64((p), (j), (v))
 #define RN_RT(v) (v)
 #include "norm_ref.inc"
 #include "fused_ref.inc"
