@@ -131,7 +131,8 @@ rmsnorm_status rmsnorm_shard_stats(rmsnorm_context *ctx, const rmsnorm_config *c
   rn_shard sh;
   size_t lds[1] = {ldx};
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_status st = rn_shard_check(cfg, &sh, rows, d_global, offset, width, lds, 1);
+  rmsnorm_config cfg_copy;
+  rmsnorm_status st = rn_shard_check(&cfg, &cfg_copy, &sh, rows, d_global, offset, width, lds, 1);
   if (st != RMSNORM_OK) return st;
   if (rows == 0) return RMSNORM_OK;
   if (!partial || (width && !x)) return RMSNORM_ERROR_NULL_POINTER;
@@ -143,7 +144,7 @@ rmsnorm_status rmsnorm_shard_stats(rmsnorm_context *ctx, const rmsnorm_config *c
     for (size_t i = 0; i < rows; i++) partial[i] = 0;
     return RMSNORM_OK;
   }
-  if (!rn_context_acquire(ctx, 0)) return RMSNORM_ERROR_OUT_OF_MEMORY;
+  if (!(rn_context_lock(ctx), rn_context_scratch(ctx, 0))) return RMSNORM_ERROR_OUT_OF_MEMORY;
   sums_job j = {rn_context_kernels(ctx), cfg, &sh,
                 {0, offset, sh.k_local, x, ldx, NULL, 0, NULL, NULL, partial}, NULL, NULL};
   run_rows(ctx, rows, rows * sh.k_local * es, sums_rows, &j);
@@ -202,7 +203,8 @@ rmsnorm_status rmsnorm_shard_forward(rmsnorm_context *ctx, const rmsnorm_config 
   rn_shard sh;
   size_t lds[2] = {ldx, ldy};
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_status st = rn_shard_check(cfg, &sh, rows, d_global, offset, width, lds, 2);
+  rmsnorm_config cfg_copy;
+  rmsnorm_status st = rn_shard_check(&cfg, &cfg_copy, &sh, rows, d_global, offset, width, lds, 2);
   if (st != RMSNORM_OK) return st;
   if (rows == 0) return RMSNORM_OK;
   if (!stats || (width && (!x || !y))) return RMSNORM_ERROR_NULL_POINTER;
@@ -219,13 +221,13 @@ rmsnorm_status rmsnorm_shard_forward(rmsnorm_context *ctx, const rmsnorm_config 
 
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(width * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(width * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + bcopy);
+  char *scratch = (rn_context_lock(ctx), rn_context_scratch(ctx, wcopy + bcopy));
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   fwd_job j = {rn_context_kernels(ctx), cfg, &sh,
                {RN_RMSNORM, cfg->dtype, width, sh.k_local, x, ldx, y, ldy,
                 rn_param_as_acc(cfg, weight, 1, width, scratch),
                 rn_param_as_acc(cfg, bias, 0, width, scratch + wcopy), cfg->eps, cfg->flags,
-                NULL, NULL, y != x && rows * width * es >= RN_STREAM_BYTES},
+                NULL, NULL, y != x && rn_stream_ok(y, es, rows * width * es)},
                stats, rstd};
   run_rows(ctx, rows, rows * width * 2 * es, fwd_fn, &j);
   rn_context_unlock(ctx);
@@ -242,7 +244,8 @@ rmsnorm_status rmsnorm_shard_backward_dots(rmsnorm_context *ctx, const rmsnorm_c
   rn_shard sh;
   size_t lds[2] = {ldx, lddy};
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_status st = rn_shard_check(cfg, &sh, rows, d_global, offset, width, lds, 2);
+  rmsnorm_config cfg_copy;
+  rmsnorm_status st = rn_shard_check(&cfg, &cfg_copy, &sh, rows, d_global, offset, width, lds, 2);
   if (st != RMSNORM_OK) return st;
   if (rows == 0) return RMSNORM_OK;
   if (!stats || !partial || (width && (!x || !dy))) return RMSNORM_ERROR_NULL_POINTER;
@@ -262,7 +265,7 @@ rmsnorm_status rmsnorm_shard_backward_dots(rmsnorm_context *ctx, const rmsnorm_c
   /* scratch: [weight copy][r of every row] */
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(width * as) : 0;
   if (rows > (SIZE_MAX - wcopy) / as) return RMSNORM_ERROR_OUT_OF_MEMORY;
-  char *scratch = rn_context_acquire(ctx, wcopy + rows * as);
+  char *scratch = (rn_context_lock(ctx), rn_context_scratch(ctx, wcopy + rows * as));
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   sums_job j = {rn_context_kernels(ctx), cfg, &sh,
                 {1, offset, width, x, ldx, dy, lddy,
@@ -330,7 +333,8 @@ rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx, const rmsnorm_config
   rn_shard sh;
   size_t lds[3] = {ldx, lddy, lddx};
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_status st = rn_shard_check(cfg, &sh, rows, d_global, offset, width, lds, 3);
+  rmsnorm_config cfg_copy;
+  rmsnorm_status st = rn_shard_check(&cfg, &cfg_copy, &sh, rows, d_global, offset, width, lds, 3);
   if (st != RMSNORM_OK) return st;
   if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (rows == 0) return RMSNORM_OK;
@@ -354,12 +358,12 @@ rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx, const rmsnorm_config
   if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, width, dweight, dbias))
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(width * as) : 0;
-  char *scratch = rn_context_acquire(ctx, wcopy + plan.bytes);
+  char *scratch = (rn_context_lock(ctx), rn_context_scratch(ctx, wcopy + plan.bytes));
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   bwd_job j = {rn_context_kernels(ctx), cfg, &sh,
                {RN_RMSNORM, cfg->dtype, width, sh.k_local, x, ldx, dy, lddy, dx, lddx,
                 rn_param_as_acc(cfg, weight, 1, width, scratch), cfg->eps, cfg->flags, NULL,
-                NULL, dx != dy && dx != x && rows * width * es >= RN_STREAM_BYTES},
+                NULL, dx != dy && dx != x && rn_stream_ok(dx, es, rows * width * es)},
                stats, dots};
   rn_grad_run(ctx, &plan, scratch + wcopy, rn_threads_for(ctx, rows * width * 3 * es, plan.nchunks),
               bwd_chunk, &j);

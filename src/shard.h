@@ -19,12 +19,16 @@ typedef struct rn_shard {
 } rn_shard;
 
 /* The config (RMSNorm), the shard's place in the row, and the strides of
- * its matrices (none to check for width 0); fills *sh. */
-static inline rmsnorm_status rn_shard_check(const rmsnorm_config *cfg, rn_shard *sh,
-                                            size_t rows, size_t d_global, size_t offset,
-                                            size_t width, const size_t *lds, size_t nld) {
-  rmsnorm_status st = rn_check_config(cfg, RN_RMSNORM, 0);
+ * its matrices (none to check for width 0); fills *sh. The caller's config is
+ * read into *copy (rn_check_config) and *cfgp is pointed at it, so the
+ * caller goes on with the checked copy only. */
+static inline rmsnorm_status rn_shard_check(const rmsnorm_config **cfgp, rmsnorm_config *copy,
+                                            rn_shard *sh, size_t rows, size_t d_global,
+                                            size_t offset, size_t width, const size_t *lds,
+                                            size_t nld) {
+  rmsnorm_status st = rn_check_config(*cfgp, copy, RN_RMSNORM, 0);
   if (st != RMSNORM_OK) return st;
+  const rmsnorm_config *cfg = *cfgp = copy;
   if (d_global == 0 || offset > d_global || width > d_global - offset)
     return RMSNORM_ERROR_BAD_SIZE;
   sh->d_global = d_global;

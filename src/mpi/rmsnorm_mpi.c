@@ -236,7 +236,8 @@ static rmsnorm_status check_forward(const rmsnorm_context *ctx, const rmsnorm_co
   if (comm == MPI_COMM_NULL) return RMSNORM_ERROR_BAD_ARGUMENT;
   rn_shard sh;
   size_t lds[2] = {ldx, ldy};
-  rmsnorm_status st = rn_shard_check(cfg, &sh, rows, d_global, offset, width, lds, 2);
+  rmsnorm_config cfg_copy;
+  rmsnorm_status st = rn_shard_check(&cfg, &cfg_copy, &sh, rows, d_global, offset, width, lds, 2);
   if (st != RMSNORM_OK || rows == 0) return st;
   if (width && (!x || !y)) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
@@ -290,7 +291,8 @@ static rmsnorm_status check_backward(const rmsnorm_context *ctx, const rmsnorm_c
   if (comm == MPI_COMM_NULL) return RMSNORM_ERROR_BAD_ARGUMENT;
   rn_shard sh;
   size_t lds[3] = {ldx, lddy, lddx};
-  rmsnorm_status st = rn_shard_check(cfg, &sh, rows, d_global, offset, width, lds, 3);
+  rmsnorm_config cfg_copy;
+  rmsnorm_status st = rn_shard_check(&cfg, &cfg_copy, &sh, rows, d_global, offset, width, lds, 3);
   if (st != RMSNORM_OK) return st;
   if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (replicas != MPI_COMM_NULL && width > (size_t)INT_MAX / 2) return RMSNORM_ERROR_BAD_SIZE;
