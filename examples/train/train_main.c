@@ -74,6 +74,7 @@ static void usage(FILE *f) {
           "                     " FORTUNE_DIR ")\n"
           "  --f64              compute in double (slow; for checking)\n"
           "  --quiet            no progress lines\n"
+          "  --blas-core        print OpenBLAS's kernel choice for this CPU and exit\n"
           "Writes DIR/<norm>-L<layers>-s<seed>.csv (step,train_loss,val_loss,ms_per_step,\n"
           "norm_ms,wall_ms), DIR/runs.csv, DIR/summary.csv, and prints the summary.\n");
 }
@@ -143,6 +144,14 @@ static int parse_args(int argc, char **argv, options *o) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
+      exit(0);
+    }
+    if (!strcmp(a, "--blas-core")) {
+#ifdef TRAIN_HAVE_OPENBLAS
+      printf("%s\n", openblas_get_corename());
+#else
+      printf("unknown\n");
+#endif
       exit(0);
     }
     if (!strcmp(a, "--f64")) {
@@ -421,14 +430,14 @@ static void print_table(const options *o, const run *runs, int nruns) {
          o->shape.layers, o->shape.dim, o->shape.heads, o->shape.seq_len, o->shape.batch,
          o->steps, o->lr, o->nseeds, o->nseeds > 1 ? "s" : "", o->threads,
          o->threads > 1 ? "s" : "");
-  printf("%-6s %-22s %-9s %-12s %-10s %s\n", "norm", "final val loss (nats)", "ms/step",
+  printf("%-6s %-22s %9s %13s %11s  %s\n", "norm", "final val loss (nats)", "ms/step",
          "norm ms/step", "norm share", "diverged");
   for (int k = 0; k < o->nnorms; k++) {
     summary s = summarize(runs, nruns, o->norms[k]);
     char loss[64];
     if (s.ok > 1) snprintf(loss, sizeof loss, "%.4f +- %.4f", s.mean, s.sd);
     else snprintf(loss, sizeof loss, "%.4f", s.mean);
-    printf("%-6s %-22s %-9.2f %-12.3f %-9.1f%% %d/%d\n", train_norm_name(o->norms[k]), loss,
+    printf("%-6s %-22s %9.2f %13.3f %10.1f%%  %d/%d\n", train_norm_name(o->norms[k]), loss,
            s.ms, s.norm_ms, 100 * s.norm_ms / s.ms, s.diverged, o->nseeds);
   }
 }
