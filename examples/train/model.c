@@ -45,6 +45,12 @@ double train_now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+double train_cpu_now(void) {
+  struct timespec t;
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t)) return 0;
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 void tm_fail(train_model *m, const char *what, rmsnorm_status st) {
   if (m->error) return;
   snprintf(m->error_buf, sizeof m->error_buf, "%s: %s", what, rmsnorm_status_message(st));
@@ -251,7 +257,7 @@ int train_model_create(const train_shape *shape, int use_f64, uint64_t seed, tra
 #ifdef TRAIN_HAVE_OPENBLAS
   openblas_set_num_threads(1);
 #endif
-  if (train_model_set_threads(m, 1)) {
+  if (train_model_set_threads(m, 1, 1)) {
     snprintf(err, errlen, "%s", m->error);
     train_model_free(m);
     return -1;
@@ -283,16 +289,18 @@ void train_model_free(train_model *m) {
   free(m);
 }
 
-int train_model_set_threads(train_model *m, int threads) {
-  if (threads < 1 || threads > 1024) {
+int train_model_set_threads(train_model *m, int threads, int norm_threads) {
+  if (threads < 1 || threads > 1024 || norm_threads < 0 || norm_threads > 1024) {
     tm_fail(m, "train_model_set_threads", RMSNORM_ERROR_BAD_ARGUMENT);
     return -1;
   }
-  rmsnorm_status st = rmsnorm_context_set_threads(m->ctx, threads);
+  if (!norm_threads) norm_threads = threads;
+  rmsnorm_status st = rmsnorm_context_set_threads(m->ctx, norm_threads);
   if (st != RMSNORM_OK) {
     tm_fail(m, "rmsnorm_context_set_threads", st);
     return -1;
   }
+  m->norm_threads = norm_threads;
   train_pool_free(m->pool);
   m->pool = NULL;
   if (threads > 1 && !(m->pool = train_pool_create(threads))) {
@@ -363,9 +371,10 @@ const char *train_model_param_name(const train_model *m, size_t i) {
   return k < 0 ? "?" : m->tensors[k].name;
 }
 
-double train_model_take_norm_seconds(train_model *m) {
+double train_model_take_norm_seconds(train_model *m, double *cpu_seconds) {
   double s = m->norm_seconds;
-  m->norm_seconds = 0;
+  if (cpu_seconds) *cpu_seconds = m->norm_cpu_seconds;
+  m->norm_seconds = m->norm_cpu_seconds = 0;
   return s;
 }
 

@@ -70,15 +70,17 @@ int train_model_create(const train_shape *shape, int use_f64, uint64_t seed, tra
                        char *err, size_t errlen);
 void train_model_free(train_model *model);
 
-/* Threads (1..1024, the caller's included) for the model's own pool and for
- * the library's norms; a new model has 1. The model cuts each step into
+/* Threads (1..1024, the caller's included) for the model's own pool, and
+ * for the library's norms (norm_threads; 0: the same); a new model has 1 and
+ * 1. librmsnorm splits a call over its threads only for work of about 1 MiB
+ * per thread or more. The model cuts each step into
  * tasks of a fixed size and runs the BLAS single-threaded inside them (with
  * OpenBLAS it sets openblas_set_num_threads(1), process-wide, at creation;
  * another threaded BLAS should be limited to one thread by its own
  * environment variable), so at most `threads` threads compute at any moment
  * and the results are the same bits for any thread count.
  * @return 0, or -1 (see train_model_error). */
-int train_model_set_threads(train_model *model, int threads);
+int train_model_set_threads(train_model *model, int threads, int norm_threads);
 /* Tasks the pool's workers (not the calling thread) have run: shows that
  * more than one thread took part. */
 long train_model_worker_tasks(const train_model *model);
@@ -112,11 +114,15 @@ const char *train_model_param_name(const train_model *model, size_t i);
 
 /* Seconds spent at the norm sites (residual add + norm, forward and
  * backward: the part the norm choice changes) since the last call, which
- * resets the counter. */
-double train_model_take_norm_seconds(train_model *model);
+ * resets the counters: @return wall-clock seconds; *cpu_seconds (when not
+ * NULL) receives the process's CPU seconds over the same spans (all its
+ * threads: on a shared machine this counts the work, not the waiting). */
+double train_model_take_norm_seconds(train_model *model, double *cpu_seconds);
 
-/* Monotonic clock, seconds (what the step and norm timings use). */
+/* Monotonic clock, and the CPU time of the whole process (every thread),
+ * in seconds: what the step and norm timings use. */
 double train_now(void);
+double train_cpu_now(void);
 
 /* @return the first library error's message, or NULL when none occurred. */
 const char *train_model_error(const train_model *model);

@@ -79,10 +79,11 @@ struct train_model {
   int nadam;
   double *partials;    /* per-task sums (loss, squared gradient), added in order */
   train_pool *pool;    /* NULL: one thread */
+  int norm_threads;    /* librmsnorm's threads, and the norm sites' adds' */
   uint8_t *inputs, *targets; /* the last forward's batch, N each */
   rmsnorm_context *ctx;
   rmsnorm_config cfg;
-  double norm_seconds;
+  double norm_seconds, norm_cpu_seconds; /* at the norm sites: wall, process CPU */
   const char *error;
   char error_buf[160];
 };

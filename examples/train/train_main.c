@@ -41,7 +41,7 @@ typedef struct options {
   int nnorms;
   long seeds[MAX_SEEDS];
   int nseeds;
-  int steps, warmup, eval_every, eval_batches, threads, f64, quiet;
+  int steps, warmup, eval_every, eval_batches, threads, norm_threads, f64, quiet;
   double lr, min_lr_frac, wd, clip;
   const char *files[MAX_FILES];
   int nfiles;
@@ -70,13 +70,15 @@ static void usage(FILE *f) {
           "  --eval-batches N   validation batches (default 8)\n"
           "  --threads N        threads of each model and of its norms (default: online\n"
           "                     CPUs); the BLAS runs single-threaded inside the model's tasks\n"
+          "  --norm-threads N   threads librmsnorm may use per norm call (default: --threads)\n"
           "  --data FILE,...    text files (default: the Debian package fortunes, in\n"
           "                     " FORTUNE_DIR ")\n"
           "  --f64              compute in double (slow; for checking)\n"
           "  --quiet            no progress lines\n"
           "  --blas-core        print OpenBLAS's kernel choice for this CPU and exit\n"
           "Writes DIR/<norm>-L<layers>-s<seed>.csv (step,train_loss,val_loss,ms_per_step,\n"
-          "norm_ms,wall_ms), DIR/runs.csv, DIR/summary.csv, and prints the summary.\n");
+          "norm_ms,wall_ms,cpu_ms,norm_cpu_ms), DIR/runs.csv, DIR/summary.csv, and prints\n"
+          "the summary.\n");
 }
 
 static int bad_arg(const char *opt, const char *want, const char *got) {
@@ -208,6 +210,7 @@ static int parse_args(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--eval-every")) rc = parse_int(a, v, 1, 10000000, &o->eval_every);
     else if (!strcmp(a, "--eval-batches")) rc = parse_int(a, v, 1, 100000, &o->eval_batches);
     else if (!strcmp(a, "--threads")) rc = parse_int(a, v, 1, 1024, &o->threads);
+    else if (!strcmp(a, "--norm-threads")) rc = parse_int(a, v, 1, 1024, &o->norm_threads);
     else if (!strcmp(a, "--lr")) rc = parse_real(a, v, 0, 10, &o->lr);
     else if (!strcmp(a, "--min-lr")) rc = parse_real(a, v, 0, 1, &o->min_lr_frac);
     else if (!strcmp(a, "--wd")) rc = parse_real(a, v, 0, 10, &o->wd);
@@ -256,11 +259,11 @@ typedef struct run {
   train_norm norm;
   long seed;
   train_model *model;
-  double *train_loss, *val_loss, *ms, *norm_ms, *wall_ms;
+  double *train_loss, *val_loss, *ms, *norm_ms, *wall_ms, *cpu_ms, *norm_cpu_ms;
   int done;     /* steps completed */
   int diverged; /* a loss went non-finite (training stopped) or ended above ln 256 */
   double final_val;
-  double med_ms, med_norm_ms;
+  double med_ms, med_norm_ms, med_cpu_ms, med_norm_cpu_ms; /* medians over the steps */
 } run;
 
 static double evaluate(run *r, const train_text *text, const options *o, uint8_t *in,
@@ -271,7 +274,7 @@ static double evaluate(run *r, const train_text *text, const options *o, uint8_t
                           o->shape.seq_len, in, tg);
     sum += train_model_forward(r->model, in, tg);
   }
-  train_model_take_norm_seconds(r->model); /* evaluation is not timed */
+  train_model_take_norm_seconds(r->model, NULL); /* evaluation is not timed */
   return sum / o->eval_batches;
 }
 
@@ -338,7 +341,7 @@ static int write_run(const options *o, const run *r) {
            r->seed);
   FILE *f = open_out(o, name, tmp, sizeof tmp);
   if (!f) return -1;
-  fprintf(f, "step,train_loss,val_loss,ms_per_step,norm_ms,wall_ms\n");
+  fprintf(f, "step,train_loss,val_loss,ms_per_step,norm_ms,wall_ms,cpu_ms,norm_cpu_ms\n");
   for (int s = 0; s <= r->done; s++) {
     fprintf(f, "%d,", s);
     if (s) put_num(f, r->train_loss[s]);
@@ -347,7 +350,10 @@ static int write_run(const options *o, const run *r) {
     fputc(',', f);
     if (s) fprintf(f, "%.4f,%.4f", r->ms[s], r->norm_ms[s]);
     else fputc(',', f);
-    fprintf(f, ",%.3f\n", r->wall_ms[s]);
+    fprintf(f, ",%.3f,", r->wall_ms[s]);
+    if (s) fprintf(f, "%.4f,%.4f", r->cpu_ms[s], r->norm_cpu_ms[s]);
+    else fputc(',', f);
+    fputc('\n', f);
   }
   return close_out(f, o, name, tmp);
 }
@@ -356,19 +362,26 @@ static int write_run(const options *o, const run *r) {
  * loss over the seeds that did not diverge, medians of the per-run medians of
  * step time and norm time, and the count of diverged seeds. */
 typedef struct summary {
-  double mean, sd, lo, hi, ms, norm_ms;
+  double mean, sd, lo, hi, ms, norm_ms, cpu_ms, norm_cpu_ms;
   int ok, diverged;
 } summary;
 
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 static summary summarize(const run *runs, int nruns, train_norm norm) {
-  summary s = {0, 0, INFINITY, -INFINITY, 0, 0, 0, 0};
-  double ms[MAX_SEEDS], nms[MAX_SEEDS];
+  summary s = {0, 0, INFINITY, -INFINITY, 0, 0, 0, 0, 0, 0};
+  double ms[MAX_SEEDS], nms[MAX_SEEDS], cms[MAX_SEEDS], ncms[MAX_SEEDS];
   int n = 0;
   for (int i = 0; i < nruns; i++) {
     const run *r = &runs[i];
     if (r->norm != norm) continue;
     ms[n] = r->med_ms;
     nms[n] = r->med_norm_ms;
+    cms[n] = r->med_cpu_ms;
+    ncms[n] = r->med_norm_cpu_ms;
     n++;
     if (r->diverged) {
       s.diverged++;
@@ -385,10 +398,10 @@ static summary summarize(const run *runs, int nruns, train_norm norm) {
     if (runs[i].norm == norm && !runs[i].diverged)
       s.sd += (runs[i].final_val - s.mean) * (runs[i].final_val - s.mean);
   s.sd = s.ok > 1 ? sqrt(s.sd / (s.ok - 1)) : NAN;
-  qsort(ms, (size_t)n, sizeof *ms, cmp_double);
-  qsort(nms, (size_t)n, sizeof *nms, cmp_double);
-  s.ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-  s.norm_ms = n % 2 ? nms[n / 2] : 0.5 * (nms[n / 2 - 1] + nms[n / 2]);
+  s.ms = median(ms, n);
+  s.norm_ms = median(nms, n);
+  s.cpu_ms = median(cms, n);
+  s.norm_cpu_ms = median(ncms, n);
   return s;
 }
 
@@ -396,19 +409,22 @@ static int write_summaries(const options *o, const run *runs, int nruns) {
   char tmp[4200];
   FILE *f = open_out(o, "runs.csv", tmp, sizeof tmp);
   if (!f) return -1;
-  fprintf(f, "norm,layers,seed,final_val_loss,ms_per_step,norm_ms_per_step,diverged,steps\n");
+  fprintf(f, "norm,layers,seed,final_val_loss,ms_per_step,norm_ms_per_step,diverged,steps,"
+             "cpu_ms_per_step,norm_cpu_ms_per_step\n");
   for (int i = 0; i < nruns; i++) {
     const run *r = &runs[i];
     fprintf(f, "%s,%d,%ld,", train_norm_name(r->norm), o->shape.layers, r->seed);
     put_num(f, r->final_val);
-    fprintf(f, ",%.4f,%.4f,%d,%d\n", r->med_ms, r->med_norm_ms, r->diverged, r->done);
+    fprintf(f, ",%.4f,%.4f,%d,%d,%.4f,%.4f\n", r->med_ms, r->med_norm_ms, r->diverged, r->done,
+            r->med_cpu_ms, r->med_norm_cpu_ms);
   }
   if (close_out(f, o, "runs.csv", tmp)) return -1;
 
   f = open_out(o, "summary.csv", tmp, sizeof tmp);
   if (!f) return -1;
   fprintf(f, "norm,layers,final_val_loss,ms_per_step,norm_ms_per_step,diverged,seeds,"
-             "val_loss_sd,val_loss_min,val_loss_max,steps,lr\n");
+             "val_loss_sd,val_loss_min,val_loss_max,steps,lr,cpu_ms_per_step,"
+             "norm_cpu_ms_per_step\n");
   for (int k = 0; k < o->nnorms; k++) {
     summary s = summarize(runs, nruns, o->norms[k]);
     fprintf(f, "%s,%d,", train_norm_name(o->norms[k]), o->shape.layers);
@@ -419,32 +435,36 @@ static int write_summaries(const options *o, const run *runs, int nruns) {
     put_num(f, s.lo);
     fputc(',', f);
     put_num(f, s.hi);
-    fprintf(f, ",%d,%g\n", o->steps, o->lr);
+    fprintf(f, ",%d,%g,%.4f,%.4f\n", o->steps, o->lr, s.cpu_ms, s.norm_cpu_ms);
   }
   return close_out(f, o, "summary.csv", tmp);
 }
 
 static void print_table(const options *o, const run *runs, int nruns) {
   printf("\n%d layers, dim %d, %d heads, context %d, batch %d, %d steps, lr %g, %d seed%s, "
-         "%d thread%s\n",
+         "%d thread%s (norms: %d)\n",
          o->shape.layers, o->shape.dim, o->shape.heads, o->shape.seq_len, o->shape.batch,
          o->steps, o->lr, o->nseeds, o->nseeds > 1 ? "s" : "", o->threads,
-         o->threads > 1 ? "s" : "");
-  printf("%-6s %-22s %9s %13s %11s  %s\n", "norm", "final val loss (nats)", "ms/step",
-         "norm ms/step", "norm share", "diverged");
+         o->threads > 1 ? "s" : "", o->norm_threads ? o->norm_threads : o->threads);
+  printf("medians over steps (and seeds) of the time per step and at the norm sites (residual\n"
+         "add + norm, forward and backward); CPU: all threads' CPU time over the same spans\n");
+  printf("%-6s %-22s %10s %9s %10s %9s %7s  %s\n", "norm", "final val loss (nats)", "ms/step",
+         "norm ms", "CPU ms", "norm CPU", "share", "diverged");
   for (int k = 0; k < o->nnorms; k++) {
     summary s = summarize(runs, nruns, o->norms[k]);
     char loss[64];
     if (s.ok > 1) snprintf(loss, sizeof loss, "%.4f +- %.4f", s.mean, s.sd);
     else snprintf(loss, sizeof loss, "%.4f", s.mean);
-    printf("%-6s %-22s %9.2f %13.3f %10.1f%%  %d/%d\n", train_norm_name(o->norms[k]), loss,
-           s.ms, s.norm_ms, 100 * s.norm_ms / s.ms, s.diverged, o->nseeds);
+    printf("%-6s %-22s %10.2f %9.3f %10.2f %9.3f %6.1f%%  %d/%d\n", train_norm_name(o->norms[k]),
+           loss, s.ms, s.norm_ms, s.cpu_ms, s.norm_cpu_ms, 100 * s.norm_cpu_ms / s.cpu_ms,
+           s.diverged, o->nseeds);
   }
 }
 
 static int alloc_run(run *r, int steps) {
   size_t n = (size_t)steps + 1;
-  double **arrays[] = {&r->train_loss, &r->val_loss, &r->ms, &r->norm_ms, &r->wall_ms};
+  double **arrays[] = {&r->train_loss, &r->val_loss, &r->ms,     &r->norm_ms,
+                       &r->wall_ms,    &r->cpu_ms,   &r->norm_cpu_ms};
   for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++) {
     *arrays[i] = malloc(n * sizeof(double));
     if (!*arrays[i]) return -1;
@@ -460,6 +480,8 @@ static void free_run(run *r) {
   free(r->ms);
   free(r->norm_ms);
   free(r->wall_ms);
+  free(r->cpu_ms);
+  free(r->norm_cpu_ms);
 }
 
 int main(int argc, char **argv) {
@@ -531,7 +553,7 @@ int main(int argc, char **argv) {
       sh.norm = r->norm;
       if (alloc_run(r, o.steps) ||
           train_model_create(&sh, o.f64, (uint64_t)r->seed, &r->model, err, sizeof err) ||
-          train_model_set_threads(r->model, o.threads)) {
+          train_model_set_threads(r->model, o.threads, o.norm_threads)) {
         fprintf(stderr, "rmsnorm-train: %s model: %s\n", train_norm_name(r->norm),
                 r->model ? train_model_error(r->model) : err);
         status = 1;
@@ -547,12 +569,12 @@ int main(int argc, char **argv) {
       for (int j = 0; j < o.nnorms; j++) {
         run *r = &rs[(j + step) % o.nnorms];
         if (r->diverged) continue;
-        train_model_take_norm_seconds(r->model);
-        double t0 = train_now();
+        train_model_take_norm_seconds(r->model, NULL);
+        double t0 = train_now(), c0 = train_cpu_now();
         double loss = train_model_forward(r->model, in, tg);
         if (train_model_backward(r->model) == 0 && isfinite(loss))
           train_model_step(r->model, lr, o.wd, o.clip);
-        double t1 = train_now();
+        double t1 = train_now(), c1 = train_cpu_now();
         if (train_model_error(r->model)) {
           fprintf(stderr, "rmsnorm-train: %s model, step %d: %s\n", train_norm_name(r->norm),
                   step, train_model_error(r->model));
@@ -561,7 +583,10 @@ int main(int argc, char **argv) {
         }
         r->train_loss[step] = loss;
         r->ms[step] = 1e3 * (t1 - t0);
-        r->norm_ms[step] = 1e3 * train_model_take_norm_seconds(r->model);
+        double norm_cpu;
+        r->norm_ms[step] = 1e3 * train_model_take_norm_seconds(r->model, &norm_cpu);
+        r->cpu_ms[step] = 1e3 * (c1 - c0);
+        r->norm_cpu_ms[step] = 1e3 * norm_cpu;
         r->wall_ms[step] = r->wall_ms[step - 1] + r->ms[step];
         r->done = step;
         if (!isfinite(loss)) {
@@ -589,6 +614,8 @@ int main(int argc, char **argv) {
       if (!r->diverged && !(r->final_val <= uniform_loss)) r->diverged = 1;
       r->med_ms = median_steps(r->ms, r->done);
       r->med_norm_ms = median_steps(r->norm_ms, r->done);
+      r->med_cpu_ms = median_steps(r->cpu_ms, r->done);
+      r->med_norm_cpu_ms = median_steps(r->norm_cpu_ms, r->done);
       if (write_run(&o, r)) status = 1;
       train_model_free(r->model); /* free the activations before the next seed */
       r->model = NULL;

@@ -100,7 +100,7 @@ for norm in none layer rms prms; do
     fi
     # step 0: the initial validation loss, near ln 256; step 60: well below it
     verdict=$(awk -F, '
-      NR == 1 { if ($0 != "step,train_loss,val_loss,ms_per_step,norm_ms,wall_ms") { print "header " $0; exit } next }
+      NR == 1 { if ($0 != "step,train_loss,val_loss,ms_per_step,norm_ms,wall_ms,cpu_ms,norm_cpu_ms") { print "header " $0; exit } next }
       { rows++ }
       $1 == 0 { v0 = $3 }
       $1 == 60 { v60 = $3; t60 = $2 }

@@ -66,7 +66,7 @@ static int train(train_norm norm, int threads, result *r) {
   s.norm = norm;
   train_model *m;
   char err[256];
-  if (train_model_create(&s, 0, 11, &m, err, sizeof err) || train_model_set_threads(m, threads)) {
+  if (train_model_create(&s, 0, 11, &m, err, sizeof err) || train_model_set_threads(m, threads, threads)) {
     check(0, "%s: create: %s", train_norm_name(norm), m ? train_model_error(m) : err);
     train_model_free(m);
     return -1;
