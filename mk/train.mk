@@ -1,7 +1,7 @@
 # mk/train.mk - the training demo (examples/train, rmsnorm-train):
 #   make train-demo     no norm, LayerNorm, RMSNorm and pRMSNorm at one small
 #                       configuration, three seeds, on 2 threads -> bench/train/
-#   make train-stress   the same at a higher learning rate and depth -> bench/train/stress/
+#   make train-stress   twice as deep at a higher learning rate -> bench/train/stress/
 # Each prints the summary table and writes summary.csv, runs.csv, one CSV per
 # run, table.txt and loss.png (gnuplot, installed from Debian when missing,
 # see mk/bench.mk). The text is the Debian package `fortunes`, installed here
@@ -17,7 +17,7 @@ TRAIN_THREADS ?= 2
 TRAIN_COMMON = --norm all --threads $(TRAIN_THREADS) --norm-threads 1 --dim 128 --heads 4 \
   --seq 64 --batch 16 --eval-every 25 --eval-batches 8
 TRAIN_DEMO_ARGS ?= $(TRAIN_COMMON) --layers 4 --seed 1,2,3 --steps 300 --lr 3e-3
-TRAIN_STRESS_ARGS ?= $(TRAIN_COMMON) --layers 4 --seed 1,2,3 --steps 300 --lr 1e-2
+TRAIN_STRESS_ARGS ?= $(TRAIN_COMMON) --layers 8 --seed 1,2,3 --steps 150 --lr 1e-2
 
 .PHONY: train-demo train-stress train-data
 
@@ -60,4 +60,4 @@ train-demo: build train-data gnuplot
 	$(call train_run,$(TRAIN_DEMO_ARGS),$(TRAIN_DIR),validation loss: 4 layers at lr 3e-3 (3 seeds))
 
 train-stress: build train-data gnuplot
-	$(call train_run,$(TRAIN_STRESS_ARGS),$(TRAIN_DIR)/stress,validation loss: 4 layers at lr 1e-2 (3 seeds))
+	$(call train_run,$(TRAIN_STRESS_ARGS),$(TRAIN_DIR)/stress,validation loss: 8 layers at lr 1e-2 (3 seeds))

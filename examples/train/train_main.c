@@ -263,6 +263,7 @@ typedef struct run {
   int done;     /* steps completed */
   int diverged; /* a loss went non-finite (training stopped) or ended above ln 256 */
   double final_val;
+  double peak_val; /* the worst validation loss after training began (a spike shows here) */
   double med_ms, med_norm_ms, med_cpu_ms, med_norm_cpu_ms; /* medians over the steps */
 } run;
 
@@ -362,7 +363,7 @@ static int write_run(const options *o, const run *r) {
  * loss over the seeds that did not diverge, medians of the per-run medians of
  * step time and norm time, and the count of diverged seeds. */
 typedef struct summary {
-  double mean, sd, lo, hi, ms, norm_ms, cpu_ms, norm_cpu_ms;
+  double mean, sd, lo, hi, ms, norm_ms, cpu_ms, norm_cpu_ms, peak;
   int ok, diverged;
 } summary;
 
@@ -372,7 +373,7 @@ static double median(double *v, int n) {
 }
 
 static summary summarize(const run *runs, int nruns, train_norm norm) {
-  summary s = {0, 0, INFINITY, -INFINITY, 0, 0, 0, 0, 0, 0};
+  summary s = {0, 0, INFINITY, -INFINITY, 0, 0, 0, 0, -INFINITY, 0, 0};
   double ms[MAX_SEEDS], nms[MAX_SEEDS], cms[MAX_SEEDS], ncms[MAX_SEEDS];
   int n = 0;
   for (int i = 0; i < nruns; i++) {
@@ -383,6 +384,7 @@ static summary summarize(const run *runs, int nruns, train_norm norm) {
     cms[n] = r->med_cpu_ms;
     ncms[n] = r->med_norm_cpu_ms;
     n++;
+    s.peak = r->diverged || isnan(r->peak_val) ? INFINITY : fmax(s.peak, r->peak_val);
     if (r->diverged) {
       s.diverged++;
       continue;
@@ -410,13 +412,15 @@ static int write_summaries(const options *o, const run *runs, int nruns) {
   FILE *f = open_out(o, "runs.csv", tmp, sizeof tmp);
   if (!f) return -1;
   fprintf(f, "norm,layers,seed,final_val_loss,ms_per_step,norm_ms_per_step,diverged,steps,"
-             "cpu_ms_per_step,norm_cpu_ms_per_step\n");
+             "cpu_ms_per_step,norm_cpu_ms_per_step,peak_val_loss\n");
   for (int i = 0; i < nruns; i++) {
     const run *r = &runs[i];
     fprintf(f, "%s,%d,%ld,", train_norm_name(r->norm), o->shape.layers, r->seed);
     put_num(f, r->final_val);
-    fprintf(f, ",%.4f,%.4f,%d,%d,%.4f,%.4f\n", r->med_ms, r->med_norm_ms, r->diverged, r->done,
+    fprintf(f, ",%.4f,%.4f,%d,%d,%.4f,%.4f,", r->med_ms, r->med_norm_ms, r->diverged, r->done,
             r->med_cpu_ms, r->med_norm_cpu_ms);
+    put_num(f, r->peak_val);
+    fputc('\n', f);
   }
   if (close_out(f, o, "runs.csv", tmp)) return -1;
 
@@ -424,7 +428,7 @@ static int write_summaries(const options *o, const run *runs, int nruns) {
   if (!f) return -1;
   fprintf(f, "norm,layers,final_val_loss,ms_per_step,norm_ms_per_step,diverged,seeds,"
              "val_loss_sd,val_loss_min,val_loss_max,steps,lr,cpu_ms_per_step,"
-             "norm_cpu_ms_per_step\n");
+             "norm_cpu_ms_per_step,peak_val_loss\n");
   for (int k = 0; k < o->nnorms; k++) {
     summary s = summarize(runs, nruns, o->norms[k]);
     fprintf(f, "%s,%d,", train_norm_name(o->norms[k]), o->shape.layers);
@@ -435,7 +439,9 @@ static int write_summaries(const options *o, const run *runs, int nruns) {
     put_num(f, s.lo);
     fputc(',', f);
     put_num(f, s.hi);
-    fprintf(f, ",%d,%g,%.4f,%.4f\n", o->steps, o->lr, s.cpu_ms, s.norm_cpu_ms);
+    fprintf(f, ",%d,%g,%.4f,%.4f,", o->steps, o->lr, s.cpu_ms, s.norm_cpu_ms);
+    put_num(f, s.peak);
+    fputc('\n', f);
   }
   return close_out(f, o, "summary.csv", tmp);
 }
@@ -446,18 +452,20 @@ static void print_table(const options *o, const run *runs, int nruns) {
          o->shape.layers, o->shape.dim, o->shape.heads, o->shape.seq_len, o->shape.batch,
          o->steps, o->lr, o->nseeds, o->nseeds > 1 ? "s" : "", o->threads,
          o->threads > 1 ? "s" : "", o->norm_threads ? o->norm_threads : o->threads);
-  printf("medians over steps (and seeds) of the time per step and at the norm sites (residual\n"
-         "add + norm, forward and backward); CPU: all threads' CPU time over the same spans\n");
-  printf("%-6s %-22s %10s %9s %10s %9s %7s  %s\n", "norm", "final val loss (nats)", "ms/step",
-         "norm ms", "CPU ms", "norm CPU", "share", "diverged");
+  printf("final: mean +- sd over seeds that did not diverge; peak: the worst validation loss\n"
+         "after step 0 (any seed); times: medians over steps (and seeds) per step and at the\n"
+         "norm sites (residual add + norm, forward and backward); CPU: all threads' CPU time\n"
+         "over the same spans; share: norm CPU / CPU\n");
+  printf("%-6s %-22s %6s %9s %8s %9s %8s %6s  %s\n", "norm", "final val loss (nats)", "peak",
+         "ms/step", "norm ms", "CPU ms", "norm CPU", "share", "diverged");
   for (int k = 0; k < o->nnorms; k++) {
     summary s = summarize(runs, nruns, o->norms[k]);
     char loss[64];
     if (s.ok > 1) snprintf(loss, sizeof loss, "%.4f +- %.4f", s.mean, s.sd);
     else snprintf(loss, sizeof loss, "%.4f", s.mean);
-    printf("%-6s %-22s %10.2f %9.3f %10.2f %9.3f %6.1f%%  %d/%d\n", train_norm_name(o->norms[k]),
-           loss, s.ms, s.norm_ms, s.cpu_ms, s.norm_cpu_ms, 100 * s.norm_cpu_ms / s.cpu_ms,
-           s.diverged, o->nseeds);
+    printf("%-6s %-22s %6.2f %9.2f %8.3f %9.2f %8.3f %5.1f%%  %d/%d\n",
+           train_norm_name(o->norms[k]), loss, s.peak, s.ms, s.norm_ms, s.cpu_ms, s.norm_cpu_ms,
+           100 * s.norm_cpu_ms / s.cpu_ms, s.diverged, o->nseeds);
   }
 }
 
@@ -485,6 +493,7 @@ static void free_run(run *r) {
 }
 
 int main(int argc, char **argv) {
+  double start_wall = train_now(), start_cpu = train_cpu_now();
   options o;
   memset(&o, 0, sizeof o);
   int rc = parse_args(argc, argv, &o);
@@ -611,6 +620,10 @@ int main(int argc, char **argv) {
     for (int k = 0; k < o.nnorms && !status; k++) {
       run *r = &rs[k];
       r->final_val = r->diverged ? NAN : r->val_loss[o.steps];
+      r->peak_val = NAN;
+      for (int s = 1; s <= r->done; s++)
+        if (!isnan(r->val_loss[s]) && !(r->val_loss[s] <= r->peak_val)) r->peak_val = r->val_loss[s];
+      if (r->diverged) r->peak_val = INFINITY;
       if (!r->diverged && !(r->final_val <= uniform_loss)) r->diverged = 1;
       r->med_ms = median_steps(r->ms, r->done);
       r->med_norm_ms = median_steps(r->norm_ms, r->done);
@@ -622,7 +635,13 @@ int main(int argc, char **argv) {
     }
   }
   if (!status && write_summaries(&o, runs, nruns)) status = 1;
-  if (!status) print_table(&o, runs, nruns);
+  if (!status) {
+    print_table(&o, runs, nruns);
+    double cpu = train_cpu_now() - start_cpu;
+    printf("time: %.0f s wall, %.0f s CPU over all threads (CPU / %d = %.0f s: the wall time on "
+           "%d idle cores if no thread ever waited)\n",
+           train_now() - start_wall, cpu, o.threads, cpu / o.threads, o.threads);
+  }
   for (int i = 0; i < nruns; i++) free_run(&runs[i]);
   free(runs);
   free(in);
