@@ -267,6 +267,8 @@ typedef struct run {
   double med_ms, med_norm_ms, med_cpu_ms, med_norm_cpu_ms; /* medians over the steps */
 } run;
 
+/* Mean validation loss over the fixed evaluation batches. in, tg: buffers of
+ * its own (the training batch of the step must survive it). */
 static double evaluate(run *r, const train_text *text, const options *o, uint8_t *in,
                        uint8_t *tg) {
   double sum = 0;
@@ -544,7 +546,8 @@ int main(int argc, char **argv) {
   int B = o.shape.batch, T = o.shape.seq_len, nruns = o.nnorms * o.nseeds, status = 0;
   run *runs = calloc((size_t)nruns, sizeof *runs);
   uint8_t *in = malloc((size_t)B * T), *tg = malloc((size_t)B * T);
-  if (!runs || !in || !tg) {
+  uint8_t *val_in = malloc((size_t)B * T), *val_tg = malloc((size_t)B * T);
+  if (!runs || !in || !tg || !val_in || !val_tg) {
     fprintf(stderr, "rmsnorm-train: out of memory\n");
     return 1;
   }
@@ -568,7 +571,7 @@ int main(int argc, char **argv) {
         status = 1;
         break;
       }
-      r->val_loss[0] = evaluate(r, &text, &o, in, tg);
+      r->val_loss[0] = evaluate(r, &text, &o, val_in, val_tg);
       r->wall_ms[0] = 0;
     }
     uint64_t data_rng = (uint64_t)o.seeds[si] * 0x9e3779b97f4a7c15ull + 0xda7aull;
@@ -607,7 +610,7 @@ int main(int argc, char **argv) {
           continue;
         }
         if (step % o.eval_every == 0 || step == o.steps)
-          r->val_loss[step] = evaluate(r, &text, &o, in, tg);
+          r->val_loss[step] = evaluate(r, &text, &o, val_in, val_tg);
       }
       if (!o.quiet && (step % o.eval_every == 0 || step == o.steps)) {
         fprintf(stderr, "seed %ld step %d/%d val loss:", o.seeds[si], step, o.steps);
@@ -646,6 +649,8 @@ int main(int argc, char **argv) {
   free(runs);
   free(in);
   free(tg);
+  free(val_in);
+  free(val_tg);
   train_text_free(&text);
   return status;
 }

@@ -119,5 +119,20 @@ awk -F, 'NR > 1 && $6 != 0 { bad = 1 } END { exit bad }' "$out/summary.csv" ||
   fail "a run diverged: $(cat "$out/summary.csv")"
 checks=$((checks + 1))
 
+# ---- a run does not depend on the runs beside it or on when it is evaluated:
+# RMSNorm alone, evaluated every step, and beside none and LayerNorm,
+# evaluated every 5th, train on the same batches to the same losses
+small="--layers 1 --dim 32 --heads 2 --seq 32 --batch 4 --steps 12 --eval-batches 2 --data $data --quiet"
+checks=$((checks + 1))
+if "$bin" $small --norm rms --eval-every 1 --out "$tmp/alone" >/dev/null 2>"$tmp/err" &&
+  "$bin" $small --norm none,layer,rms --eval-every 5 --out "$tmp/beside" >/dev/null 2>>"$tmp/err"; then
+  cut -d, -f1,2 "$tmp/alone/rms-L1-s1.csv" >"$tmp/alone.txt"
+  cut -d, -f1,2 "$tmp/beside/rms-L1-s1.csv" >"$tmp/beside.txt"
+  cmp -s "$tmp/alone.txt" "$tmp/beside.txt" ||
+    fail "RMSNorm's training losses change with the runs beside it: $(diff "$tmp/alone.txt" "$tmp/beside.txt" | head -5)"
+else
+  fail "small runs failed: $(cat "$tmp/err")"
+fi
+
 echo "test_train_cli: $checks checks, $((checks - failures)) passed, $failures failed"
 [ "$failures" = 0 ]
