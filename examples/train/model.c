@@ -11,6 +11,7 @@
 
 #include <cblas.h>
 
+#include "fpmode.h"
 #include "model_impl.h"
 
 static const char *const norm_names[] = {"none", "layer", "rms", "prms"};
@@ -313,18 +314,35 @@ int train_model_set_threads(train_model *m, int threads, int norm_threads) {
 
 long train_model_worker_tasks(const train_model *m) { return train_pool_worker_tasks(m->pool); }
 
+/* The float model runs with subnormals flushed to zero (fpmode.h), the
+ * double model in the caller's mode; the caller's mode is restored. */
+static unsigned fp_enter(const train_model *m) {
+  unsigned saved = train_fp_get();
+  if (!m->f64) train_fp_set(saved | TRAIN_FP_FLUSH);
+  return saved;
+}
+
 double train_model_forward(train_model *m, const uint8_t *inputs, const uint8_t *targets) {
   if (m->error) return NAN;
-  return m->f64 ? tm_forward_f64(m, inputs, targets) : tm_forward_f32(m, inputs, targets);
+  unsigned saved = fp_enter(m);
+  double loss = m->f64 ? tm_forward_f64(m, inputs, targets) : tm_forward_f32(m, inputs, targets);
+  train_fp_set(saved);
+  return loss;
 }
 
 int train_model_backward(train_model *m) {
   if (m->error) return -1;
-  return m->f64 ? tm_backward_f64(m) : tm_backward_f32(m);
+  unsigned saved = fp_enter(m);
+  int rc = m->f64 ? tm_backward_f64(m) : tm_backward_f32(m);
+  train_fp_set(saved);
+  return rc;
 }
 
 double train_model_step(train_model *m, double lr, double wd, double clip) {
-  return m->f64 ? tm_step_f64(m, lr, wd, clip) : tm_step_f32(m, lr, wd, clip);
+  unsigned saved = fp_enter(m);
+  double norm = m->f64 ? tm_step_f64(m, lr, wd, clip) : tm_step_f32(m, lr, wd, clip);
+  train_fp_set(saved);
+  return norm;
 }
 
 size_t train_model_num_params(const train_model *m) { return m->nparams_used; }

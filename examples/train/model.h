@@ -85,6 +85,12 @@ int train_model_set_threads(train_model *model, int threads, int norm_threads);
  * more than one thread took part. */
 long train_model_worker_tasks(const train_model *model);
 
+/* The float model's forward, backward and step compute with subnormal
+ * numbers flushed to zero (x86 FTZ + DAZ, on every thread of its pool; the
+ * caller's mode is restored on return); the double model in the caller's
+ * mode. librmsnorm's worker threads keep the mode of the thread that started
+ * them (the model's, when a model call starts them). */
+
 /* Forward pass over one batch: inputs and targets are B*T bytes each
  * (targets[i] is the byte after inputs[i]). Keeps the activations for
  * train_model_backward. @return the mean cross-entropy in nats (NaN after a

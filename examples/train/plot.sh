@@ -34,8 +34,11 @@ color() {
 
 # plot clauses for one panel; $1: the x column (1 step, 3 seconds)
 clauses() {
-  local sep="" seen=" "
-  for f in "$data"/*.dat; do
+  local sep="" seen=" " files=()
+  for norm in none layer rms prms; do files+=("$data/$norm"-L*.dat); done
+  for f in "$data"/*.dat; do [[ " ${files[*]} " == *" $f "* ]] || files+=("$f"); done
+  for f in "${files[@]}"; do
+    [ -e "$f" ] || continue
     base=$(basename "$f" .dat)
     norm=${base%%-L*}
     if [[ $seen == *" $norm "* ]]; then t="notitle"; else t="title \"$norm\""; seen="$seen$norm "; fi

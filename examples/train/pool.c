@@ -1,8 +1,11 @@
 /* pool.c - the model's thread pool (pool.h): workers wait on a condition
- * variable for a job, then take tasks from a shared counter under the lock. */
+ * variable for a job, take on the caller's floating-point mode (fpmode.h),
+ * then take tasks from a shared counter under the lock. */
 #include "pool.h"
 
 #include <pthread.h>
+
+#include "fpmode.h"
 #include <stdlib.h>
 
 struct train_pool {
@@ -16,6 +19,7 @@ struct train_pool {
   train_task_fn fn;
   void *arg;
   int ntasks, next, finished;
+  unsigned fp_mode; /* the caller's floating-point mode, taken on by the workers */
   long worker_tasks;
 };
 
@@ -43,6 +47,7 @@ static void *worker_main(void *vp) {
     while (p->generation == seen && !p->stop) pthread_cond_wait(&p->start, &p->lock);
     if (p->stop) break;
     seen = p->generation;
+    train_fp_set(p->fp_mode);
     drain(p, 1);
   }
   pthread_mutex_unlock(&p->lock);
@@ -96,6 +101,7 @@ void train_pool_run(train_pool *p, int ntasks, train_task_fn fn, void *arg) {
   p->ntasks = ntasks;
   p->next = 0;
   p->finished = 0;
+  p->fp_mode = train_fp_get();
   p->generation++;
   pthread_cond_broadcast(&p->start);
   drain(p, 0);

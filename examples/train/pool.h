@@ -17,7 +17,8 @@ train_pool *train_pool_create(int threads);
 /* Stops and joins the workers; NULL is accepted. */
 void train_pool_free(train_pool *pool);
 /* Runs fn(arg, t) for every t in [0, ntasks) and returns when all are done.
- * Tasks are handed out in order, one at a time, to whichever thread is free.
+ * Tasks are handed out in order, one at a time, to whichever thread is free;
+ * the workers run them in the caller's floating-point mode (fpmode.h).
  * A NULL pool runs them on the caller. */
 void train_pool_run(train_pool *pool, int ntasks, train_task_fn fn, void *arg);
 /* Tasks run by the workers (not the caller) since the pool was created. */
