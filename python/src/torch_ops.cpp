@@ -475,11 +475,12 @@ Tensor4 linear_backward_cpu(const Tensor &dz, const Tensor &input, const Tensor 
 /* ---- the backward, composed of aten ops (for gradients of gradients) ------------------- */
 
 /* k = ceil(partial * d) within [1, d], as the library computes it (rmsnorm.h). */
+/* The library's own k (exact in decimal, clamped to [1, d]); the forward
+ * and backward ops have validated partial and d already. */
 int64_t partial_k(double partial, int64_t d) {
-  double kd = std::ceil(partial * static_cast<double>(d));
-  if (kd < 1) return 1;
-  if (kd >= static_cast<double>(d)) return d;
-  return static_cast<int64_t>(kd);
+  size_t k = static_cast<size_t>(d);
+  rmsnorm_partial_k(partial, static_cast<size_t>(d), &k);
+  return static_cast<int64_t>(k);
 }
 
 double eps_value(OptDouble eps, const Tensor &x) {
