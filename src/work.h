@@ -66,11 +66,11 @@ typedef void (*rn_chunk_fn)(void *arg, size_t u0, size_t u1, void *dw_part, void
  *   the group sums are added in group order, in double.
  * Tasks take whole groups, each with one chunk partial of its own. Scratch
  * per output: ngroups d-vectors of doubles and ntasks of the compute type,
- * at most RN_GRAD_GROUPS + threads vectors whatever the row count. With at most RN_GRAD_GROUPS chunks (4096
- * rows of the plain backward) every group is one chunk and the order is that
- * of summing the chunks in order. Fill with rn_grad_plan_init (under the
- * context's lock: it takes the task count), size scratch with plan.bytes,
- * then rn_grad_run. */
+ * at most RN_GRAD_GROUPS + threads vectors whatever the row count. With at
+ * most RN_GRAD_GROUPS chunks (4096 rows of the plain backward) every group
+ * is one chunk and the order is that of summing the chunks in order. Fill
+ * with rn_grad_plan_init (under the context's lock: it takes the task
+ * count), size scratch with plan.bytes, then rn_grad_run. */
 typedef struct rn_grad_plan {
   const rmsnorm_config *cfg;
   size_t units, chunk_units, nchunks, ngroups, d, acc_size;
