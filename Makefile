@@ -1,12 +1,16 @@
 # The two commands: `make run` (the worked example) and `make test` (every
-# test, plus the C suite again under AddressSanitizer + UBSan).
+# test, plus the C suite again under AddressSanitizer + UBSan, and under
+# ThreadSanitizer).
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+# ThreadSanitizer wants clang (gcc's works too where clang is missing)
+TSAN_CC ?= $(shell command -v clang >/dev/null 2>&1 && echo clang || echo cc)
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-c test-asan install clean
+.PHONY: all build run test test-c test-asan test-tsan install clean
 
 # Parts of the project add their own targets and tests here (mk/*.mk):
 # each appends its test target to EXTRA_TESTS.
@@ -25,7 +29,7 @@ build: $(BUILD)/CMakeCache.txt
 run: build
 	$(if $(RUN_CMD),$(RUN_CMD),./$(BUILD)/examples/seed_example)
 
-test: test-c test-asan $(EXTRA_TESTS)
+test: test-c test-asan test-tsan $(EXTRA_TESTS)
 
 test-c: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -37,8 +41,22 @@ test-asan: $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# The C suite under ThreadSanitizer, once (the kernel sets do not differ in
+# threading: the -scalar/-avx2 repeats are left out); test_threads is its
+# stress test. OpenBLAS is not instrumented, so it runs on the caller's
+# thread; die_after_fork=0 lets a forked child start threads (test_fork).
+$(TSAN_BUILD)/CMakeCache.txt:
+	CC=$(TSAN_CC) cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DRMSNORM_SANITIZE_THREAD=ON $(CMAKE_FLAGS)
+
+test-tsan: $(TSAN_BUILD)/CMakeCache.txt
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	cd $(TSAN_BUILD) && OPENBLAS_NUM_THREADS=1 \
+	  TSAN_OPTIONS="halt_on_error=1 die_after_fork=0 second_deadlock_stack=1" \
+	  ctest --output-on-failure -j $(JOBS) -E '(-scalar|-avx2|install)$$'
+
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean: clean-python
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

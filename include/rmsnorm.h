@@ -104,9 +104,18 @@ typedef struct rmsnorm_config {
   /* new fields go here, after sizeof of the previous version */
 } rmsnorm_config;
 
-/* Opaque context: owns scratch memory (so calls do not allocate once warm).
+/* Opaque context: owns scratch memory (so calls do not allocate once warm),
+ * the kernel set and the thread limit of the calls made with it.
  * A context may be shared between threads; calls on one context serialize.
- * Use one context per thread for concurrent calls. */
+ * Use one context per thread for concurrent calls. Worker threads belong to
+ * one pool per process, shared by all contexts: a call runs on its own
+ * thread plus the workers idle when it starts (up to its context's limit),
+ * so concurrent calls share the cores instead of oversubscribing them. The
+ * pool exists while at least one context does; freeing the last context
+ * joins its threads. After fork() the child may use every context it
+ * inherited: the library's pthread_atfork handlers wait for calls in flight
+ * on other threads to finish before the fork, and the child starts new
+ * workers when it first needs them. */
 typedef struct rmsnorm_context rmsnorm_context;
 
 /* @return the version as RMSNORM_VERSION_NUMBER of the library in use. */
@@ -120,12 +129,23 @@ RMSNORM_API const char *rmsnorm_status_message(rmsnorm_status status);
 RMSNORM_API const char *rmsnorm_status_name(rmsnorm_status status);
 
 /* Creates a context: the kernel set chosen at run time (see rmsnorm_isa) and
- * as many threads as online CPUs (started on first use, only for work large
- * enough to gain). @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER (ctx NULL),
- * RMSNORM_ERROR_OUT_OF_MEMORY. */
+ * a limit of as many threads as online CPUs (workers start on first use, only
+ * for work large enough to gain). @return RMSNORM_OK,
+ * RMSNORM_ERROR_NULL_POINTER (ctx NULL), RMSNORM_ERROR_OUT_OF_MEMORY. */
 RMSNORM_API rmsnorm_status rmsnorm_context_create(rmsnorm_context **ctx);
-/* Frees a context, its scratch and its threads; NULL is accepted. */
+/* Frees a context and its scratch (and the pool's threads with the last
+ * context); NULL is accepted. No call may be running on it. */
 RMSNORM_API void rmsnorm_context_free(rmsnorm_context *ctx);
+
+/* Gives the context's scratch memory back to the system; the next call that
+ * needs scratch allocates what it needs again. Scratch is bounded by the
+ * shapes, not the row count (README, "Contexts and threads").
+ * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER. */
+RMSNORM_API rmsnorm_status rmsnorm_context_trim(rmsnorm_context *ctx);
+/* @return RMSNORM_OK and in *bytes the scratch memory the context holds,
+ * RMSNORM_ERROR_NULL_POINTER. */
+RMSNORM_API rmsnorm_status rmsnorm_context_get_scratch_bytes(const rmsnorm_context *ctx,
+                                                              size_t *bytes);
 
 /* Kernel sets. AUTO is the best the CPU supports, unless the environment
  * variable RMSNORM_ISA (scalar, avx2 or avx512) names a supported one. */
@@ -161,7 +181,8 @@ RMSNORM_API rmsnorm_status rmsnorm_context_set_isa(rmsnorm_context *ctx, rmsnorm
 RMSNORM_API rmsnorm_status rmsnorm_context_get_isa(const rmsnorm_context *ctx, rmsnorm_isa *isa);
 /* Sets the most threads a call may use (the caller's thread counts as one);
  * 0 restores the default, the number of online CPUs. Results are bitwise the
- * same for any thread count. @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER,
+ * same for any thread count. It does not govern a BLAS's own threads (see
+ * rmsnorm_linear_forward). @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER,
  * RMSNORM_ERROR_BAD_ARGUMENT (negative or above 1024). */
 RMSNORM_API rmsnorm_status rmsnorm_context_set_threads(rmsnorm_context *ctx, int threads);
 /* @return RMSNORM_OK and the thread count in *threads, RMSNORM_ERROR_NULL_POINTER. */
@@ -397,7 +418,11 @@ RMSNORM_API rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx,
  * rstd of X. The matrices W, W' (d x n) and dW are row-major in the compute
  * type: float, double for fp64 data. The GEMMs come from the BLAS found at
  * build time (cblas_sgemm/dgemm; fp16/bf16 rows are widened to float in
- * chunks); a build without one returns RMSNORM_ERROR_NOT_AVAILABLE. */
+ * chunks); a build without one returns RMSNORM_ERROR_NOT_AVAILABLE. The
+ * GEMMs run on the BLAS's own threads, set the BLAS's way (OpenBLAS:
+ * OPENBLAS_NUM_THREADS or openblas_set_num_threads()), never changed by this
+ * library; the library's own steps (statistics, scaling) use the context's
+ * threads, and the two never run at once within a call. */
 
 /* @return RMSNORM_OK when rmsnorm_linear_* can run (a BLAS was built in),
  * else RMSNORM_ERROR_NOT_AVAILABLE. */

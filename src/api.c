@@ -225,12 +225,17 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                   rn_vector_span(dweight, d, ps, 1),        rn_vector_span(dbias, d, ps, 1)};
   if ((st = rn_check_overlaps(s, 8, 2, 1, 0)) != RMSNORM_OK) return st;
 
-  /* scratch: [weight copy][the reduction's partials and totals] */
-  rn_grad_plan plan;
-  if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias))
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
+  /* scratch: [weight copy][the reduction's group sums and chunk partials] */
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   rn_context_lock(ctx);
+  size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
+  int split = split_rows(ctx, rows, d, es);
+  rn_grad_plan plan;
+  if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
+                         split ? 1 : rn_threads_for(ctx, rows * d * 3 * es, nchunks))) {
+    rn_context_unlock(ctx);
+    return RMSNORM_ERROR_OUT_OF_MEMORY;
+  }
   char *scratch = rn_context_scratch(ctx, wcopy + plan.bytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   rn_backward_args a = {norm, cfg->dtype, d, norm == RN_LAYERNORM ? d : rn_partial_k(cfg->partial, d),
@@ -239,12 +244,8 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                         cfg->eps, cfg->flags, mean, rstd,
                         dx != dy && dx != x && rn_stream_ok(dx, es, rows * d * es)};
   backward_job job = {ctx, rn_context_kernels(ctx), &a, 0};
-  int ntasks = rn_threads_for(ctx, rows * d * 3 * es, plan.nchunks);
-  if (split_rows(ctx, rows, d, es)) {
-    job.split_tasks = rn_threads_for(ctx, d * 3 * es, d / 64);
-    ntasks = 1;
-  }
-  rn_grad_run(ctx, &plan, scratch + wcopy, ntasks, backward_chunk, &job);
+  if (split) job.split_tasks = rn_threads_for(ctx, d * 3 * es, d / 64);
+  rn_grad_run(ctx, &plan, scratch + wcopy, backward_chunk, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
 }

@@ -1,6 +1,9 @@
 /* context.c - the opaque rmsnorm_context: a mutex (calls on a shared context
- * serialize), scratch memory, the kernel set in use, and the thread pool
- * (started on first use by work large enough to split). */
+ * serialize, and every field is read and written under it), scratch memory,
+ * the kernel set in use and the thread limit. The worker threads are the
+ * process-wide pool's (parallel.c). Contexts are kept in a registry so that
+ * fork() can wait for the calls in flight and leave the child every context
+ * unlocked and usable (pthread_atfork handlers below). */
 #include "context.h"
 
 #include <pthread.h>
@@ -13,13 +16,12 @@
 
 struct rmsnorm_context {
   pthread_mutex_t lock;
+  rmsnorm_context *prev, *next; /* the registry (registry_lock) */
   void *scratch;
   size_t scratch_bytes;
   rmsnorm_isa isa;
   const rn_kernel_set *kernels;
-  int threads;   /* the most threads a call may use */
-  rn_pool *pool; /* NULL until needed; rebuilt when `threads` changes */
-  int pool_for;  /* the `threads` the pool was made for */
+  int threads; /* the most threads a call may use */
 };
 
 static int online_cpus(void) {
@@ -27,8 +29,43 @@ static int online_cpus(void) {
   return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
 }
 
+/* ---- the registry and fork --------------------------------------------- */
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static rmsnorm_context *registry; /* every live context */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* Before fork(): lock the registry, then every context (which waits for the
+ * calls in flight on other threads to finish), then the pool. The child
+ * then starts with every lock free and no call half done. */
+static void fork_prepare(void) {
+  pthread_mutex_lock(&registry_lock);
+  for (rmsnorm_context *c = registry; c; c = c->next) pthread_mutex_lock(&c->lock);
+  rn_parallel_fork_prepare();
+}
+
+static void fork_parent(void) {
+  rn_parallel_fork_parent();
+  for (rmsnorm_context *c = registry; c; c = c->next) pthread_mutex_unlock(&c->lock);
+  pthread_mutex_unlock(&registry_lock);
+}
+
+/* The forking thread holds every lock (taken in fork_prepare) and unlocks
+ * them; the pool forgets the parent's workers and starts new ones on the
+ * child's first parallel call. */
+static void fork_child(void) {
+  rn_parallel_fork_child();
+  for (rmsnorm_context *c = registry; c; c = c->next) pthread_mutex_unlock(&c->lock);
+  pthread_mutex_unlock(&registry_lock);
+}
+
+static void register_atfork(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
+/* ---- public ------------------------------------------------------------- */
+
 rmsnorm_status rmsnorm_context_create(rmsnorm_context **ctx) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
+  pthread_once(&atfork_once, register_atfork);
   rmsnorm_context *c = calloc(1, sizeof *c);
   if (!c) return RMSNORM_ERROR_OUT_OF_MEMORY;
   if (pthread_mutex_init(&c->lock, NULL) != 0) {
@@ -38,13 +75,24 @@ rmsnorm_status rmsnorm_context_create(rmsnorm_context **ctx) {
   c->isa = rn_isa_auto();
   c->kernels = rn_kernels_for(c->isa);
   c->threads = online_cpus();
+  pthread_mutex_lock(&registry_lock);
+  c->next = registry;
+  if (registry) registry->prev = c;
+  registry = c;
+  rn_parallel_retain();
+  pthread_mutex_unlock(&registry_lock);
   *ctx = c;
   return RMSNORM_OK;
 }
 
 void rmsnorm_context_free(rmsnorm_context *ctx) {
   if (!ctx) return;
-  rn_pool_free(ctx->pool);
+  pthread_mutex_lock(&registry_lock);
+  if (ctx->prev) ctx->prev->next = ctx->next;
+  else registry = ctx->next;
+  if (ctx->next) ctx->next->prev = ctx->prev;
+  rn_parallel_release();
+  pthread_mutex_unlock(&registry_lock);
   pthread_mutex_destroy(&ctx->lock);
   free(ctx->scratch);
   free(ctx);
@@ -63,9 +111,14 @@ rmsnorm_status rmsnorm_context_set_isa(rmsnorm_context *ctx, rmsnorm_isa isa) {
   return RMSNORM_OK;
 }
 
+/* The getters take the lock like the setters (the context is const to the
+ * caller; its lock is not). */
 rmsnorm_status rmsnorm_context_get_isa(const rmsnorm_context *ctx, rmsnorm_isa *isa) {
   if (!ctx || !isa) return RMSNORM_ERROR_NULL_POINTER;
-  *isa = ctx->isa;
+  rmsnorm_context *c = (rmsnorm_context *)ctx;
+  pthread_mutex_lock(&c->lock);
+  *isa = c->isa;
+  pthread_mutex_unlock(&c->lock);
   return RMSNORM_OK;
 }
 
@@ -80,9 +133,33 @@ rmsnorm_status rmsnorm_context_set_threads(rmsnorm_context *ctx, int threads) {
 
 rmsnorm_status rmsnorm_context_get_threads(const rmsnorm_context *ctx, int *threads) {
   if (!ctx || !threads) return RMSNORM_ERROR_NULL_POINTER;
-  *threads = ctx->threads;
+  rmsnorm_context *c = (rmsnorm_context *)ctx;
+  pthread_mutex_lock(&c->lock);
+  *threads = c->threads;
+  pthread_mutex_unlock(&c->lock);
   return RMSNORM_OK;
 }
+
+rmsnorm_status rmsnorm_context_trim(rmsnorm_context *ctx) {
+  if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
+  pthread_mutex_lock(&ctx->lock);
+  free(ctx->scratch);
+  ctx->scratch = NULL;
+  ctx->scratch_bytes = 0;
+  pthread_mutex_unlock(&ctx->lock);
+  return RMSNORM_OK;
+}
+
+rmsnorm_status rmsnorm_context_get_scratch_bytes(const rmsnorm_context *ctx, size_t *bytes) {
+  if (!ctx || !bytes) return RMSNORM_ERROR_NULL_POINTER;
+  rmsnorm_context *c = (rmsnorm_context *)ctx;
+  pthread_mutex_lock(&c->lock);
+  *bytes = c->scratch_bytes;
+  pthread_mutex_unlock(&c->lock);
+  return RMSNORM_OK;
+}
+
+/* ---- internal ----------------------------------------------------------- */
 
 void rn_context_lock(rmsnorm_context *ctx) { pthread_mutex_lock(&ctx->lock); }
 void rn_context_unlock(rmsnorm_context *ctx) { pthread_mutex_unlock(&ctx->lock); }
@@ -105,12 +182,3 @@ void *rn_context_scratch(rmsnorm_context *ctx, size_t bytes) {
 const rn_kernel_set *rn_context_kernels(const rmsnorm_context *ctx) { return ctx->kernels; }
 
 int rn_context_threads(const rmsnorm_context *ctx) { return ctx->threads; }
-
-rn_pool *rn_context_pool(rmsnorm_context *ctx, int wanted) {
-  if (wanted <= 1) return NULL;
-  if (ctx->pool && ctx->pool_for == ctx->threads) return ctx->pool;
-  rn_pool_free(ctx->pool);
-  ctx->pool = rn_pool_create(ctx->threads);
-  ctx->pool_for = ctx->threads;
-  return ctx->pool;
-}

@@ -1,6 +1,7 @@
 /* context.h - what the API layer needs of a context: its lock, its scratch
- * (grown on demand, kept between calls so warm calls do not allocate) and
- * the kernel set it runs. */
+ * (grown on demand, kept between calls so warm calls do not allocate, given
+ * back by rmsnorm_context_trim), the kernel set it runs and its thread
+ * limit. The threads themselves are the process-wide pool's (parallel.h). */
 #ifndef RMSNORM_CONTEXT_H
 #define RMSNORM_CONTEXT_H
 
@@ -20,11 +21,7 @@ void rn_context_unlock(rmsnorm_context *ctx);
  * caller returns RMSNORM_ERROR_OUT_OF_MEMORY; the old scratch is kept). */
 void *rn_context_scratch(rmsnorm_context *ctx, size_t bytes);
 const rn_kernel_set *rn_context_kernels(const rmsnorm_context *ctx);
-/* The most threads a call may use. */
+/* The most threads a call may use (lock held). */
 int rn_context_threads(const rmsnorm_context *ctx);
-/* The context's pool when `wanted` > 1 threads are worth starting (created
- * on first use with rn_context_threads() threads; may run fewer if the OS
- * refused some), else NULL. Call with the lock held. */
-rn_pool *rn_context_pool(rmsnorm_context *ctx, int wanted);
 
 #endif

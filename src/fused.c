@@ -170,11 +170,15 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
                   rn_vector_span(dbias, d, ps, 1)};
   if ((st = rn_check_overlaps(s, 8, 3, 1, 2)) != RMSNORM_OK) return st;
 
-  rn_grad_plan plan;
-  if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias))
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
   rn_context_lock(ctx);
-  int ntasks = rn_threads_for(ctx, rows * d * (dres ? 4 : 3) * es, plan.nchunks);
+  size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
+  rn_grad_plan plan;
+  if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
+                         rn_threads_for(ctx, rows * d * (dres ? 4 : 3) * es, nchunks))) {
+    rn_context_unlock(ctx);
+    return RMSNORM_ERROR_OUT_OF_MEMORY;
+  }
+  int ntasks = plan.ntasks;
   size_t block = block_rows(d, es);
   size_t task_bytes = dres ? rn_align64(block * d * es) : 0;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
@@ -195,7 +199,7 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
   job.block = block;
   job.task_bytes = task_bytes;
   job.task_scratch = scratch + wcopy + plan.bytes;
-  rn_grad_run(ctx, &plan, scratch + wcopy, ntasks, add_bwd_chunk, &job);
+  rn_grad_run(ctx, &plan, scratch + wcopy, add_bwd_chunk, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
 }
@@ -445,12 +449,16 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
 
   /* chunks of whole tokens, about RN_BACKWARD_CHUNK_ROWS rows each: fixed by
    * the shape alone, so the reduction's order never depends on threads */
-  rn_grad_plan plan;
   size_t chunk_tokens = (RN_BACKWARD_CHUNK_ROWS + heads - 1) / heads;
-  if (!rn_grad_plan_init(&plan, cfg, tokens, chunk_tokens, head_dim, dweight, dbias))
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
+  size_t nchunks = (tokens + chunk_tokens - 1) / chunk_tokens;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(head_dim * as) : 0;
   rn_context_lock(ctx);
+  rn_grad_plan plan;
+  if (!rn_grad_plan_init(&plan, cfg, tokens, chunk_tokens, head_dim, dweight, dbias,
+                         rn_threads_for(ctx, rows * head_dim * 3 * es, nchunks))) {
+    rn_context_unlock(ctx);
+    return RMSNORM_ERROR_OUT_OF_MEMORY;
+  }
   char *scratch = rn_context_scratch(ctx, wcopy + plan.bytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   qk_bwd_job job;
@@ -465,8 +473,7 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
                                 cfg->eps, cfg->flags, NULL, rstd,
                                 job.g.flat && dx != dy && dx != x &&
                                     rn_stream_ok(dx, es, rows * head_dim * es)};
-  int ntasks = rn_threads_for(ctx, rows * head_dim * 3 * es, plan.nchunks);
-  rn_grad_run(ctx, &plan, scratch + wcopy, ntasks, qk_bwd_chunk, &job);
+  rn_grad_run(ctx, &plan, scratch + wcopy, qk_bwd_chunk, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
 }

@@ -12,8 +12,9 @@
 #define RN_NUM_DTYPES 4
 
 /* Rows of one backward chunk: dweight/dbias partial sums are kept per chunk
- * of this many rows and added in chunk order, so the result does not depend on
- * how rows are split (across threads or otherwise). */
+ * of this many rows and added in a fixed order (consecutive chunks in at most
+ * 64 groups, work.h), so the result does not depend on how rows are split
+ * (across threads or otherwise). */
 #define RN_BACKWARD_CHUNK_ROWS 64
 
 /* The blocked row sums: element j of a row goes to lane j % LANES of block

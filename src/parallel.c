@@ -1,110 +1,178 @@
-/* parallel.c - the thread pool: workers sleep on a condition variable until
- * the caller publishes a new generation of work, run their task, and count
- * down; the caller runs task 0 itself meanwhile. */
+/* parallel.c - the process-wide worker pool (see parallel.h). Each worker
+ * sleeps on its own condition variable until a call assigns it a job; a
+ * job's tasks are handed out by an atomic counter to the caller and the
+ * workers it claimed; the caller takes back claims that no worker picked up
+ * by the time it ran out of tasks, then waits for the workers that did. */
 #include "parallel.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
-struct rn_pool {
-  pthread_mutex_t lock;
-  pthread_cond_t start, done;
-  int threads;          /* tasks it can run at once, the caller included */
-  int started;          /* workers actually running */
-  unsigned long generation;
-  int stop;
-  int pending;          /* workers yet to finish this generation */
+#define MAX_WORKERS 1023
+
+typedef struct job {
   rn_task_fn fn;
   void *arg;
   int ntasks;
-  pthread_t *workers;
-};
+  atomic_int next; /* the next task index to hand out */
+  int active;      /* workers claimed and not yet done (pool lock) */
+} job;
 
-typedef struct worker_start {
-  rn_pool *pool;
-  int index; /* task index this worker runs: 1 .. threads-1 */
-} worker_start;
+enum { IDLE, ASSIGNED, RUNNING };
+
+typedef struct worker {
+  pthread_t thread;
+  pthread_cond_t wake;
+  job *job;  /* the job it is assigned to, or NULL (pool lock) */
+  int state; /* IDLE, ASSIGNED (claimed, not yet running), RUNNING */
+  int stop;
+} worker;
+
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t done; /* broadcast when a job's last worker finishes */
+  worker *w[MAX_WORKERS];
+  int nworkers;
+  int refs;      /* contexts alive */
+  int can_grow;  /* 0 once the OS refused a thread: no more tries */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, 0, 0, 1};
+
+static void run_tasks(job *j) {
+  for (;;) {
+    int t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+    if (t >= j->ntasks) return;
+    j->fn(j->arg, t, j->ntasks);
+  }
+}
 
 static void *worker_main(void *p) {
-  worker_start ws = *(worker_start *)p;
-  free(p);
-  rn_pool *pool = ws.pool;
-  unsigned long seen = 0;
-  pthread_mutex_lock(&pool->lock);
+  worker *w = p;
+  pthread_mutex_lock(&pool.lock);
   for (;;) {
-    while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pool->start, &pool->lock);
-    if (pool->stop) break;
-    seen = pool->generation;
-    rn_task_fn fn = pool->fn;
-    void *arg = pool->arg;
-    int ntasks = pool->ntasks;
-    pthread_mutex_unlock(&pool->lock);
-    if (ws.index < ntasks) fn(arg, ws.index, ntasks);
-    pthread_mutex_lock(&pool->lock);
-    if (--pool->pending == 0) pthread_cond_signal(&pool->done);
+    while (!w->stop && w->state != ASSIGNED) pthread_cond_wait(&w->wake, &pool.lock);
+    if (w->stop) break;
+    job *j = w->job;
+    w->state = RUNNING;
+    pthread_mutex_unlock(&pool.lock);
+    run_tasks(j);
+    pthread_mutex_lock(&pool.lock);
+    w->state = IDLE;
+    w->job = NULL;
+    if (--j->active == 0) pthread_cond_broadcast(&pool.done);
   }
-  pthread_mutex_unlock(&pool->lock);
+  pthread_mutex_unlock(&pool.lock);
   return NULL;
 }
 
-rn_pool *rn_pool_create(int threads) {
-  rn_pool *pool = calloc(1, sizeof *pool);
-  if (!pool) return NULL;
-  pool->workers = calloc((size_t)(threads > 1 ? threads - 1 : 1), sizeof(pthread_t));
-  if (!pool->workers || pthread_mutex_init(&pool->lock, NULL) != 0) {
-    free(pool->workers);
-    free(pool);
-    return NULL;
-  }
-  pthread_cond_init(&pool->start, NULL);
-  pthread_cond_init(&pool->done, NULL);
-  pool->threads = 1;
-  for (int i = 1; i < threads; i++) {
-    worker_start *ws = malloc(sizeof *ws);
-    if (!ws) break;
-    ws->pool = pool;
-    ws->index = i;
-    if (pthread_create(&pool->workers[i - 1], NULL, worker_main, ws) != 0) {
-      free(ws);
-      break;
+/* Starts workers until there are `want` (pool lock held). */
+static void grow(int want) {
+  if (want > MAX_WORKERS) want = MAX_WORKERS;
+  while (pool.nworkers < want && pool.can_grow) {
+    worker *w = calloc(1, sizeof *w);
+    if (!w || pthread_cond_init(&w->wake, NULL) != 0) {
+      free(w);
+      pool.can_grow = 0;
+      return;
     }
-    pool->started++;
-    pool->threads++;
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+      pthread_cond_destroy(&w->wake);
+      free(w);
+      pool.can_grow = 0;
+      return;
+    }
+    pool.w[pool.nworkers++] = w;
   }
-  return pool;
 }
 
-void rn_pool_free(rn_pool *pool) {
-  if (!pool) return;
-  pthread_mutex_lock(&pool->lock);
-  pool->stop = 1;
-  pthread_cond_broadcast(&pool->start);
-  pthread_mutex_unlock(&pool->lock);
-  for (int i = 0; i < pool->started; i++) pthread_join(pool->workers[i], NULL);
-  pthread_cond_destroy(&pool->start);
-  pthread_cond_destroy(&pool->done);
-  pthread_mutex_destroy(&pool->lock);
-  free(pool->workers);
-  free(pool);
-}
-
-int rn_pool_threads(const rn_pool *pool) { return pool->threads; }
-
-void rn_pool_run(rn_pool *pool, int ntasks, rn_task_fn fn, void *arg) {
-  if (ntasks <= 1 || pool->started == 0) {
-    for (int t = 0; t < ntasks; t++) fn(arg, t, ntasks);
+void rn_parallel_run(int ntasks, rn_task_fn fn, void *arg) {
+  if (ntasks <= 1) {
+    if (ntasks == 1) fn(arg, 0, 1);
     return;
   }
-  pthread_mutex_lock(&pool->lock);
-  pool->fn = fn;
-  pool->arg = arg;
-  pool->ntasks = ntasks;
-  pool->pending = pool->started;
-  pool->generation++;
-  pthread_cond_broadcast(&pool->start);
-  pthread_mutex_unlock(&pool->lock);
-  fn(arg, 0, ntasks);
-  pthread_mutex_lock(&pool->lock);
-  while (pool->pending > 0) pthread_cond_wait(&pool->done, &pool->lock);
-  pthread_mutex_unlock(&pool->lock);
+  job j;
+  j.fn = fn;
+  j.arg = arg;
+  j.ntasks = ntasks;
+  atomic_init(&j.next, 0);
+  j.active = 0;
+  pthread_mutex_lock(&pool.lock);
+  grow(ntasks - 1);
+  for (int i = 0; i < pool.nworkers && j.active < ntasks - 1; i++) {
+    worker *w = pool.w[i];
+    if (w->state != IDLE) continue;
+    w->state = ASSIGNED;
+    w->job = &j;
+    j.active++;
+    pthread_cond_signal(&w->wake);
+  }
+  pthread_mutex_unlock(&pool.lock);
+  run_tasks(&j);
+  pthread_mutex_lock(&pool.lock);
+  if (j.active > 0) {
+    /* every task is handed out: claims not yet picked up are returned */
+    for (int i = 0; i < pool.nworkers; i++) {
+      worker *w = pool.w[i];
+      if (w->job == &j && w->state == ASSIGNED) {
+        w->state = IDLE;
+        w->job = NULL;
+        j.active--;
+      }
+    }
+    while (j.active > 0) pthread_cond_wait(&pool.done, &pool.lock);
+  }
+  pthread_mutex_unlock(&pool.lock);
+}
+
+void rn_parallel_retain(void) {
+  pthread_mutex_lock(&pool.lock);
+  pool.refs++;
+  pthread_mutex_unlock(&pool.lock);
+}
+
+void rn_parallel_release(void) {
+  pthread_mutex_lock(&pool.lock);
+  if (--pool.refs > 0 || pool.nworkers == 0) {
+    pthread_mutex_unlock(&pool.lock);
+    return;
+  }
+  /* the last context is gone, so no call is running: stop every worker */
+  int n = pool.nworkers;
+  worker *ws[MAX_WORKERS];
+  for (int i = 0; i < n; i++) {
+    ws[i] = pool.w[i];
+    ws[i]->stop = 1;
+    pthread_cond_signal(&ws[i]->wake);
+  }
+  pool.nworkers = 0;
+  pool.can_grow = 1;
+  pthread_mutex_unlock(&pool.lock);
+  for (int i = 0; i < n; i++) {
+    pthread_join(ws[i]->thread, NULL);
+    pthread_cond_destroy(&ws[i]->wake);
+    free(ws[i]);
+  }
+}
+
+void rn_parallel_fork_prepare(void) { pthread_mutex_lock(&pool.lock); }
+
+void rn_parallel_fork_parent(void) { pthread_mutex_unlock(&pool.lock); }
+
+void rn_parallel_fork_child(void) {
+  /* Only the forking thread exists here. The parent's workers were idle (the
+   * prepare handlers waited for every call to finish) and sleep on their
+   * condition variables in a process that is not this one: their records
+   * are freed without pthread_cond_destroy (a condition variable with
+   * waiters must not be destroyed; none of them will ever wake). */
+  for (int i = 0; i < pool.nworkers; i++) free(pool.w[i]);
+  pool.nworkers = 0;
+  pool.can_grow = 1;
+  pthread_mutex_unlock(&pool.lock);
+}
+
+int rn_parallel_workers(void) {
+  pthread_mutex_lock(&pool.lock);
+  int n = pool.nworkers;
+  pthread_mutex_unlock(&pool.lock);
+  return n;
 }

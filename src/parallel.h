@@ -1,19 +1,36 @@
-/* parallel.h - a persistent pool of worker threads owned by a context. The
- * caller's thread runs task 0 and waits for the rest; tasks never steal, so
- * each task's share of the work is fixed by the caller (and results that
- * depend on a split are made not to depend on it). */
+/* parallel.h - the process-wide pool of worker threads that every context's
+ * calls share. A call's tasks run on the calling thread and on the workers
+ * that are idle when it starts, so concurrent calls (one context per thread,
+ * as Python makes them) share the cores instead of each waking a full pool.
+ * Tasks never depend on which thread runs them or how many join in: work is
+ * split by task index and task count alone, and results that depend on a
+ * split are made not to depend on it. */
 #ifndef RMSNORM_PARALLEL_H
 #define RMSNORM_PARALLEL_H
 
-typedef struct rn_pool rn_pool;
 typedef void (*rn_task_fn)(void *arg, int task, int ntasks);
 
-/* A pool able to run `threads` tasks at once (threads - 1 workers), or NULL. */
-rn_pool *rn_pool_create(int threads);
-void rn_pool_free(rn_pool *pool);
-int rn_pool_threads(const rn_pool *pool);
-/* Runs fn(arg, t, ntasks) for t in [0, ntasks), ntasks <= rn_pool_threads;
- * returns when all are done. */
-void rn_pool_run(rn_pool *pool, int ntasks, rn_task_fn fn, void *arg);
+/* Runs fn(arg, t, ntasks) once for every t in [0, ntasks) and returns when
+ * all have finished. The caller runs tasks itself; up to ntasks - 1 idle
+ * workers take the others (the pool grows to ntasks - 1 workers, started on
+ * first need; a worker the OS refuses leaves its share to the others). */
+void rn_parallel_run(int ntasks, rn_task_fn fn, void *arg);
+
+/* The pool lives while a context exists: contexts take a reference when
+ * created and drop it when freed; the last one stops and joins the workers
+ * (so the library can be unloaded once every context is freed). */
+void rn_parallel_retain(void);
+void rn_parallel_release(void);
+
+/* fork() support (context.c registers these with pthread_atfork, after its
+ * own handlers have quiesced every context): prepare locks the pool, parent
+ * unlocks it, child forgets the parent's workers (they do not exist in the
+ * child) and unlocks it; the child's next parallel call starts new ones. */
+void rn_parallel_fork_prepare(void);
+void rn_parallel_fork_parent(void);
+void rn_parallel_fork_child(void);
+
+/* Workers the pool has now (for tests and `rmsnorm info`-like reports). */
+int rn_parallel_workers(void);
 
 #endif

@@ -45,33 +45,31 @@ int rn_threads_for(const rmsnorm_context *ctx, size_t bytes, size_t units) {
 }
 
 void rn_run_tasks(rmsnorm_context *ctx, int ntasks, rn_task_fn fn, void *arg) {
-  rn_pool *pool = rn_context_pool(ctx, ntasks);
-  if (!pool) {
-    fn(arg, 0, 1);
-    return;
-  }
-  if (ntasks > rn_pool_threads(pool)) ntasks = rn_pool_threads(pool);
-  rn_pool_run(pool, ntasks, fn, arg);
+  (void)ctx; /* ntasks already respects the context's limit (rn_threads_for) */
+  rn_parallel_run(ntasks, fn, arg);
 }
 
 /* ---- the dweight/dbias reduction ---------------------------------------- */
 
 int rn_grad_plan_init(rn_grad_plan *p, const rmsnorm_config *cfg, size_t units,
-                      size_t chunk_units, size_t d, void *dweight, void *dbias) {
+                      size_t chunk_units, size_t d, void *dweight, void *dbias, int ntasks) {
   memset(p, 0, sizeof *p);
   p->cfg = cfg;
   p->units = units;
   p->chunk_units = chunk_units;
   p->nchunks = (units + chunk_units - 1) / chunk_units;
+  p->ngroups = p->nchunks < RN_GRAD_GROUPS ? p->nchunks : RN_GRAD_GROUPS;
   p->d = d;
   p->acc_size = rn_acc_size(cfg->dtype);
   p->dweight = dweight;
   p->dbias = dbias;
+  p->ntasks = ntasks < 1 ? 1 : (size_t)ntasks > p->ngroups ? (int)p->ngroups : ntasks;
   size_t nparts = (dweight != NULL) + (dbias != NULL);
   if (!nparts) return 1;
-  if (p->nchunks > SIZE_MAX / 16 / d / (nparts + 1)) return 0;
-  p->part_bytes = rn_align64(p->nchunks * d * p->acc_size);
-  p->bytes = nparts * p->part_bytes + d * sizeof(double);
+  if (d > SIZE_MAX / 16 / (RN_GRAD_GROUPS + (size_t)p->ntasks + 2)) return 0;
+  p->part_bytes = rn_align64(d * p->acc_size);
+  p->group_bytes = rn_align64(d * sizeof(double));
+  p->bytes = nparts * (p->ngroups * p->group_bytes + (size_t)p->ntasks * p->part_bytes);
   return 1;
 }
 
@@ -79,56 +77,66 @@ typedef struct grad_job {
   const rn_grad_plan *p;
   rn_chunk_fn fn;
   void *arg;
-  char *dw_parts, *db_parts; /* (nchunks, d) acc, or NULL */
-  double *total;             /* (d,) running sums of the reduction */
+  char *dw_groups, *db_groups; /* (ngroups, d) double sums, or NULL */
+  char *dw_parts, *db_parts;   /* (ntasks, d) acc chunk partials, or NULL */
 } grad_job;
 
-static void chunks_task(void *arg, int t, int n) {
-  const grad_job *job = arg;
-  const rn_grad_plan *p = job->p;
-  size_t c1 = rn_split_begin(p->nchunks, t + 1, n);
-  for (size_t c = rn_split_begin(p->nchunks, t, n); c < c1; c++) {
-    size_t u0 = c * p->chunk_units;
-    size_t u1 = u0 + p->chunk_units < p->units ? u0 + p->chunk_units : p->units;
-    size_t off = c * p->d * p->acc_size;
-    job->fn(job->arg, u0, u1, job->dw_parts ? job->dw_parts + off : NULL,
-            job->db_parts ? job->db_parts + off : NULL, t);
+/* sum[j] += part[j] (the chunk's acc partial into its group's doubles) */
+static void add_part(double *sum, const void *part, int f64, size_t d) {
+  if (f64) {
+    const double *q = part;
+    for (size_t j = 0; j < d; j++) sum[j] += q[j];
+  } else {
+    const float *q = part;
+    for (size_t j = 0; j < d; j++) sum[j] += q[j];
   }
 }
 
-/* out[j] (or +=) = sum over chunks of parts[c][j] in chunk order, in double,
- * for j in [j0, j1); typed loops for the common cases. */
-static void reduce_parts(const grad_job *job, const char *parts, void *out, size_t j0,
-                         size_t j1) {
+/* Task t's groups, each chunk by chunk. */
+static void chunks_task(void *arg, int t, int n) {
+  const grad_job *job = arg;
+  const rn_grad_plan *p = job->p;
+  int f64 = rn_acc_is_f64(p->cfg->dtype);
+  char *dwp = job->dw_parts ? job->dw_parts + (size_t)t * p->part_bytes : NULL;
+  char *dbp = job->db_parts ? job->db_parts + (size_t)t * p->part_bytes : NULL;
+  size_t g1 = rn_split_begin(p->ngroups, t + 1, n);
+  for (size_t g = rn_split_begin(p->ngroups, t, n); g < g1; g++) {
+    double *dws = job->dw_groups ? (double *)(void *)(job->dw_groups + g * p->group_bytes) : NULL;
+    double *dbs = job->db_groups ? (double *)(void *)(job->db_groups + g * p->group_bytes) : NULL;
+    if (dws) memset(dws, 0, p->d * sizeof(double));
+    if (dbs) memset(dbs, 0, p->d * sizeof(double));
+    size_t c1 = rn_split_begin(p->nchunks, (int)g + 1, (int)p->ngroups);
+    for (size_t c = rn_split_begin(p->nchunks, (int)g, (int)p->ngroups); c < c1; c++) {
+      size_t u0 = c * p->chunk_units;
+      size_t u1 = u0 + p->chunk_units < p->units ? u0 + p->chunk_units : p->units;
+      if (dwp) memset(dwp, 0, p->d * p->acc_size);
+      if (dbp) memset(dbp, 0, p->d * p->acc_size);
+      job->fn(job->arg, u0, u1, dwp, dbp, t);
+      if (dws) add_part(dws, dwp, f64, p->d);
+      if (dbs) add_part(dbs, dbp, f64, p->d);
+    }
+  }
+}
+
+/* out[j] (or +=) = sum over groups of groups[g][j] in group order, in
+ * double, for j in [j0, j1). */
+static void reduce_groups(const grad_job *job, const char *groups, void *out, size_t j0,
+                          size_t j1) {
   const rn_grad_plan *p = job->p;
   const rmsnorm_config *cfg = p->cfg;
-  size_t n = j1 - j0, d = p->d;
-  int f64 = rn_acc_is_f64(cfg->dtype);
   int acc = (cfg->flags & RMSNORM_FLAG_ACCUMULATE) != 0;
-  if (p->nchunks == 1 && !acc && cfg->param_dtype == (f64 ? RMSNORM_F64 : RMSNORM_F32)) {
-    /* one chunk, same type: the sum is the partial itself */
-    memcpy((char *)out + j0 * p->acc_size, parts + j0 * p->acc_size, n * p->acc_size);
-    return;
-  }
-  double *total = job->total + j0;
-  if (f64) {
-    const double *q = (const double *)(const void *)parts + j0;
-    for (size_t j = 0; j < n; j++) total[j] = q[j];
-    for (size_t c = 1; c < p->nchunks; c++)
-      for (size_t j = 0; j < n; j++) total[j] += q[c * d + j];
-  } else {
-    const float *q = (const float *)(const void *)parts + j0;
-    for (size_t j = 0; j < n; j++) total[j] = q[j];
-    for (size_t c = 1; c < p->nchunks; c++)
-      for (size_t j = 0; j < n; j++) total[j] += q[c * d + j];
+  double *total = (double *)(void *)groups; /* group 0 collects the others */
+  for (size_t g = 1; g < p->ngroups; g++) {
+    const double *q = (const double *)(const void *)(groups + g * p->group_bytes);
+    for (size_t j = j0; j < j1; j++) total[j] += q[j];
   }
   if (cfg->param_dtype == RMSNORM_F32) { /* out: any address */
-    for (size_t j = 0; j < n; j++)
-      rn_st_f32(out, j0 + j, (float)(acc ? total[j] + rn_ld_f32(out, j0 + j) : total[j]));
+    for (size_t j = j0; j < j1; j++)
+      rn_st_f32(out, j, (float)(acc ? total[j] + rn_ld_f32(out, j) : total[j]));
     return;
   }
   for (size_t j = j0; j < j1; j++) {
-    double v = total[j - j0];
+    double v = total[j];
     if (acc) v += rn_load(out, cfg->param_dtype, j);
     rn_store(out, cfg->param_dtype, j, v);
   }
@@ -137,23 +145,26 @@ static void reduce_parts(const grad_job *job, const char *parts, void *out, size
 static void reduce_task(void *arg, int t, int n) {
   const grad_job *job = arg;
   size_t j0 = rn_split_begin(job->p->d, t, n), j1 = rn_split_begin(job->p->d, t + 1, n);
-  if (job->p->dweight) reduce_parts(job, job->dw_parts, job->p->dweight, j0, j1);
-  if (job->p->dbias) reduce_parts(job, job->db_parts, job->p->dbias, j0, j1);
+  if (job->p->dweight) reduce_groups(job, job->dw_groups, job->p->dweight, j0, j1);
+  if (job->p->dbias) reduce_groups(job, job->db_groups, job->p->dbias, j0, j1);
 }
 
-void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, int ntasks,
-                 rn_chunk_fn fn, void *arg) {
+void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_chunk_fn fn,
+                 void *arg) {
   char *s = scratch;
   size_t nparts = (p->dweight != NULL) + (p->dbias != NULL);
-  grad_job job = {p, fn, arg, NULL, NULL, NULL};
-  if (nparts) {
-    job.dw_parts = p->dweight ? s : NULL;
-    job.db_parts = p->dbias ? s + (p->dweight ? p->part_bytes : 0) : NULL;
-    job.total = (double *)(void *)(s + nparts * p->part_bytes);
-    memset(s, 0, nparts * p->part_bytes);
+  size_t groups = p->ngroups * p->group_bytes, parts = (size_t)p->ntasks * p->part_bytes;
+  grad_job job = {p, fn, arg, NULL, NULL, NULL, NULL};
+  if (p->dweight) {
+    job.dw_groups = s;
+    job.dw_parts = s + nparts * groups;
   }
-  rn_run_tasks(ctx, ntasks, chunks_task, &job);
+  if (p->dbias) {
+    job.db_groups = s + (p->dweight ? groups : 0);
+    job.db_parts = s + nparts * groups + (p->dweight ? parts : 0);
+  }
+  rn_run_tasks(ctx, p->ntasks, chunks_task, &job);
   if (nparts)
-    rn_run_tasks(ctx, rn_threads_for(ctx, nparts * p->nchunks * p->d * p->acc_size, p->d),
-                 reduce_task, &job);
+    rn_run_tasks(ctx, rn_threads_for(ctx, nparts * p->ngroups * p->d * 8, p->d), reduce_task,
+                 &job);
 }

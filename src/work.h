@@ -41,32 +41,52 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_wei
 
 /* Threads worth using for `bytes` of traffic split into `units` pieces. */
 int rn_threads_for(const rmsnorm_context *ctx, size_t bytes, size_t units);
-/* Runs fn over ntasks tasks on the context's pool (lock held), or inline. */
+/* Runs fn over ntasks tasks (from rn_threads_for: at most the context's
+ * thread count) on the calling thread and the idle workers of the
+ * process-wide pool; lock held. */
 void rn_run_tasks(rmsnorm_context *ctx, int ntasks, rn_task_fn fn, void *arg);
 
 /* Computes units [u0, u1) of a backward (one chunk) and adds its dweight and
- * dbias terms into dw_part/db_part ((d,) acc, or NULL). `task` is the index of
- * the running task (for per-task scratch). */
+ * dbias terms into dw_part/db_part ((d,) acc, zeroed, or NULL). `task` is
+ * the index of the running task (for per-task scratch). */
 typedef void (*rn_chunk_fn)(void *arg, size_t u0, size_t u1, void *dw_part, void *db_part,
                             int task);
 
-/* A backward's reduction of dweight/dbias: units are split into chunks of
- * chunk_units, each chunk's terms go to its own partial, partials are added
- * in chunk order in double. Fill with rn_grad_plan, size scratch with
- * plan.bytes, then rn_grad_run. */
+/* The most groups a backward's dweight/dbias reduction keeps (below). */
+#define RN_GRAD_GROUPS 64
+
+/* A backward's reduction of dweight/dbias, the same bits for any thread
+ * count with scratch bounded by the row length, not the row count:
+ *   units (rows, or QK tokens) are cut into chunks of chunk_units, and the
+ *   chunks into ngroups = min(nchunks, RN_GRAD_GROUPS) groups of consecutive
+ *   chunks, both fixed by the shape alone;
+ *   a chunk's terms are summed in the compute type into a (d,) partial (the
+ *   kernels' row order), which is then added into its group's (d,) double
+ *   sum, chunk after chunk;
+ *   the group sums are added in group order, in double.
+ * Tasks take whole groups, each with one chunk partial of its own. Scratch
+ * per output: ngroups d-vectors of doubles and ntasks of the compute type,
+ * at most RN_GRAD_GROUPS + threads vectors whatever the row count. With at
+ * most RN_GRAD_GROUPS chunks (4096 rows of the plain backward) every group
+ * is one chunk and the order is that of summing the chunks in order. Fill
+ * with rn_grad_plan_init (under the context's lock: it takes the task
+ * count), size scratch with plan.bytes, then rn_grad_run. */
 typedef struct rn_grad_plan {
   const rmsnorm_config *cfg;
-  size_t units, chunk_units, nchunks, d, acc_size, part_bytes, bytes;
+  size_t units, chunk_units, nchunks, ngroups, d, acc_size;
+  size_t part_bytes, group_bytes, bytes;
+  int ntasks;            /* tasks that run the chunks (<= ngroups) */
   void *dweight, *dbias; /* the user's outputs, or NULL */
 } rn_grad_plan;
 
-/* @return 0 when the partials would not fit in size_t (out of memory). */
+/* `ntasks`: the tasks wanted (clamped to ngroups). @return 0 when the
+ * scratch size would not fit in size_t (out of memory). */
 int rn_grad_plan_init(rn_grad_plan *p, const rmsnorm_config *cfg, size_t units,
-                      size_t chunk_units, size_t d, void *dweight, void *dbias);
-/* Runs fn over every chunk with ntasks tasks, then reduces into dweight and
- * dbias (overwritten, or added to with RMSNORM_FLAG_ACCUMULATE). `scratch`
- * holds p->bytes (64-byte aligned); lock held. */
-void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, int ntasks,
-                 rn_chunk_fn fn, void *arg);
+                      size_t chunk_units, size_t d, void *dweight, void *dbias, int ntasks);
+/* Runs fn over every chunk with p->ntasks tasks, then reduces into dweight
+ * and dbias (overwritten, or added to with RMSNORM_FLAG_ACCUMULATE).
+ * `scratch` holds p->bytes (64-byte aligned); lock held. */
+void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_chunk_fn fn,
+                 void *arg);
 
 #endif

@@ -74,7 +74,9 @@ static void free_inputs(inputs *in) {
 
 /* Buffer i of a layout sits at offset off(i): `base` for every buffer, or
  * (mixed) a different offset for each. */
-static size_t off_of(size_t base, int mixed, int i) { return mixed ? (base + 3 * (size_t)i) % 8 : base; }
+static size_t off_of(size_t base, int mixed, int i) {
+  return mixed ? (base + 3 * (size_t)i) % 8 : base;
+}
 
 /* Runs every operation with its buffers at the layout's offsets and returns
  * every output, in order. */
@@ -137,7 +139,8 @@ static rn_out run_all(rmsnorm_context *c, const inputs *in, size_t off, int mixe
          &dx, &dw, &db);
 
   /* 8-bit outputs, dynamic (misaligned scales) and static (a misaligned scale) */
-  mbuf q = mb_new(rows * d, off_of(off, mixed, k++)), sc = mb_new(rows * 4, off_of(off, mixed, k++));
+  mbuf q = mb_new(rows * d, off_of(off, mixed, k++));
+  mbuf sc = mb_new(rows * 4, off_of(off, mixed, k++));
   float s0 = 0.02f;
   mbuf ss = mb_copy(&s0, 4, off_of(off, mixed, k++));
   for (int fp8 = 0; fp8 < 2; fp8++) {
@@ -173,7 +176,8 @@ static rn_out run_all(rmsnorm_context *c, const inputs *in, size_t off, int mixe
     for (size_t j = 0; j < d; j++) rn_st_f32(g.p, j, (float)tu_get(&in->w, 0, j));
     mbuf z = mb_new(rows * n * es, off_of(off, mixed, k++));
     mbuf dz = mb_copy(in->dz.data, in->dz.bytes, off_of(off, mixed, k++));
-    mbuf dW = mb_new(in->W.bytes, off_of(off, mixed, k++)), dg = mb_new(d * 4, off_of(off, mixed, k++));
+    mbuf dW = mb_new(in->W.bytes, off_of(off, mixed, k++));
+    mbuf dg = mb_new(d * 4, off_of(off, mixed, k++));
     mbuf dbias = mb_new(n * 4, off_of(off, mixed, k++));
     RECORD(rmsnorm_fold_weight(&lc, d, n, g.p, W.p, n, Wf.p, n), &Wf);
     RECORD(rmsnorm_linear_forward(c, &lc, rows, d, n, x.p, ld, Wf.p, n, NULL, z.p, n, rstd.p), &z,
@@ -228,7 +232,8 @@ static void test_offsets(rmsnorm_context *c, const char *isa) {
  * faults), and the bits stay the same. */
 static void test_large(rmsnorm_context *c, const char *isa) {
   static const struct { rmsnorm_dtype dt; size_t rows, off; } cases[] = {
-      {RMSNORM_F32, 1030, 1}, {RMSNORM_F32, 1030, 4}, {RMSNORM_F64, 515, 4}, {RMSNORM_F16, 2060, 1}};
+      {RMSNORM_F32, 1030, 1}, {RMSNORM_F32, 1030, 4}, {RMSNORM_F64, 515, 4},
+      {RMSNORM_F16, 2060, 1}};
   size_t d = 4100;
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     rmsnorm_dtype dt = cases[i].dt;

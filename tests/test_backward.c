@@ -245,6 +245,60 @@ static void test_eps_edges(void) {
   free(xv);
 }
 
+/* Many rows: the dweight/dbias reduction sums chunks in groups; the result
+ * stays within the promise, and the context's scratch does not grow with the
+ * row count: it holds at most (64 + threads) row-length vectors of doubles
+ * per gradient output plus a weight copy, whatever the rows. trim gives it
+ * back, and the next call allocates again with the same bits. */
+static void test_bounded_scratch(void) {
+  const size_t d = 256;
+  for (int dt = 0; dt < 4; dt++) {
+    bcase c = {(rmsnorm_dtype)dt, RMSNORM_F32, dt == 3, 20000, d, d, d, d, 1, 1, 1, 1e-5, 0, 1.0,
+               0, 0, 0, 1.0};
+    run_case(&c, NULL);
+  }
+  rmsnorm_context *c;
+  if (rmsnorm_context_create(&c) != RMSNORM_OK) return;
+  int threads;
+  rmsnorm_context_get_threads(c, &threads);
+  rmsnorm_config cfg;
+  rmsnorm_config_init(&cfg, RMSNORM_BF16);
+  size_t bound = 2 * (64 + (size_t)threads) * d * 8 + 2 * d * 8 + 4096, held[2] = {0, 0};
+  uint16_t *dw1 = malloc(d * 2), *dw2 = malloc(d * 2), *db = malloc(d * 2);
+  for (int k = 0; k < 2; k++) {
+    size_t rows = k ? 40000 : 5000; /* 79 and 625 chunks of 64 rows */
+    tu_tensor x = tu_alloc(RMSNORM_BF16, rows, d, d), dy = tu_alloc(RMSNORM_BF16, rows, d, d);
+    tu_tensor dx = tu_alloc(RMSNORM_BF16, rows, d, d), w = tu_alloc(RMSNORM_BF16, 1, d, d);
+    for (size_t i = 0; i < rows * d; i++) {
+      rn_store(x.data, RMSNORM_BF16, i, 2 * tu_uniform() - 1);
+      rn_store(dy.data, RMSNORM_BF16, i, 2 * tu_uniform() - 1);
+    }
+    for (size_t j = 0; j < d; j++) tu_set(&w, 0, j, 1 + 0.1 * tu_normal());
+    rmsnorm_status st = rmsnorm_backward(c, &cfg, rows, d, x.data, d, dy.data, d, w.data, NULL,
+                                         dx.data, d, dw1, db);
+    rmsnorm_context_get_scratch_bytes(c, &held[k]);
+    tu_check(st == RMSNORM_OK && held[k] > 0 && held[k] <= bound,
+             "bf16 backward of %zu x %zu: scratch %zu bytes, bound %zu", rows, d, held[k], bound);
+    if (k) {
+      size_t after = 1;
+      tu_check(rmsnorm_context_trim(c) == RMSNORM_OK &&
+                   rmsnorm_context_get_scratch_bytes(c, &after) == RMSNORM_OK && after == 0,
+               "trim: %zu bytes left", after);
+      st = rmsnorm_backward(c, &cfg, rows, d, x.data, d, dy.data, d, w.data, NULL, dx.data, d,
+                            dw2, db);
+      tu_check(st == RMSNORM_OK && !memcmp(dw1, dw2, d * 2), "after trim: the same dweight");
+    }
+    tu_free(&x), tu_free(&dy), tu_free(&dx), tu_free(&w);
+  }
+  tu_check(held[0] == held[1], "scratch grew with the rows: %zu, then %zu bytes", held[0],
+           held[1]);
+  tu_check(rmsnorm_context_trim(NULL) == RMSNORM_ERROR_NULL_POINTER &&
+               rmsnorm_context_get_scratch_bytes(c, NULL) == RMSNORM_ERROR_NULL_POINTER,
+           "trim / get_scratch_bytes: NULL");
+  free(dw1), free(dw2), free(db);
+  rmsnorm_context_free(c);
+}
+
 /* L(x, g, b) = sum dy * y through the library's fp64 forward. */
 static double fd_loss(const rmsnorm_config *cfg, int ln, size_t rows, size_t d, const double *x,
                       const double *g, const double *b, const double *dy, double *y) {
@@ -328,6 +382,7 @@ int main(void) {
   test_model_sizes();
   test_special_rows();
   test_eps_edges();
+  test_bounded_scratch();
   test_finite_differences();
   rmsnorm_context_free(ctx);
   return tu_finish("test_backward");

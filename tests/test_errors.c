@@ -222,12 +222,14 @@ static void test_touched_overlap(void) {
   float buf[5 * 3 * 8], xs[5 * 8], ys[5 * 8], dxs[5 * 8], dys[5 * 8];
   for (size_t i = 0; i < 5 * 3 * d; i++) buf[i] = (float)((i * 7) % 11) - 5;
   for (size_t i = 0; i < 5; i++)
-    for (size_t j = 0; j < d; j++) xs[i * d + j] = buf[i * 3 * d + j], dys[i * d + j] = buf[i * 3 * d + 2 * d + j];
+    for (size_t j = 0; j < d; j++)
+      xs[i * d + j] = buf[i * 3 * d + j], dys[i * d + j] = buf[i * 3 * d + 2 * d + j];
   tu_check(rmsnorm_forward(ctx, &c, 5, d, buf, 3 * d, w, b, buf + d, 3 * d, NULL) == RMSNORM_OK &&
                rmsnorm_forward(ctx, &c, 5, d, xs, d, w, b, ys, d, NULL) == RMSNORM_OK,
            "interleaved views x = buf[:, :d], y = buf[:, d:2d]: accepted");
   int same = 1;
-  for (size_t i = 0; i < 5; i++) same &= !memcmp(buf + i * 3 * d + d, ys + i * d, d * sizeof(float));
+  for (size_t i = 0; i < 5; i++)
+    same &= !memcmp(buf + i * 3 * d + d, ys + i * d, d * sizeof(float));
   tu_check(same, "interleaved views: the result of separate buffers");
   tu_check(rmsnorm_backward(ctx, &c, 5, d, buf, 3 * d, buf + 2 * d, 3 * d, w, NULL, buf + d,
                             3 * d, NULL, NULL) == RMSNORM_OK &&
@@ -235,7 +237,8 @@ static void test_touched_overlap(void) {
                    RMSNORM_OK,
            "interleaved x, dy and dx: accepted");
   same = 1;
-  for (size_t i = 0; i < 5; i++) same &= !memcmp(buf + i * 3 * d + d, dxs + i * d, d * sizeof(float));
+  for (size_t i = 0; i < 5; i++)
+    same &= !memcmp(buf + i * 3 * d + d, dxs + i * d, d * sizeof(float));
   tu_check(same, "interleaved backward: the result of separate buffers");
   EXPECT(rmsnorm_forward(ctx, &c, 5, d, buf, 3 * d, w, b, buf + d - 1, 3 * d, NULL),
          RMSNORM_ERROR_OVERLAP);
@@ -362,7 +365,8 @@ static void test_config_abi(void) {
   float want[ROWS * LD], got[ROWS * LD];
   c.eps = 1e-3;
   c.flags = RMSNORM_FLAG_WEIGHT_OFFSET;
-  tu_check(rmsnorm_forward(ctx, &c, ROWS, D, x, D, w, b, want, D, NULL) == RMSNORM_OK, "abi: plain");
+  tu_check(rmsnorm_forward(ctx, &c, ROWS, D, x, D, w, b, want, D, NULL) == RMSNORM_OK,
+           "abi: plain");
   newer_config n;
   memset(&n, 0x5a, sizeof n);
   tu_check(rmsnorm_config_init_size(&n.base, sizeof n, RMSNORM_F32) == RMSNORM_OK &&

@@ -236,7 +236,8 @@ static void test_special_rows(void) {
  * within float's rounding of the oracle. Among them the row x = 1.5 * 2^-75
  * with eps = 2^-70 outside the root, which a float sum trusted by the
  * inside-the-root bound got wrong by 2.6e-3 in r. */
-static const int float_exps[] = {-40, -50, -60, -63, -66, -70, -73, -75, -78, -80, -90, -100, -110, -120};
+static const int float_exps[] = {-40, -50, -60, -63, -66, -70, -73,
+                                 -75, -78, -80, -90, -100, -110, -120};
 static const double float_eps[] = {0, 0x1p-90, 0x1p-71, 0x1p-70, 0x1p-69, 0x1p-60, 0x1p-50,
                                    0x1p-45, 0x1p-44, 0x1p-43, 0x1p-30, 1e-5};
 static const int double_exps[] = {-400, -450, -470, -480, -500, -520, -530, -537, -540, -560,

@@ -633,10 +633,13 @@ static void test_isas(void) {
   static const size_t ds[] = {1, 2, 7, 8, 16, 17, 31, 64, 65, 100, 128, 1024, 1025, 4096};
   int v = 0;
   for (int dt = 0; dt < 4; dt++)
-    for (size_t k = 0; k < sizeof ds / sizeof *ds + 1; k++, v++) {
-      int big = k == sizeof ds / sizeof *ds;
-      /* big fp32: 18 MB, past the streaming threshold (prefetching, streamed codes) */
-      size_t d = big ? 4100 : ds[k], rows = big ? (dt == RMSNORM_F32 ? 1100 : 600) : 6;
+    for (size_t k = 0; k < sizeof ds / sizeof *ds + 2; k++, v++) {
+      /* then one large shape (big fp32: 18 MB, past the streaming threshold:
+       * prefetching, streamed codes), and one of many rows: more than 64
+       * chunks of 64 rows (32 QK tokens), so the dweight reduction groups chunks */
+      int big = k == sizeof ds / sizeof *ds, many = k > sizeof ds / sizeof *ds;
+      size_t d = big ? 4100 : many ? 40 : ds[k];
+      size_t rows = big ? (dt == RMSNORM_F32 ? 1100 : 600) : many ? 5000 : 6;
       isa_out want = run_all(ref, (rmsnorm_dtype)dt, rows, d, v);
       for (int i = 0; i < 3; i++) {
         if (rmsnorm_context_set_isa(c, isas[i]) != RMSNORM_OK) continue;

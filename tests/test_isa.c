@@ -171,6 +171,15 @@ int main(void) {
                     1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0};
       compare(&s, seed);
     }
+  /* many rows: more than 64 backward chunks of 64 rows, so the dweight and
+   * dbias reduction sums chunks in groups (work.h) */
+  for (int dt = 0; dt < 4; dt++)
+    for (int ln = 0; ln < 2; ln++, seed++) {
+      run_spec s = {(rmsnorm_dtype)dt, dt % 2 ? RMSNORM_F32 : (rmsnorm_dtype)dt, ln, 1, 5000, 33,
+                    35, 33, 1, 1, 1, 1, dt & 2, 0, dt == 1 ? RMSNORM_FLAG_ACCUMULATE : 0, 1e-5,
+                    1.0};
+      compare(&s, seed);
+    }
   /* one long row, and two: split across threads by columns (at least 1 MiB
    * of traffic per thread) */
   for (int dt = 0; dt < 4; dt++)
