@@ -354,19 +354,23 @@ rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx, const rmsnorm_config
   if (width == 0) return RMSNORM_OK;
 
   /* scratch: [weight copy][the reduction's partials and totals] */
-  rn_grad_plan plan;
-  if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, width, dweight, dbias))
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(width * as) : 0;
-  char *scratch = (rn_context_lock(ctx), rn_context_scratch(ctx, wcopy + plan.bytes));
+  size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
+  rn_context_lock(ctx); /* the plan takes the task count from the context */
+  rn_grad_plan plan;
+  if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, width, dweight, dbias,
+                         rn_threads_for(ctx, rows * width * 3 * es, nchunks))) {
+    rn_context_unlock(ctx);
+    return RMSNORM_ERROR_OUT_OF_MEMORY;
+  }
+  char *scratch = rn_context_scratch(ctx, wcopy + plan.bytes);
   if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
   bwd_job j = {rn_context_kernels(ctx), cfg, &sh,
                {RN_RMSNORM, cfg->dtype, width, sh.k_local, x, ldx, dy, lddy, dx, lddx,
                 rn_param_as_acc(cfg, weight, 1, width, scratch), cfg->eps, cfg->flags, NULL,
                 NULL, dx != dy && dx != x && rn_stream_ok(dx, es, rows * width * es)},
                stats, dots};
-  rn_grad_run(ctx, &plan, scratch + wcopy, rn_threads_for(ctx, rows * width * 3 * es, plan.nchunks),
-              bwd_chunk, &j);
+  rn_grad_run(ctx, &plan, scratch + wcopy, bwd_chunk, &j);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
 }
