@@ -193,14 +193,6 @@ RMSNORM_API rmsnorm_status rmsnorm_context_get_threads(const rmsnorm_context *ct
  * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_DTYPE. */
 RMSNORM_API rmsnorm_status rmsnorm_default_eps(rmsnorm_dtype dtype, double *eps);
 
-/* The number of leading elements pRMSNorm's statistic covers for a fraction
- * `partial` of a row of d: k = ceil(partial * d) taken exactly (a decimal p
- * whose p*d is an integer gives that integer), clamped to [1, d]; d for
- * partial = 1. The rule every operation here uses (README, "Numerics").
- * @return RMSNORM_OK and k in *k, RMSNORM_ERROR_NULL_POINTER,
- * RMSNORM_ERROR_BAD_PARTIAL (p outside (0, 1]), RMSNORM_ERROR_BAD_SIZE (d = 0). */
-RMSNORM_API rmsnorm_status rmsnorm_partial_k(double partial, size_t d, size_t *k);
-
 /* Fills the first `size` bytes of *cfg for the caller's version of the
  * struct: size = `size`, dtype, param_dtype = dtype, eps =
  * rmsnorm_default_eps(dtype), partial = 1, flags = 0, every other byte zero.

@@ -20,14 +20,6 @@ rmsnorm_status rmsnorm_default_eps(rmsnorm_dtype dtype, double *eps) {
   return RMSNORM_OK;
 }
 
-rmsnorm_status rmsnorm_partial_k(double partial, size_t d, size_t *k) {
-  if (!k) return RMSNORM_ERROR_NULL_POINTER;
-  if (!(partial > 0 && partial <= 1)) return RMSNORM_ERROR_BAD_PARTIAL;
-  if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
-  *k = rn_partial_k(partial, d);
-  return RMSNORM_OK;
-}
-
 rmsnorm_status rmsnorm_config_init_size(rmsnorm_config *cfg, size_t size, rmsnorm_dtype dtype) {
   double eps;
   if (!cfg) return RMSNORM_ERROR_NULL_POINTER;

@@ -479,7 +479,7 @@ Tensor4 linear_backward_cpu(const Tensor &dz, const Tensor &input, const Tensor 
  * and backward ops have validated partial and d already. */
 int64_t partial_k(double partial, int64_t d) {
   size_t k = static_cast<size_t>(d);
-  rmsnorm_partial_k(partial, static_cast<size_t>(d), &k);
+  rmsnorm_partial_count(partial, static_cast<size_t>(d), &k);
   return static_cast<int64_t>(k);
 }
 
