@@ -141,12 +141,18 @@ static inline size_t rn_row_seek(const rn_rows *r, size_t x) {
   return i >= r->n1 ? r->n : i * r->n2 + h;
 }
 
+/* One past the last byte of a span. */
+static inline uintptr_t rn_span_end(const rn_span *s) {
+  return (uintptr_t)s->p + (s->n1 > 1 ? (s->n1 - 1) * s->s1 : 0) +
+         (s->n2 > 1 ? (s->n2 - 1) * s->s2 : 0) + s->width;
+}
+
 /* Whether two spans share a byte among those the call touches. */
 static inline int rn_spans_meet(const rn_span *a, const rn_span *b) {
+  if ((uintptr_t)a->p >= rn_span_end(b) || (uintptr_t)b->p >= rn_span_end(a))
+    return 0; /* extents apart: the common case, decided at once */
   const char *base = a->p < b->p ? a->p : b->p;
   rn_rows ra = rn_rows_of(a, base), rb = rn_rows_of(b, base);
-  size_t ea = rn_row_start(&ra, ra.n - 1) + ra.width, eb = rn_row_start(&rb, rb.n - 1) + rb.width;
-  if (ra.off >= eb || rb.off >= ea) return 0; /* extents apart */
   if (ra.n > 1 && rb.n > 1 && ra.n2 == 1 && rb.n2 == 1 && ra.s1 == rb.s1) {
     /* Rows of one stride S: row k of b starts D = q + m S after row i of a
      * (q = b's offset - a's, m = k - i), and they meet iff -wb < D < wa. As
