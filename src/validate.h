@@ -32,6 +32,10 @@ static inline rmsnorm_status rn_read_config(const rmsnorm_config *cfg, rmsnorm_c
   size_t size;
   if (!cfg) return RMSNORM_ERROR_NULL_POINTER;
   memcpy(&size, cfg, sizeof size);
+  if (size == sizeof *out) { /* the caller's version is this library's */
+    memcpy(out, cfg, sizeof *out);
+    return RMSNORM_OK;
+  }
   if (size < RN_CONFIG_SIZE_V1 || size > RN_CONFIG_MAX) return RMSNORM_ERROR_BAD_CONFIG;
   memset(out, 0, sizeof *out);
   memcpy(out, cfg, size < sizeof *out ? size : sizeof *out);
@@ -69,6 +73,7 @@ typedef struct rn_span {
   const char *p; /* NULL: no buffer */
   size_t width;
   size_t n1, s1, n2, s2;
+  uintptr_t lo, hi; /* the extent: first byte, one past the last */
   int output;
 } rn_span;
 
@@ -86,17 +91,22 @@ static inline rmsnorm_status rn_check_matrix(size_t rows, size_t d, size_t ld, s
 static inline rn_span rn_grid_span(const void *p, size_t n1, size_t ld1, size_t n2, size_t ld2,
                                    size_t d, size_t es, int output) {
   rn_span s = {(const char *)p, d * es, n1, n1 > 1 ? ld1 * es : 0, n2, n2 > 1 ? ld2 * es : 0,
-               output};
+               (uintptr_t)p, 0, output};
+  s.hi = s.lo + (n1 > 1 ? (n1 - 1) * s.s1 : 0) + (n2 > 1 ? (n2 - 1) * s.s2 : 0) + s.width;
   return s;
 }
 
 static inline rn_span rn_matrix_span(const void *p, size_t rows, size_t d, size_t ld, size_t es,
                                      int output) {
-  return rn_grid_span(p, rows, ld, 1, 0, d, es, output);
+  size_t s1 = rows > 1 ? ld * es : 0;
+  rn_span s = {(const char *)p, d * es, rows, s1, 1, 0, (uintptr_t)p, 0, output};
+  s.hi = s.lo + (rows > 1 ? (rows - 1) * s1 : 0) + s.width;
+  return s;
 }
 
 static inline rn_span rn_vector_span(const void *p, size_t n, size_t es, int output) {
-  return rn_grid_span(p, 1, 0, 1, 0, n, es, output);
+  rn_span s = {(const char *)p, n * es, 1, 0, 1, 0, (uintptr_t)p, (uintptr_t)p + n * es, output};
+  return s;
 }
 
 /* The rows of a span in address order, as offsets from a base: n rows, row r
@@ -143,10 +153,9 @@ static inline size_t rn_row_seek(const rn_rows *r, size_t x) {
 
 /* Whether two spans share a byte among those the call touches. */
 static inline int rn_spans_meet(const rn_span *a, const rn_span *b) {
+  if (a->lo >= b->hi || b->lo >= a->hi) return 0; /* extents apart: the common case */
   const char *base = a->p < b->p ? a->p : b->p;
   rn_rows ra = rn_rows_of(a, base), rb = rn_rows_of(b, base);
-  size_t ea = rn_row_start(&ra, ra.n - 1) + ra.width, eb = rn_row_start(&rb, rb.n - 1) + rb.width;
-  if (ra.off >= eb || rb.off >= ea) return 0; /* extents apart */
   if (ra.n > 1 && rb.n > 1 && ra.n2 == 1 && rb.n2 == 1 && ra.s1 == rb.s1) {
     /* Rows of one stride S: row k of b starts D = q + m S after row i of a
      * (q = b's offset - a's, m = k - i), and they meet iff -wb < D < wa. As
@@ -196,6 +205,7 @@ static inline rmsnorm_status rn_check_overlaps(const rn_span *s, size_t n, size_
     for (size_t j = 0; j < n; j++) {
       if (j == i || !s[j].p) continue;
       if (s[j].output && j < i) continue; /* pair already seen */
+      if (s[i].lo >= s[j].hi || s[j].lo >= s[i].hi) continue; /* extents apart */
       int allowed = i == inplace_out && (j == inplace_in0 || j == inplace_in1) &&
                     rn_spans_same(&s[i], &s[j]);
       if (!allowed && rn_spans_meet(&s[i], &s[j])) return RMSNORM_ERROR_OVERLAP;

@@ -8,17 +8,6 @@
 
 #include "dtype.h"
 
-static rmsnorm_dtype acc_dtype(rmsnorm_dtype dt) {
-  return rn_acc_is_f64(dt) ? RMSNORM_F64 : RMSNORM_F32;
-}
-
-int rn_param_needs_copy(const rmsnorm_config *cfg, const void *p, int is_weight) {
-  if (!p) return 0;
-  return cfg->param_dtype != acc_dtype(cfg->dtype) ||
-         (is_weight && (cfg->flags & RMSNORM_FLAG_WEIGHT_OFFSET)) ||
-         !rn_aligned(p, rn_acc_size(cfg->dtype));
-}
-
 const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_weight, size_t d,
                             void *buf) {
   if (!rn_param_needs_copy(cfg, p, is_weight)) return p;
@@ -59,6 +48,7 @@ int rn_grad_plan_init(rn_grad_plan *p, const rmsnorm_config *cfg, size_t units,
   p->chunk_units = chunk_units;
   p->nchunks = (units + chunk_units - 1) / chunk_units;
   p->ngroups = p->nchunks < RN_GRAD_GROUPS ? p->nchunks : RN_GRAD_GROUPS;
+  p->multi = p->nchunks > p->ngroups;
   p->d = d;
   p->acc_size = rn_acc_size(cfg->dtype);
   p->dweight = dweight;
@@ -67,9 +57,15 @@ int rn_grad_plan_init(rn_grad_plan *p, const rmsnorm_config *cfg, size_t units,
   size_t nparts = (dweight != NULL) + (dbias != NULL);
   if (!nparts) return 1;
   if (d > SIZE_MAX / 16 / (RN_GRAD_GROUPS + (size_t)p->ntasks + 2)) return 0;
-  p->part_bytes = rn_align64(d * p->acc_size);
-  p->group_bytes = rn_align64(d * sizeof(double));
-  p->bytes = nparts * (p->ngroups * p->group_bytes + (size_t)p->ntasks * p->part_bytes);
+  /* one chunk per group: the chunk's partial is the group's slot (compute
+   * type), and the sum over groups needs d doubles of its own; several: the
+   * slots are double sums (group 0 collects the total) and every task has a
+   * chunk partial */
+  p->part_bytes = p->multi ? rn_align64(d * p->acc_size) : 0;
+  p->group_bytes = rn_align64(d * (p->multi ? sizeof(double) : p->acc_size));
+  p->total_bytes = p->multi ? 0 : rn_align64(d * sizeof(double));
+  p->bytes = nparts * (p->ngroups * p->group_bytes + (size_t)p->ntasks * p->part_bytes) +
+             p->total_bytes;
   return 1;
 }
 
@@ -77,11 +73,12 @@ typedef struct grad_job {
   const rn_grad_plan *p;
   rn_chunk_fn fn;
   void *arg;
-  char *dw_groups, *db_groups; /* (ngroups, d) double sums, or NULL */
-  char *dw_parts, *db_parts;   /* (ntasks, d) acc chunk partials, or NULL */
+  char *dw_groups, *db_groups; /* (ngroups, d) group slots, or NULL */
+  char *dw_parts, *db_parts;   /* (ntasks, d) acc chunk partials (multi), or NULL */
+  double *total;               /* (d,) the sum over groups (not multi) */
 } grad_job;
 
-/* sum[j] += part[j] (the chunk's acc partial into its group's doubles) */
+/* sum[j] += part[j] (a chunk's acc partial into its group's doubles) */
 static void add_part(double *sum, const void *part, int f64, size_t d) {
   if (f64) {
     const double *q = part;
@@ -97,38 +94,68 @@ static void chunks_task(void *arg, int t, int n) {
   const grad_job *job = arg;
   const rn_grad_plan *p = job->p;
   int f64 = rn_acc_is_f64(p->cfg->dtype);
-  char *dwp = job->dw_parts ? job->dw_parts + (size_t)t * p->part_bytes : NULL;
-  char *dbp = job->db_parts ? job->db_parts + (size_t)t * p->part_bytes : NULL;
   size_t g1 = rn_split_begin(p->ngroups, t + 1, n);
   for (size_t g = rn_split_begin(p->ngroups, t, n); g < g1; g++) {
-    double *dws = job->dw_groups ? (double *)(void *)(job->dw_groups + g * p->group_bytes) : NULL;
-    double *dbs = job->db_groups ? (double *)(void *)(job->db_groups + g * p->group_bytes) : NULL;
-    if (dws) memset(dws, 0, p->d * sizeof(double));
-    if (dbs) memset(dbs, 0, p->d * sizeof(double));
+    char *dws = job->dw_groups ? job->dw_groups + g * p->group_bytes : NULL;
+    char *dbs = job->db_groups ? job->db_groups + g * p->group_bytes : NULL;
+    size_t c0 = rn_split_begin(p->nchunks, (int)g, (int)p->ngroups);
     size_t c1 = rn_split_begin(p->nchunks, (int)g + 1, (int)p->ngroups);
-    for (size_t c = rn_split_begin(p->nchunks, (int)g, (int)p->ngroups); c < c1; c++) {
+    if (dws) memset(dws, 0, p->group_bytes);
+    if (dbs) memset(dbs, 0, p->group_bytes);
+    /* several chunks: each into the task's partial, then into the group */
+    char *dwp = p->multi && dws ? job->dw_parts + (size_t)t * p->part_bytes : dws;
+    char *dbp = p->multi && dbs ? job->db_parts + (size_t)t * p->part_bytes : dbs;
+    for (size_t c = c0; c < c1; c++) {
       size_t u0 = c * p->chunk_units;
       size_t u1 = u0 + p->chunk_units < p->units ? u0 + p->chunk_units : p->units;
-      if (dwp) memset(dwp, 0, p->d * p->acc_size);
-      if (dbp) memset(dbp, 0, p->d * p->acc_size);
+      if (p->multi && dwp) memset(dwp, 0, p->d * p->acc_size);
+      if (p->multi && dbp) memset(dbp, 0, p->d * p->acc_size);
       job->fn(job->arg, u0, u1, dwp, dbp, t);
-      if (dws) add_part(dws, dwp, f64, p->d);
-      if (dbs) add_part(dbs, dbp, f64, p->d);
+      if (p->multi && dws) add_part((double *)(void *)dws, dwp, f64, p->d);
+      if (p->multi && dbs) add_part((double *)(void *)dbs, dbp, f64, p->d);
     }
   }
 }
 
-/* out[j] (or +=) = sum over groups of groups[g][j] in group order, in
+/* out[j] (or +=) = the sum over groups of slot[g][j] in group order, in
  * double, for j in [j0, j1). */
 static void reduce_groups(const grad_job *job, const char *groups, void *out, size_t j0,
                           size_t j1) {
   const rn_grad_plan *p = job->p;
   const rmsnorm_config *cfg = p->cfg;
+  int f64 = rn_acc_is_f64(cfg->dtype);
   int acc = (cfg->flags & RMSNORM_FLAG_ACCUMULATE) != 0;
-  double *total = (double *)(void *)groups; /* group 0 collects the others */
-  for (size_t g = 1; g < p->ngroups; g++) {
-    const double *q = (const double *)(const void *)(groups + g * p->group_bytes);
-    for (size_t j = j0; j < j1; j++) total[j] += q[j];
+  double *total;
+  if (p->multi) { /* double sums: group 0 collects the others */
+    total = (double *)(void *)groups;
+    for (size_t g = 1; g < p->ngroups; g++) {
+      const double *q = (const double *)(const void *)(groups + g * p->group_bytes);
+      for (size_t j = j0; j < j1; j++) total[j] += q[j];
+    }
+  } else {
+    if (p->ngroups == 1 && !acc && cfg->param_dtype == (f64 ? RMSNORM_F64 : RMSNORM_F32)) {
+      /* one chunk of the output's type: the sum is the partial itself */
+      memcpy((char *)out + j0 * p->acc_size, groups + j0 * p->acc_size,
+             (j1 - j0) * p->acc_size);
+      return;
+    }
+    total = job->total;
+    for (size_t g = 0; g < p->ngroups; g++) {
+      const char *q = groups + g * p->group_bytes;
+      if (f64) {
+        const double *qd = (const double *)(const void *)q;
+        if (g == 0)
+          for (size_t j = j0; j < j1; j++) total[j] = qd[j];
+        else
+          for (size_t j = j0; j < j1; j++) total[j] += qd[j];
+      } else {
+        const float *qf = (const float *)(const void *)q;
+        if (g == 0)
+          for (size_t j = j0; j < j1; j++) total[j] = qf[j];
+        else
+          for (size_t j = j0; j < j1; j++) total[j] += qf[j];
+      }
+    }
   }
   if (cfg->param_dtype == RMSNORM_F32) { /* out: any address */
     for (size_t j = j0; j < j1; j++)
@@ -154,7 +181,7 @@ void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_
   char *s = scratch;
   size_t nparts = (p->dweight != NULL) + (p->dbias != NULL);
   size_t groups = p->ngroups * p->group_bytes, parts = (size_t)p->ntasks * p->part_bytes;
-  grad_job job = {p, fn, arg, NULL, NULL, NULL, NULL};
+  grad_job job = {p, fn, arg, NULL, NULL, NULL, NULL, NULL};
   if (p->dweight) {
     job.dw_groups = s;
     job.dw_parts = s + nparts * groups;
@@ -163,8 +190,9 @@ void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_
     job.db_groups = s + (p->dweight ? groups : 0);
     job.db_parts = s + nparts * groups + (p->dweight ? parts : 0);
   }
+  if (nparts && !p->multi) job.total = (double *)(void *)(s + nparts * (groups + parts));
   rn_run_tasks(ctx, p->ntasks, chunks_task, &job);
   if (nparts)
-    rn_run_tasks(ctx, rn_threads_for(ctx, nparts * p->ngroups * p->d * 8, p->d), reduce_task,
-                 &job);
+    rn_run_tasks(ctx, rn_threads_for(ctx, nparts * p->ngroups * p->group_bytes, p->d),
+                 reduce_task, &job);
 }

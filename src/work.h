@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "context.h"
+#include "dtype.h"
 #include "kernels.h"
 #include "parallel.h"
 
@@ -34,7 +35,13 @@ static inline size_t rn_split_begin(size_t units, int t, int n) {
 /* Whether a weight (is_weight) or bias p needs a converted copy of d acc
  * elements to reach the kernels (other dtype, the 1 + g offset, or an address
  * not aligned to the acc type: kernels get aligned parameters). */
-int rn_param_needs_copy(const rmsnorm_config *cfg, const void *p, int is_weight);
+static inline int rn_param_needs_copy(const rmsnorm_config *cfg, const void *p,
+                                      int is_weight) {
+  if (!p) return 0;
+  return cfg->param_dtype != (rn_acc_is_f64(cfg->dtype) ? RMSNORM_F64 : RMSNORM_F32) ||
+         (is_weight && (cfg->flags & RMSNORM_FLAG_WEIGHT_OFFSET)) ||
+         !rn_aligned(p, rn_acc_size(cfg->dtype));
+}
 /* p in the compute type: p itself, or its converted copy written to buf. */
 const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_weight, size_t d,
                             void *buf);
@@ -64,17 +71,20 @@ typedef void (*rn_chunk_fn)(void *arg, size_t u0, size_t u1, void *dw_part, void
  *   kernels' row order), which is then added into its group's (d,) double
  *   sum, chunk after chunk;
  *   the group sums are added in group order, in double.
- * Tasks take whole groups, each with one chunk partial of its own. Scratch
- * per output: ngroups d-vectors of doubles and ntasks of the compute type,
- * at most RN_GRAD_GROUPS + threads vectors whatever the row count. With at
- * most RN_GRAD_GROUPS chunks (4096 rows of the plain backward) every group
- * is one chunk and the order is that of summing the chunks in order. Fill
+ * Tasks take whole groups. With at most RN_GRAD_GROUPS chunks (4096 rows of
+ * the plain backward) every group is one chunk, summed straight into its
+ * group's slot in the compute type, and the order is that of adding the
+ * chunks in order; beyond, each task sums a chunk into a partial of its own
+ * and adds that into the group's double sum. Scratch per output: at most
+ * RN_GRAD_GROUPS d-vectors of doubles plus one per task, whatever the row
+ * count. Fill
  * with rn_grad_plan_init (under the context's lock: it takes the task
  * count), size scratch with plan.bytes, then rn_grad_run. */
 typedef struct rn_grad_plan {
   const rmsnorm_config *cfg;
   size_t units, chunk_units, nchunks, ngroups, d, acc_size;
-  size_t part_bytes, group_bytes, bytes;
+  int multi;             /* groups of several chunks (nchunks > RN_GRAD_GROUPS) */
+  size_t part_bytes, group_bytes, total_bytes, bytes;
   int ntasks;            /* tasks that run the chunks (<= ngroups) */
   void *dweight, *dbias; /* the user's outputs, or NULL */
 } rn_grad_plan;
