@@ -19,20 +19,6 @@ static inline double ulp_of(rmsnorm_dtype dt, double v) {
   return ldexp(1.0, e - bits);
 }
 
-/* Distance in ulps of dt, exact for fp64 too (integers on the bit patterns;
- * tu_ulps goes through double, which rounds fp64 distances); NaN is 0 from
- * NaN and infinitely far from anything else. */
-static inline double ulps(rmsnorm_dtype dt, double a, double b) {
-  if (dt != RMSNORM_F64) return tu_ulps(dt, a, b);
-  if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? 0 : INFINITY;
-  int64_t ia, ib;
-  memcpy(&ia, &a, 8);
-  memcpy(&ib, &b, 8);
-  if (ia < 0) ia = INT64_MIN - ia; /* sign and magnitude to one monotone line */
-  if (ib < 0) ib = INT64_MIN - ib;
-  return ia > ib ? (double)(uint64_t)(ia - ib) : (double)(uint64_t)(ib - ia);
-}
-
 static inline int same_bits(const void *a, const void *b, size_t es) {
   return memcmp(a, b, es) == 0;
 }
@@ -72,7 +58,7 @@ static inline int cmp_rstd(const char *what, rmsnorm_dtype dt, int bitwise, size
   size_t as = rn_acc_size(dt);
   for (size_t i = 0; i < rows && ok; i++) {
     double ra = rn_load_acc(r0, f64, i), rb = rn_load_acc(r1, f64, i);
-    double du = ulps(f64 ? RMSNORM_F64 : RMSNORM_F32, ra, rb);
+    double du = tu_ulps(f64 ? RMSNORM_F64 : RMSNORM_F32, ra, rb);
     if (du > cmp_worst_r[dt]) cmp_worst_r[dt] = du;
     if (bitwise)
       ok = tu_check(same_bits((const char *)r0 + i * as, (const char *)r1 + i * as, as),
@@ -111,7 +97,7 @@ static inline int cmp_y(const char *what, rmsnorm_dtype dt, int bitwise, int rou
       }
       double xrw = fabs(rn_load(x, dt, i * ldx + j) * rn_load_acc(r0, f64, i) *
                         (weff ? weff[j] : 1));
-      double u = ulps(dt, ya, yb);
+      double u = tu_ulps(dt, ya, yb);
       if (!bias && u > cmp_worst_y[dt]) cmp_worst_y[dt] = u;
       if (!tu_check(u == 0 || fabs(ya - yb) <= ulp_of(dt, ya) + e_terms * xrw,
                     "%s: y[%zu][%zu] = %.17g, unsharded %.17g (%g ulps)", what, i, j, yb, ya, u))

@@ -133,13 +133,12 @@ static inline int64_t tu_ordered(rmsnorm_dtype dt, double v) {
  * rounded to dt. NaN is at distance 0 from NaN and infinitely far otherwise. */
 static inline double tu_ulps(rmsnorm_dtype dt, double a, double b) {
   if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? 0 : INFINITY;
-  return fabs((double)tu_ordered(dt, a) - (double)tu_ordered(dt, b));
+  /* the difference in unsigned 64-bit arithmetic: fp64 positions exceed
+   * 2^53, so going through double first would round small distances away */
+  int64_t ia = tu_ordered(dt, a), ib = tu_ordered(dt, b);
+  return ia > ib ? (double)((uint64_t)ia - (uint64_t)ib) : (double)((uint64_t)ib - (uint64_t)ia);
 }
 
-/* pRMSNorm's k for a p the tests write as a short decimal (0.4, 0.37, ...):
- * ceil(P * d) in exact integer arithmetic, P the shortest decimal that
- * reads back as p (at most 15 significant digits here), clamped to [1, d].
- * Independent of the library's way of computing it. */
 /* Whether `want` lies beyond dtype dt's largest finite value and `got` is the
  * infinity of its sign (a result that cannot be represented). */
 static inline int tu_overflows(rmsnorm_dtype dt, long double want, double got) {
@@ -150,6 +149,10 @@ static inline int tu_overflows(rmsnorm_dtype dt, long double want, double got) {
 }
 
 __extension__ typedef unsigned __int128 tu_u128;
+/* pRMSNorm's k for a p the tests write as a short decimal (0.4, 0.37, ...):
+ * ceil(P * d) in exact integer arithmetic, P the shortest decimal that
+ * reads back as p (at most 15 significant digits here), clamped to [1, d].
+ * Independent of the library's way of computing it. */
 static inline size_t tu_partial_k(double p, size_t d) {
   char buf[40];
   tu_u128 mant = 0, pow10 = 1;
