@@ -13,24 +13,7 @@
 #include "convert.h"
 #include "dtype.h"
 #include "rmsnorm.h"
-
-static long tu_checks, tu_failures;
-
-/* Records one check; prints the first failures (not all: a broken kernel
- * would print millions of lines). */
-static inline int tu_check(int ok, const char *fmt, ...) {
-  tu_checks++;
-  if (ok) return 1;
-  if (++tu_failures <= 30) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "FAIL: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-  }
-  return 0;
-}
+#include "check.h"
 
 /* Prints the summary line and gives the exit status. */
 static inline int tu_finish(const char *name) {

@@ -26,25 +26,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../check.h"
 #include "rmsnorm.h"
 
-/* ---- checks ------------------------------------------------------------- */
-
-static long checks, failures;
-
-static int check(int ok, const char *fmt, ...) {
-  checks++;
-  if (ok) return 1;
-  if (++failures <= 60) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "FAIL: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-  }
-  return 0;
-}
+/* ---- setup errors (checks and their counts: ../check.h) ------------------ */
 
 static void die(const char *what) {
   fprintf(stderr, "test_cli: %s: %s\n", what, strerror(errno));
@@ -238,11 +223,11 @@ static unsigned char *slurp(const char *path, size_t *n) {
 static int read_npy(const char *path, tdt dt, int ndim, const size_t *shape, arr *out) {
   size_t n;
   unsigned char *file = slurp(path, &n);
-  if (!check(file != NULL, "%s: not written", path)) return 0;
+  if (!tu_check(file != NULL, "%s: not written", path)) return 0;
   unsigned char hdr[4096];
   size_t h = npy_header_here(hdr, 1, tdt_descr[dt], ndim, shape);
   *out = arr_new(dt, ndim, shape);
-  int ok = check(n == h + out->n * tdt_size[dt] && memcmp(file, hdr, h) == 0,
+  int ok = tu_check(n == h + out->n * tdt_size[dt] && memcmp(file, hdr, h) == 0,
                  "%s: header or size differs from numpy's for %s shape ndim %d", path,
                  tdt_descr[dt], ndim);
   if (ok) {
@@ -459,10 +444,10 @@ static int finish(proc *p) {
   read_capture(p->o->stdout_path || p->o->stdout_pipe ? "/dev/null" : cap_out, out_text,
                sizeof out_text);
   read_capture(cap_err, err_text, sizeof err_text);
-  check(!hung, "'%s' did not finish within %d s (killed): %s", p->name,
+  tu_check(!hung, "'%s' did not finish within %d s (killed): %s", p->name,
         p->o->timeout_s ? p->o->timeout_s : 300, err_text);
   /* a sanitizer report is a failure whatever the exit code */
-  check(!strstr(err_text, "Sanitizer") && !strstr(err_text, "runtime error"),
+  tu_check(!strstr(err_text, "Sanitizer") && !strstr(err_text, "runtime error"),
         "sanitizer report running %s: %s", p->name, err_text);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
@@ -582,10 +567,10 @@ static int close_all(const char *what, const arr *got, const ld *want, size_t n,
   if (scale == 0) scale = 1;
   for (size_t i = 0; i < n; i++) {
     if (!(fabsl(got->v[i] - want[i]) <= tol * scale))
-      return check(0, "%s[%zu]: got %.9g, oracle %.9Lg (tol %g x %Lg)", what, i, got->v[i],
+      return tu_check(0, "%s[%zu]: got %.9g, oracle %.9Lg (tol %g x %Lg)", what, i, got->v[i],
                    want[i], tol, scale);
   }
-  return check(1, "");
+  return tu_check(1, "");
 }
 
 /* ---- the option matrix ------------------------------------------------------ */
@@ -693,7 +678,7 @@ static void run_case(const tcase *c, tdt dt, const size_t *xshape, int xndim) {
   for (int i = 0; i < 5; i++) unlink(outs[i]);
 
   int rc = run_with(NULL, args);
-  if (!check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label, rc,
+  if (!tu_check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label, rc,
              err_text))
     goto done;
 
@@ -725,7 +710,7 @@ static void run_case(const tcase *c, tdt dt, const size_t *xshape, int xndim) {
     st = rmsnorm_layernorm_backward(ctx, &cfg, rows, d, x.bytes, d, dy.bytes, d, wp, NULL, NULL,
                                     ly, d, c->grads & 2 ? ldw : NULL, c->grads & 1 ? ldb : NULL);
   rmsnorm_context_free(ctx);
-  check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
+  tu_check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
 
   /* the oracle */
   oracle_cfg oc = {ln, c->eps >= 0 ? (ld)c->eps : (dt == TF64 ? 0x1p-52L : 0x1p-23L),
@@ -741,7 +726,7 @@ static void run_case(const tcase *c, tdt dt, const size_t *xshape, int xndim) {
   arr got;
   double tol = tol_of(dt);
   if (read_npy("out.npy", dt, xndim, xshape, &got)) {
-    check(!memcmp(got.bytes, ly, x.n * tdt_size[dt]), "%s: output differs from the library", label);
+    tu_check(!memcmp(got.bytes, ly, x.n * tdt_size[dt]), "%s: output differs from the library", label);
     close_all(label, &got, oy, x.n, backward ? 4 * tol : tol);
     arr_free(&got);
   }
@@ -756,7 +741,7 @@ static void run_case(const tcase *c, tdt dt, const size_t *xshape, int xndim) {
                             : ((float *)(void *)stat_lib[s])[i];
       float have;
       memcpy(&have, got.bytes + 4 * i, 4);
-      check(memcmp(&want, &have, 4) == 0, "%s: %s[%zu] %g, library %g", label, stat_files[s], i,
+      tu_check(memcmp(&want, &have, 4) == 0, "%s: %s[%zu] %g, library %g", label, stat_files[s], i,
             have, want);
     }
     close_all(stat_files[s], &got, stat_oracle[s], rows, 1e-5);
@@ -768,11 +753,11 @@ static void run_case(const tcase *c, tdt dt, const size_t *xshape, int xndim) {
   ld *grad_oracle[2] = {odw, odb};
   for (int g = 0; g < 2; g++) {
     if (!(c->grads & (g == 0 ? 2 : 1))) {
-      check(!file_exists(grad_files[g]), "%s: %s written unasked", label, grad_files[g]);
+      tu_check(!file_exists(grad_files[g]), "%s: %s written unasked", label, grad_files[g]);
       continue;
     }
     if (!read_npy(grad_files[g], pdt, k, xshape + lead, &got)) continue;
-    check(!memcmp(got.bytes, grad_lib[g], d * tdt_size[pdt]), "%s: %s differs from the library",
+    tu_check(!memcmp(got.bytes, grad_lib[g], d * tdt_size[pdt]), "%s: %s differs from the library",
           label, grad_files[g]);
     close_all(grad_files[g], &got, grad_oracle[g], d, 4 * tol_of(pdt));
     arr_free(&got);
@@ -822,26 +807,26 @@ static void test_versions_and_sources(void) {
     write_npy("w.npy", &w);
     const char *bf = dt == TBF16 ? "--bf16" : "--eps=0";
     int rc = RUN("forward", "x.npy", "-o", "ref.npy", "--weight", "w.npy", bf);
-    check(rc == 0, "%s reference run: %s", tdt_name[dt], err_text);
+    tu_check(rc == 0, "%s reference run: %s", tdt_name[dt], err_text);
     /* the same array in format 2.0 and 3.0 (data and weight) gives the same bytes */
     for (int version = 2; version <= 3; version++) {
       write_npy_version("xv.npy", version, &x);
       write_npy_version("wv.npy", version, &w);
       rc = RUN("forward", "xv.npy", "-o", "out.npy", "--weight", "wv.npy", bf);
-      check(rc == 0 && same_file("out.npy", "ref.npy"), "%s from format %d.0: %s", tdt_name[dt],
+      tu_check(rc == 0 && same_file("out.npy", "ref.npy"), "%s from format %d.0: %s", tdt_name[dt],
             version, err_text);
     }
     /* read from a pipe, not mapped */
     run_opts piped = {.stdin_file = "x.npy"};
     rc = RUN_WITH(&piped, "forward", "/dev/stdin", "-oout.npy", "--weight", "w.npy", bf);
-    check(rc == 0 && same_file("out.npy", "ref.npy"), "%s from a pipe: %s", tdt_name[dt], err_text);
+    tu_check(rc == 0 && same_file("out.npy", "ref.npy"), "%s from a pipe: %s", tdt_name[dt], err_text);
     /* the output replacing its own input */
     rc = RUN("forward", "x.npy", "--output", "x.npy", "--weight", "w.npy", bf);
-    check(rc == 0 && same_file("x.npy", "ref.npy"), "%s in place: %s", tdt_name[dt], err_text);
+    tu_check(rc == 0 && same_file("x.npy", "ref.npy"), "%s in place: %s", tdt_name[dt], err_text);
     /* options after "--" are file names */
     write_npy("-x.npy", &x);
     rc = RUN("forward", "-o", "out.npy", "--weight", "w.npy", bf, "--", "-x.npy");
-    check(rc == 0 && same_file("out.npy", "ref.npy"), "%s after --: %s", tdt_name[dt], err_text);
+    tu_check(rc == 0 && same_file("out.npy", "ref.npy"), "%s after --: %s", tdt_name[dt], err_text);
     unlink("-x.npy");
     arr_free(&x);
     arr_free(&w);
@@ -860,7 +845,7 @@ static void test_versions_and_sources(void) {
     int rc = RUN("backward", "x.npy", "dy.npy", "-o", "out.npy", "--weight", "w.npy", "--dweight",
                  "dw.npy", dt == TBF16 ? "--bf16" : "--eps=0");
     arr got;
-    if (check(rc == 0, "f32 weight with %s data: %s", tdt_name[dt], err_text) &&
+    if (tu_check(rc == 0, "f32 weight with %s data: %s", tdt_name[dt], err_text) &&
         read_npy("dw.npy", TF32, 1, ws, &got))
       arr_free(&got);
     arr_free(&x);
@@ -948,7 +933,7 @@ static void check_rstd_file(const char *label, tdt dt, int lead, const size_t *s
                             : ((const float *)(const void *)lib)[i];
     float have;
     memcpy(&have, got.bytes + 4 * i, 4);
-    check(memcmp(&want, &have, 4) == 0, "%s: rstd[%zu] %g, library %g", label, i, have, want);
+    tu_check(memcmp(&want, &have, 4) == 0, "%s: rstd[%zu] %g, library %g", label, i, have, want);
   }
   close_all(label, &got, oracle, rows, 1e-5);
   arr_free(&got);
@@ -990,7 +975,7 @@ static void run_add_case(const fcase *c, tdt dt) {
   if (c->bias) args[n++] = "--bias", args[n++] = "b.npy";
   fused_options(c, dt, args, n, eps_text, p_text, dims_text);
   int rc = run_with(NULL, args);
-  if (!check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label, rc,
+  if (!tu_check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label, rc,
              err_text))
     goto done;
 
@@ -1006,7 +991,7 @@ static void run_add_case(const fcase *c, tdt dt) {
                                           c->weight ? w.bytes : NULL, c->bias ? b.bytes : NULL,
                                           ly, d, lr);
   rmsnorm_context_free(ctx);
-  check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
+  tu_check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
 
   /* the oracle: h' rounded to the dtype (exactly representable inputs, so the
    * double sum is exact), then the textbook RMSNorm of it */
@@ -1022,22 +1007,22 @@ static void run_add_case(const fcase *c, tdt dt) {
 
   arr got;
   if (read_npy("out.npy", dt, 3, shape, &got)) {
-    check(!memcmp(got.bytes, ly, h.n * tdt_size[dt]), "%s: y differs from the library", label);
+    tu_check(!memcmp(got.bytes, ly, h.n * tdt_size[dt]), "%s: y differs from the library", label);
     close_all(label, &got, oy, h.n, tol_of(dt));
     arr_free(&got);
   }
   if (!c->residual) {
-    check(!file_exists("h2.npy"), "%s: h2.npy written unasked", label);
+    tu_check(!file_exists("h2.npy"), "%s: h2.npy written unasked", label);
   } else if (read_npy("h2.npy", dt, 3, shape, &got)) {
-    check(!memcmp(got.bytes, lh, h.n * tdt_size[dt]), "%s: h' differs from the library", label);
-    check(!memcmp(got.bytes, hp.bytes, h.n * tdt_size[dt]), "%s: h' is not h + u rounded", label);
+    tu_check(!memcmp(got.bytes, lh, h.n * tdt_size[dt]), "%s: h' differs from the library", label);
+    tu_check(!memcmp(got.bytes, hp.bytes, h.n * tdt_size[dt]), "%s: h' is not h + u rounded", label);
     arr_free(&got);
   }
   if (c->stats) check_rstd_file(label, dt, lead, shape, rows, lr, orr);
   /* the input is read, never changed */
   arr h_again;
   if (read_npy("h.npy", dt, 3, shape, &h_again)) {
-    check(!memcmp(h_again.bytes, h.bytes, h.n * tdt_size[dt]), "%s: h.npy was changed", label);
+    tu_check(!memcmp(h_again.bytes, h.bytes, h.n * tdt_size[dt]), "%s: h.npy was changed", label);
     arr_free(&h_again);
   }
   free(lh), free(ly), free(lr), free(oy), free(om), free(orr);
@@ -1080,11 +1065,11 @@ static void run_linear_case(const fcase *c, tdt dt) {
   fused_options(c, dt, args, n, eps_text, p_text, dims_text);
   int rc = run_with(NULL, args);
   if (rmsnorm_linear_available() != RMSNORM_OK) {
-    check(rc == 1 && strstr(err_text, "linear: not available") && !file_exists("out.npy"),
+    tu_check(rc == 1 && strstr(err_text, "linear: not available") && !file_exists("out.npy"),
           "%s without a BLAS: exit %d: %s", label, rc, err_text);
     goto done;
   }
-  if (!check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label, rc,
+  if (!tu_check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label, rc,
              err_text))
     goto done;
 
@@ -1100,7 +1085,7 @@ static void run_linear_case(const fcase *c, tdt dt) {
     st = rmsnorm_linear_forward(ctx, &cfg, rows, d, nn, x.bytes, d, wf, nn,
                                 c->bias ? lb.bytes : NULL, lz, nn, lr);
   rmsnorm_context_free(ctx);
-  check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
+  tu_check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
 
   /* the oracle, unfused: y = RMSNorm(x; g), then z = y W + bias */
   oracle_cfg oc = fused_oracle_cfg(c, dt);
@@ -1115,7 +1100,7 @@ static void run_linear_case(const fcase *c, tdt dt) {
     }
   arr got;
   if (read_npy("out.npy", dt, 3, zshape, &got)) {
-    check(!memcmp(got.bytes, lz, rows * nn * tdt_size[dt]), "%s: Z differs from the library",
+    tu_check(!memcmp(got.bytes, lz, rows * nn * tdt_size[dt]), "%s: Z differs from the library",
           label);
     close_all(label, &got, oz, rows * nn, 2 * tol_of(dt));
     arr_free(&got);
@@ -1142,14 +1127,14 @@ static void test_fused(void) {
   write_npy("h.npy", &h);
   write_npy("u.npy", &u);
   int rc = RUN("add-forward", "h.npy", "u.npy", "-o", "ref_y.npy", "--residual-out", "ref_h.npy");
-  check(rc == 0, "add-forward reference: %s", err_text);
+  tu_check(rc == 0, "add-forward reference: %s", err_text);
   rc = RUN("add-forward", "h.npy", "u.npy", "-o", "out.npy", "--residual-out", "h.npy");
-  check(rc == 0 && same_file("h.npy", "ref_h.npy") && same_file("out.npy", "ref_y.npy"),
+  tu_check(rc == 0 && same_file("h.npy", "ref_h.npy") && same_file("out.npy", "ref_y.npy"),
         "add-forward --residual-out H in place: %d %s", rc, err_text);
   /* and Y may replace U (the sub-layer output consumed) */
   write_npy("h.npy", &h);
   rc = RUN("add-forward", "h.npy", "u.npy", "-o", "u.npy");
-  check(rc == 0 && same_file("u.npy", "ref_y.npy"), "add-forward -o U: %d %s", rc, err_text);
+  tu_check(rc == 0 && same_file("u.npy", "ref_y.npy"), "add-forward -o U: %d %s", rc, err_text);
   unlink("h.npy"), unlink("u.npy"), unlink("ref_y.npy"), unlink("ref_h.npy"), unlink("out.npy");
   arr_free(&h), arr_free(&u);
 
@@ -1164,12 +1149,12 @@ static void test_fused(void) {
     write_npy("xe.npy", &xe);
     arr got;
     rc = RUN("linear", "x.npy", "wm.npy", "-o", "out.npy", "--rstd", "rstd.npy");
-    if (check(rc == 0, "linear 1-d: %s", err_text) && read_npy("out.npy", TF32, 1, z1, &got)) {
+    if (tu_check(rc == 0, "linear 1-d: %s", err_text) && read_npy("out.npy", TF32, 1, z1, &got)) {
       arr_free(&got);
       if (read_npy("rstd.npy", TF32, 0, z1, &got)) arr_free(&got);
     }
     rc = RUN("linear", "xe.npy", "wm.npy", "-o", "out.npy");
-    if (check(rc == 0, "linear no rows: %s", err_text) && read_npy("out.npy", TF32, 2, z0, &got))
+    if (tu_check(rc == 0, "linear no rows: %s", err_text) && read_npy("out.npy", TF32, 2, z0, &got))
       arr_free(&got);
     unlink("x.npy"), unlink("wm.npy"), unlink("xe.npy"), unlink("out.npy"), unlink("rstd.npy");
     arr_free(&x), arr_free(&wm), arr_free(&xe);
@@ -1186,14 +1171,14 @@ static void test_special_outputs(void) {
   write_npy("x.npy", &x);
   arr_free(&x);
   int rc = RUN("forward", "x.npy", "-o", "ref.npy");
-  check(rc == 0, "reference: %s", err_text);
+  tu_check(rc == 0, "reference: %s", err_text);
 
   write_bytes("named.npy", "OLD CONTENT", 11, NULL, 0);
   unlink("link.npy");
   if (symlink("named.npy", "link.npy") == 0) {
     rc = RUN("forward", "x.npy", "-o", "link.npy");
     struct stat st;
-    check(rc == 0 && lstat("link.npy", &st) == 0 && S_ISLNK(st.st_mode) &&
+    tu_check(rc == 0 && lstat("link.npy", &st) == 0 && S_ISLNK(st.st_mode) &&
               same_file("named.npy", "ref.npy"),
           "through a symbolic link: %d %s", rc, err_text);
   }
@@ -1201,7 +1186,7 @@ static void test_special_outputs(void) {
   if (symlink("nowhere.npy", "dangling.npy") == 0) {
     rc = RUN("forward", "x.npy", "-o", "dangling.npy");
     struct stat st;
-    check(rc == 0 && lstat("dangling.npy", &st) == 0 && S_ISREG(st.st_mode) &&
+    tu_check(rc == 0 && lstat("dangling.npy", &st) == 0 && S_ISREG(st.st_mode) &&
               same_file("dangling.npy", "ref.npy") && !file_exists("nowhere.npy"),
           "dangling link: %d %s", rc, err_text);
   }
@@ -1210,7 +1195,7 @@ static void test_special_outputs(void) {
   if (file_exists("/dev/stdout")) {
     run_opts redirected = {.stdout_path = "stdout.npy"};
     rc = RUN_WITH(&redirected, "forward", "x.npy", "-o", "/dev/stdout");
-    check(rc == 0 && same_file("stdout.npy", "ref.npy"), "-o /dev/stdout: %d %s", rc, err_text);
+    tu_check(rc == 0 && same_file("stdout.npy", "ref.npy"), "-o /dev/stdout: %d %s", rc, err_text);
     unlink("stdout.npy");
   }
 
@@ -1231,7 +1216,7 @@ static void test_special_outputs(void) {
     int status;
     waitpid(reader, &status, 0);
     struct stat st;
-    check(rc == 0 && same_file("from_fifo.npy", "ref.npy") && lstat("fifo", &st) == 0 &&
+    tu_check(rc == 0 && same_file("from_fifo.npy", "ref.npy") && lstat("fifo", &st) == 0 &&
               S_ISFIFO(st.st_mode) && file_exists("r.npy"),
           "-o FIFO: %d %s", rc, err_text);
     unlink("fifo"), unlink("from_fifo.npy"), unlink("r.npy");
@@ -1251,11 +1236,11 @@ static void test_modes(void) {
   mode_t old = umask(022);
   int rc = RUN("forward", "x.npy", "-o", "out.npy");
   struct stat st;
-  check(rc == 0 && stat("out.npy", &st) == 0 && (st.st_mode & 0777) == 0644, "new file mode %o",
+  tu_check(rc == 0 && stat("out.npy", &st) == 0 && (st.st_mode & 0777) == 0644, "new file mode %o",
         (unsigned)(st.st_mode & 0777));
   chmod("out.npy", 0600);
   rc = RUN("forward", "x.npy", "-o", "out.npy");
-  check(rc == 0 && stat("out.npy", &st) == 0 && (st.st_mode & 0777) == 0600, "kept mode %o",
+  tu_check(rc == 0 && stat("out.npy", &st) == 0 && (st.st_mode & 0777) == 0600, "kept mode %o",
         (unsigned)(st.st_mode & 0777));
   umask(old);
   unlink("out.npy");
@@ -1488,18 +1473,18 @@ static void test_errors(void) {
       int one_line = nl && nl[1] == '\0' && !strncmp(err_text, "rmsnorm: ", 9);
       if (e->message[0] == '=')
         snprintf(want, sizeof want, "rmsnorm: %s\n", e->message + 1);
-      check(rc == e->code, "'%s %s': exit %d, want %d (%s)", e->args[0], e->args[1] ? e->args[1] : "",
+      tu_check(rc == e->code, "'%s %s': exit %d, want %d (%s)", e->args[0], e->args[1] ? e->args[1] : "",
             rc, e->code, err_text);
-      check(one_line && (e->message[0] == '=' ? !strcmp(err_text, want) : !!strstr(err_text, e->message)),
+      tu_check(one_line && (e->message[0] == '=' ? !strcmp(err_text, want) : !!strstr(err_text, e->message)),
             "'%s %s': message '%s', want '%s'", e->args[0], e->args[1] ? e->args[1] : "", err_text,
             e->message);
-      check(out_text[0] == '\0', "'%s': wrote to stdout: %s", e->args[0], out_text);
-      check(!strcmp(before, after), "'%s %s': folder changed:\n  before: %s\n  after:  %s",
+      tu_check(out_text[0] == '\0', "'%s': wrote to stdout: %s", e->args[0], out_text);
+      tu_check(!strcmp(before, after), "'%s %s': folder changed:\n  before: %s\n  after:  %s",
             e->args[0], e->args[1] ? e->args[1] : "", before, after);
       for (size_t i = 0; pass && i < sizeof outputs / sizeof outputs[0]; i++) {
         size_t n;
         unsigned char *old = slurp(outputs[i], &n);
-        check(old && n == 11 && !memcmp(old, "OLD CONTENT", 11), "'%s %s': %s was touched",
+        tu_check(old && n == 11 && !memcmp(old, "OLD CONTENT", 11), "'%s %s': %s was touched",
               e->args[0], e->args[1] ? e->args[1] : "", outputs[i]);
         free(old);
       }
@@ -1510,7 +1495,7 @@ static void test_errors(void) {
   /* no arguments: the usage, on stderr, exit 2 */
   const char *none[] = {NULL};
   int rc = run_with(NULL, none);
-  check(rc == 2 && strstr(err_text, "usage: rmsnorm COMMAND") && out_text[0] == '\0',
+  tu_check(rc == 2 && strstr(err_text, "usage: rmsnorm COMMAND") && out_text[0] == '\0',
         "no arguments: %d %s", rc, err_text);
 
   /* a write that fails half-way (`ulimit -f`, SIGXFSZ at its default as a
@@ -1527,9 +1512,9 @@ static void test_errors(void) {
     run_opts limited = {.fsize_limit = 8192};
     rc = RUN_WITH(&limited, "forward", "bigx.npy", "--rstd", "r.npy", "-o", "out.npy");
     listing(after, sizeof after);
-    check(rc == 1 && strstr(err_text, "out.npy: cannot write: File too large"),
+    tu_check(rc == 1 && strstr(err_text, "out.npy: cannot write: File too large"),
           "write failure: %d %s", rc, err_text);
-    check(!strcmp(before, after), "write failure left files:\n  before: %s\n  after:  %s", before,
+    tu_check(!strcmp(before, after), "write failure left files:\n  before: %s\n  after:  %s", before,
           after);
   }
   unlink("out.npy"), unlink("bigx.npy");
@@ -1538,7 +1523,7 @@ static void test_errors(void) {
   if (geteuid() != 0) {
     mkdir("ro", 0555);
     rc = RUN("forward", "x.npy", "-o", "ro/out.npy");
-    check(rc == 1 && strstr(err_text, "ro/out.npy: cannot create a file in ro: Permission denied"),
+    tu_check(rc == 1 && strstr(err_text, "ro/out.npy: cannot create a file in ro: Permission denied"),
           "read-only folder: %d %s", rc, err_text);
     rmdir("ro");
   }
@@ -1547,7 +1532,7 @@ static void test_errors(void) {
   if (file_exists("/dev/full")) {
     run_opts full = {.stdout_path = "/dev/full"};
     rc = RUN_WITH(&full, "demo");
-    check(rc == 1 && strstr(err_text, "rmsnorm: cannot write to standard output"),
+    tu_check(rc == 1 && strstr(err_text, "rmsnorm: cannot write to standard output"),
           "demo > /dev/full: %d %s", rc, err_text);
   }
 }
@@ -1585,11 +1570,11 @@ static void test_closed_pipes(void) {
       run_opts o = {.stdout_pipe = 1, .stdout_read = take};
       int rc = RUN_WITH(&o, "forward", "big.npy", "-o", "/dev/stdout", "--rstd", "r.npy");
       listing(after, sizeof after);
-      check(rc == 1 && !strcmp(err_text, "rmsnorm: /dev/stdout: cannot write: Broken pipe\n"),
+      tu_check(rc == 1 && !strcmp(err_text, "rmsnorm: /dev/stdout: cannot write: Broken pipe\n"),
             "reader gone after %ld bytes: %d %s", take, rc, err_text);
-      check(!strcmp(before, after), "reader gone after %ld bytes: folder changed:\n  before: %s\n  after:  %s",
+      tu_check(!strcmp(before, after), "reader gone after %ld bytes: folder changed:\n  before: %s\n  after:  %s",
             take, before, after);
-      check(!pass || old_content("r.npy"), "reader gone: r.npy was touched");
+      tu_check(!pass || old_content("r.npy"), "reader gone: r.npy was touched");
     }
   }
   unlink("r.npy");
@@ -1609,9 +1594,9 @@ static void test_closed_pipes(void) {
     int rc = RUN("forward", "big.npy", "-o", "fifo", "--rstd", "r.npy");
     listing(after, sizeof after);
     waitpid(reader, NULL, 0);
-    check(rc == 1 && !strcmp(err_text, "rmsnorm: fifo: cannot write: Broken pipe\n"),
+    tu_check(rc == 1 && !strcmp(err_text, "rmsnorm: fifo: cannot write: Broken pipe\n"),
           "FIFO reader gone: %d %s", rc, err_text);
-    check(!strcmp(before, after), "FIFO reader gone: folder changed:\n  before: %s\n  after:  %s",
+    tu_check(!strcmp(before, after), "FIFO reader gone: folder changed:\n  before: %s\n  after:  %s",
           before, after);
     unlink("fifo");
   }
@@ -1621,7 +1606,7 @@ static void test_closed_pipes(void) {
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
     run_opts o = {.stdout_pipe = 1, .stdout_read = 0};
     int rc = run_with(&o, cmds[i]);
-    check(rc == 1 && !strcmp(err_text, "rmsnorm: cannot write to standard output: Broken pipe\n"),
+    tu_check(rc == 1 && !strcmp(err_text, "rmsnorm: cannot write to standard output: Broken pipe\n"),
           "'%s' into a closed pipe: %d %s", cmds[i][0], rc, err_text);
   }
   unlink("big.npy");
@@ -1741,9 +1726,9 @@ static void test_signals(void) {
     kill(p.pid, sig);
     int rc = finish(&p);
     listing(after, sizeof after);
-    check(ready && rc == 128 + sig, "A: signal %s: ready %d, exit %d: %s", sig_name(sig), ready,
+    tu_check(ready && rc == 128 + sig, "A: signal %s: ready %d, exit %d: %s", sig_name(sig), ready,
           rc, err_text);
-    check(!strcmp(before, after) && old_content("out.npy"),
+    tu_check(!strcmp(before, after) && old_content("out.npy"),
           "A: signal %s: folder changed:\n  before: %s\n  after:  %s", sig_name(sig), before, after);
 
     /* B */
@@ -1765,9 +1750,9 @@ static void test_signals(void) {
     rc = finish(&p);
     close(fd);
     listing(after, sizeof after);
-    check(ready && rc == 128 + sig, "B: signal %s%s: ready %d, exit %d: %s", sig_name(sig),
+    tu_check(ready && rc == 128 + sig, "B: signal %s%s: ready %d, exit %d: %s", sig_name(sig),
           worker ? " to a worker thread" : "", ready, rc, err_text);
-    check(!strcmp(before, after), "B: signal %s%s: folder changed:\n  before: %s\n  after:  %s",
+    tu_check(!strcmp(before, after), "B: signal %s%s: folder changed:\n  before: %s\n  after:  %s",
           sig_name(sig), worker ? " to a worker thread" : "", before, after);
   }
   if (!worker_hits) printf("cli_commands: note: no worker thread seen; signals went to the process only\n");
@@ -1783,7 +1768,7 @@ static void test_signals(void) {
   kill(p.pid, SIGTERM);
   int rc = finish(&p);
   listing(after, sizeof after);
-  check(ready && rc == 128 + SIGTERM && !strcmp(before, after), "nohup: exit %d (want %d): %s",
+  tu_check(ready && rc == 128 + SIGTERM && !strcmp(before, after), "nohup: exit %d (want %d): %s",
         rc, 128 + SIGTERM, err_text);
   unlink("fifo"), unlink("out.npy"), unlink("r.npy"), unlink("big.npy");
 }
@@ -1826,7 +1811,7 @@ static void test_stream_inputs(void) {
   write_npy("x.npy", &x);
   write_npy("dy.npy", &dy);
   int rc = RUN("forward", "x.npy", "-o", "ref.npy", "--rstd", "refr.npy");
-  check(rc == 0, "stream reference: %s", err_text);
+  tu_check(rc == 0, "stream reference: %s", err_text);
 
   /* /dev/zero and /dev/urandom (as X, DY or the weight): at once */
   run_opts guard = {.timeout_s = 60, .mem_limit_mb = 2048};
@@ -1837,15 +1822,15 @@ static void test_stream_inputs(void) {
     char want[128];
     snprintf(want, sizeof want, "%s: not a .npy file (no \\x93NUMPY magic)", dev);
     rc = RUN_WITH(&guard, "forward", dev, "-o", "out.npy");
-    check(rc == 1 && message_is(want), "forward %s: %d %s", dev, rc, err_text);
+    tu_check(rc == 1 && message_is(want), "forward %s: %d %s", dev, rc, err_text);
     rc = RUN_WITH(&guard, "backward", "x.npy", dev, "-o", "out.npy");
-    check(rc == 1 && message_is(want), "backward x.npy %s: %d %s", dev, rc, err_text);
+    tu_check(rc == 1 && message_is(want), "backward x.npy %s: %d %s", dev, rc, err_text);
     rc = RUN_WITH(&guard, "forward", "x.npy", "-o", "out.npy", "--weight", dev);
-    check(rc == 1 && message_is(want), "--weight %s: %d %s", dev, rc, err_text);
-    check(!file_exists("out.npy"), "%s: wrote an output", dev);
+    tu_check(rc == 1 && message_is(want), "--weight %s: %d %s", dev, rc, err_text);
+    tu_check(!file_exists("out.npy"), "%s: wrote an output", dev);
   }
   rc = RUN_WITH(&guard, "forward", "/dev/null", "-o", "out.npy");
-  check(rc == 1 && message_is("/dev/null: empty file, not a .npy file"), "/dev/null: %d %s", rc,
+  tu_check(rc == 1 && message_is("/dev/null: empty file, not a .npy file"), "/dev/null: %d %s", rc,
         err_text);
 
   /* a FIFO, and standard input, carrying the file and then endless zeros:
@@ -1857,12 +1842,12 @@ static void test_stream_inputs(void) {
     rc = RUN_WITH(&guard, "forward", "in.fifo", "-o", "out.npy", "--rstd", "r.npy");
     kill(feeder, SIGKILL); /* in case the command never opened the FIFO */
     waitpid(feeder, NULL, 0);
-    check(rc == 0 && same_file("out.npy", "ref.npy") && same_file("r.npy", "refr.npy"),
+    tu_check(rc == 0 && same_file("out.npy", "ref.npy") && same_file("r.npy", "refr.npy"),
           "from a FIFO%s: %d %s", zeros ? " with zeros after the array" : "", rc, err_text);
     run_opts piped = {.stdin_file = "x.npy", .stdin_zeros = zeros, .timeout_s = 60,
                       .mem_limit_mb = 2048};
     rc = RUN_WITH(&piped, "forward", "/dev/stdin", "-o", "out.npy", "--rstd", "r.npy");
-    check(rc == 0 && same_file("out.npy", "ref.npy") && same_file("r.npy", "refr.npy"),
+    tu_check(rc == 0 && same_file("out.npy", "ref.npy") && same_file("r.npy", "refr.npy"),
           "from standard input%s: %d %s", zeros ? " with zeros after the array" : "", rc, err_text);
   }
   unlink("in.fifo");
@@ -1875,7 +1860,7 @@ static void test_stream_inputs(void) {
   rc = RUN("backward", "x.npy", "dy.npy", "-o", "refdx.npy");
   run_opts both = {.stdin_file = "xdy.npy", .timeout_s = 60};
   int rc2 = RUN_WITH(&both, "backward", "/dev/stdin", "/dev/stdin", "-o", "out.npy");
-  check(rc == 0 && rc2 == 0 && same_file("out.npy", "refdx.npy"), "X and DY on one pipe: %d %s",
+  tu_check(rc == 0 && rc2 == 0 && same_file("out.npy", "refdx.npy"), "X and DY on one pipe: %d %s",
         rc2, err_text);
 
   /* a stream that ends early: the message a file of those bytes gets */
@@ -1888,7 +1873,7 @@ static void test_stream_inputs(void) {
     run_opts cut = {.stdin_file = "cut.npy", .timeout_s = 60};
     rc2 = RUN_WITH(&cut, "forward", "/dev/stdin", "-o", "out.npy");
     const char *a = strstr(from_file, "cut.npy: "), *b = strstr(err_text, "/dev/stdin: ");
-    check(rc == 1 && rc2 == 1 && a && b && !strcmp(a + 9, b + 12),
+    tu_check(rc == 1 && rc2 == 1 && a && b && !strcmp(a + 9, b + 12),
           "cut at %zu: file '%s', stream '%s'", cuts[i], from_file, err_text);
   }
 
@@ -1918,7 +1903,7 @@ static void test_stream_inputs(void) {
     rc = RUN_WITH(&o, "forward", "/dev/stdin", "-o", "out.npy");
     char want[300];
     snprintf(want, sizeof want, "rmsnorm: /dev/stdin: %s", bad[i].message);
-    check(rc == 1 && !strncmp(err_text, want, strlen(want)) && strchr(err_text, '\n') &&
+    tu_check(rc == 1 && !strncmp(err_text, want, strlen(want)) && strchr(err_text, '\n') &&
               strchr(err_text, '\n')[1] == '\0',
           "%s, then zeros: %d %s", bad[i].name, rc, err_text);
   }
@@ -1937,7 +1922,7 @@ static void test_stream_inputs(void) {
     write_bytes("long.npy", hdr, 12 + hlen, x.bytes, x.n * 4);
     free(hdr);
     rc = RUN("forward", "long.npy", "-o", "out.npy", "--rstd", "r.npy");
-    check(rc == 0 && same_file("out.npy", "ref.npy"), "70000-byte header in a file: %d %s", rc,
+    tu_check(rc == 0 && same_file("out.npy", "ref.npy"), "70000-byte header in a file: %d %s", rc,
           err_text);
   }
   free(fx);
@@ -2003,7 +1988,7 @@ static void test_odd_offsets(void) {
         args[n] = NULL;
         run_opts o = {.stdin_file = odd == 2 ? "xo.npy" : NULL, .isa_env = isa};
         int rc = run_with(&o, args);
-        check(rc == 0, "%s %s offsets %d, kernels %s: %d %s", runs[r][0], tdt_name[dt], odd,
+        tu_check(rc == 0, "%s %s offsets %d, kernels %s: %d %s", runs[r][0], tdt_name[dt], odd,
               isa ? isa : "default", rc, err_text);
         for (int k = 1; k <= 3; k++) {
           char out[16], ref[16];
@@ -2013,7 +1998,7 @@ static void test_odd_offsets(void) {
           if (variant == 0)
             rename(out, ref);
           else
-            check(same_file(out, ref), "%s %s offsets %d, kernels %s: %s differs from the aligned run",
+            tu_check(same_file(out, ref), "%s %s offsets %d, kernels %s: %s differs from the aligned run",
                   runs[r][0], tdt_name[dt], odd, isa ? isa : "default", out);
         }
       }
@@ -2052,7 +2037,7 @@ static int numbers_after(const char *text, const char *label, double *v, int max
 
 static void test_demo(void) {
   int rc = RUN("demo");
-  check(rc == 0 && err_text[0] == '\0', "demo: exit %d: %s", rc, err_text);
+  tu_check(rc == 0 && err_text[0] == '\0', "demo: exit %d: %s", rc, err_text);
   /* the numbers, as printed */
   static const char *const want[] = {
     "mean(x^2) = 3.500000", "mean(x^2) = 1.875000", "RMS = 1.870831", "RMS = 1.369310",
@@ -2060,11 +2045,11 @@ static void test_demo(void) {
     "0.730295", "[ 0.848528,  1.131371]", "[-1.000000,  1.000000]", "chosen", "eps = 1e-5",
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-    check(strstr(out_text, want[i]) != NULL, "demo lacks '%s'", want[i]);
+    tu_check(strstr(out_text, want[i]) != NULL, "demo lacks '%s'", want[i]);
   for (int step = 1; step <= 6; step++) {
     char key[8];
     snprintf(key, sizeof key, "\n%d. ", step);
-    check(strstr(out_text, key) != NULL, "demo lacks step %d", step);
+    tu_check(strstr(out_text, key) != NULL, "demo lacks step %d", step);
   }
   /* the printed g and W give the printed Y and Z (oracle, 6 decimals) */
   static const double x[2][4] = {{2.0, -1.0, 0.0, 3.0}, {0.5, 1.5, -2.0, 1.0}};
@@ -2079,7 +2064,7 @@ static void test_demo(void) {
     char *end = (char *)wline;
     for (int c = 0; c < 3; c++) w[r][c] = strtod(end, &end);
   }
-  if (check(ok, "demo: g, W, Y or Z not found")) {
+  if (tu_check(ok, "demo: g, W, Y or Z not found")) {
     for (int i = 0; i < 2; i++) {
       ld ms = 0;
       for (int j = 0; j < 4; j++) ms += (ld)x[i][j] * x[i][j];
@@ -2087,51 +2072,51 @@ static void test_demo(void) {
       ld yy[4];
       for (int j = 0; j < 4; j++) {
         yy[j] = x[i][j] * r * g[j];
-        check(fabsl(yy[j] - y[i][j]) <= 1e-6, "demo y%d[%d] %g, oracle %Lg", i + 1, j, y[i][j], yy[j]);
+        tu_check(fabsl(yy[j] - y[i][j]) <= 1e-6, "demo y%d[%d] %g, oracle %Lg", i + 1, j, y[i][j], yy[j]);
       }
       for (int o = 0; o < 3; o++) {
         ld s = 0;
         for (int j = 0; j < 4; j++) s += yy[j] * w[j][o];
-        check(fabsl(s - z[i][o]) <= 2e-6, "demo z%d[%d] %g, oracle %Lg", i + 1, o, z[i][o], s);
+        tu_check(fabsl(s - z[i][o]) <= 2e-6, "demo z%d[%d] %g, oracle %Lg", i + 1, o, z[i][o], s);
       }
     }
   }
   /* LayerNorm rows: mean 1 and 0.25, the normalized rows */
   double ln1[4];
-  if (check(numbers_after(out_text, "LN(x1)", ln1, 4) == 4, "demo: LN(x1) not found")) {
+  if (tu_check(numbers_after(out_text, "LN(x1)", ln1, 4) == 4, "demo: LN(x1) not found")) {
     ld rr = 1 / sqrtl(2.5L + 1e-5L);
     ld want1[4] = {1 * rr, -2 * rr, -1 * rr, 2 * rr};
     for (int j = 0; j < 4; j++)
-      check(fabsl(ln1[j] - want1[j]) <= 1e-6, "demo LN(x1)[%d] %g", j, ln1[j]);
+      tu_check(fabsl(ln1[j] - want1[j]) <= 1e-6, "demo LN(x1)[%d] %g", j, ln1[j]);
   }
   /* step 5 folded: W' = diag(g) W as printed, and the same Z */
   double wf[3], zf[2][3];
-  if (check(numbers_after(out_text, "W'", wf, 3) == 3, "demo: W' not found")) {
+  if (tu_check(numbers_after(out_text, "W'", wf, 3) == 3, "demo: W' not found")) {
     for (int o = 0; o < 3; o++)
-      check(fabs(wf[o] - g[0] * w[0][o]) <= 1e-6, "demo W'[0][%d] %g, g0*W %g", o, wf[o], g[0] * w[0][o]);
+      tu_check(fabs(wf[o] - g[0] * w[0][o]) <= 1e-6, "demo W'[0][%d] %g, g0*W %g", o, wf[o], g[0] * w[0][o]);
   }
   if (rmsnorm_linear_available() == RMSNORM_OK) {
-    if (check(numbers_after(out_text, "z1'", zf[0], 3) == 3 && numbers_after(out_text, "z2'", zf[1], 3) == 3,
+    if (tu_check(numbers_after(out_text, "z1'", zf[0], 3) == 3 && numbers_after(out_text, "z2'", zf[1], 3) == 3,
               "demo: folded z1', z2' not found"))
       for (int i = 0; i < 2; i++)
         for (int o = 0; o < 3; o++)
-          check(zf[i][o] == z[i][o], "demo folded z%d'[%d] %g, unfolded %g", i + 1, o, zf[i][o], z[i][o]);
-    check(strstr(out_text, "the same Z: largest difference from the unfolded one") != NULL,
+          tu_check(zf[i][o] == z[i][o], "demo folded z%d'[%d] %g, unfolded %g", i + 1, o, zf[i][o], z[i][o]);
+    tu_check(strstr(out_text, "the same Z: largest difference from the unfolded one") != NULL,
           "demo: no difference line");
   } else {
-    check(strstr(out_text, "rmsnorm_linear_forward is not available") != NULL,
+    tu_check(strstr(out_text, "rmsnorm_linear_forward is not available") != NULL,
           "demo without a BLAS does not say so");
   }
   rc = RUN("demo", "--help");
-  check(rc == 0 && !strncmp(out_text, "usage: rmsnorm demo", 19), "demo --help");
+  tu_check(rc == 0 && !strncmp(out_text, "usage: rmsnorm demo", 19), "demo --help");
 }
 
 static void test_info_help_version(void) {
   int rc = RUN("info");
-  check(rc == 0 && err_text[0] == '\0', "info: exit %d %s", rc, err_text);
+  tu_check(rc == 0 && err_text[0] == '\0', "info: exit %d %s", rc, err_text);
   char want[64];
   snprintf(want, sizeof want, "version:      rmsnorm %s", RMSNORM_VERSION_STRING);
-  check(strstr(out_text, want) && strstr(out_text, "cpu features:") &&
+  tu_check(strstr(out_text, want) && strstr(out_text, "cpu features:") &&
             strstr(out_text, "kernel set:") && strstr(out_text, "threads:"),
         "info output: %s", out_text);
   /* the kernel set reported is the one a context runs */
@@ -2141,22 +2126,22 @@ static void test_info_help_version(void) {
   rmsnorm_context_create(&ctx);
   if (rmsnorm_context_get_isa(ctx, &isa) == RMSNORM_OK) {
     snprintf(want, sizeof want, "kernel set:   %s", rmsnorm_isa_name(isa));
-    check(strstr(out_text, want) != NULL, "info: want '%s' in %s", want, out_text);
+    tu_check(strstr(out_text, want) != NULL, "info: want '%s' in %s", want, out_text);
   }
   if (rmsnorm_context_get_threads(ctx, &threads) == RMSNORM_OK) {
     snprintf(want, sizeof want, "threads:      %d ", threads);
-    check(strstr(out_text, want) != NULL, "info: want '%s' in %s", want, out_text);
+    tu_check(strstr(out_text, want) != NULL, "info: want '%s' in %s", want, out_text);
   }
   rmsnorm_context_free(ctx);
   run_opts scalar = {.isa_env = "scalar"};
   rc = RUN_WITH(&scalar, "info");
-  check(rc == 0 && strstr(out_text, "kernel set:   scalar"), "RMSNORM_ISA=scalar info: %s", out_text);
+  tu_check(rc == 0 && strstr(out_text, "kernel set:   scalar"), "RMSNORM_ISA=scalar info: %s", out_text);
 
   rc = RUN("--version");
   snprintf(want, sizeof want, "rmsnorm %s\n", RMSNORM_VERSION_STRING);
-  check(rc == 0 && !strcmp(out_text, want), "--version: '%s'", out_text);
+  tu_check(rc == 0 && !strcmp(out_text, want), "--version: '%s'", out_text);
   rc = RUN("--help");
-  check(rc == 0 && strstr(out_text, "usage: rmsnorm COMMAND") && strstr(out_text, "layernorm-backward") &&
+  tu_check(rc == 0 && strstr(out_text, "usage: rmsnorm COMMAND") && strstr(out_text, "layernorm-backward") &&
             strstr(out_text, "add-forward") && strstr(out_text, "  linear "),
         "--help: %s", out_text);
   static const char *const cmds[] = {"forward", "backward", "layernorm", "layernorm-backward",
@@ -2165,28 +2150,28 @@ static void test_info_help_version(void) {
     char usage[64];
     snprintf(usage, sizeof usage, "usage: rmsnorm %s", cmds[i]);
     rc = RUN(cmds[i], "--help");
-    check(rc == 0 && !strncmp(out_text, usage, strlen(usage)) && err_text[0] == '\0',
+    tu_check(rc == 0 && !strncmp(out_text, usage, strlen(usage)) && err_text[0] == '\0',
           "%s --help: %d %s", cmds[i], rc, out_text);
     char help_text[sizeof out_text];
     memcpy(help_text, out_text, sizeof help_text);
     rc = RUN("help", cmds[i]);
-    check(rc == 0 && !strcmp(out_text, help_text), "help %s", cmds[i]);
+    tu_check(rc == 0 && !strcmp(out_text, help_text), "help %s", cmds[i]);
     rc = RUN(cmds[i], "-h");
-    check(rc == 0 && !strcmp(out_text, help_text), "%s -h", cmds[i]);
+    tu_check(rc == 0 && !strcmp(out_text, help_text), "%s -h", cmds[i]);
   }
   /* each norm command's help lists exactly its options */
   rc = RUN("layernorm", "--help");
-  check(strstr(out_text, "--mean") && !strstr(out_text, "--eps-outside") && !strstr(out_text, "--partial"),
+  tu_check(strstr(out_text, "--mean") && !strstr(out_text, "--eps-outside") && !strstr(out_text, "--partial"),
         "layernorm --help options");
   rc = RUN("backward", "--help");
-  check(strstr(out_text, "--dweight") && strstr(out_text, "--partial") && !strstr(out_text, "--rstd"),
+  tu_check(strstr(out_text, "--dweight") && strstr(out_text, "--partial") && !strstr(out_text, "--rstd"),
         "backward --help options");
   rc = RUN("add-forward", "--help");
-  check(strstr(out_text, "--residual-out") && strstr(out_text, "--bias") && strstr(out_text, "--dims") &&
+  tu_check(strstr(out_text, "--residual-out") && strstr(out_text, "--bias") && strstr(out_text, "--dims") &&
             !strstr(out_text, "--linear-bias") && !strstr(out_text, "--dweight"),
         "add-forward --help options");
   rc = RUN("linear", "--help");
-  check(strstr(out_text, "--linear-bias") && strstr(out_text, "--weight") && strstr(out_text, "--rstd") &&
+  tu_check(strstr(out_text, "--linear-bias") && strstr(out_text, "--weight") && strstr(out_text, "--rstd") &&
             !strstr(out_text, "--bias ") && !strstr(out_text, "--dims") && !strstr(out_text, "--residual-out"),
         "linear --help options");
 }
@@ -2244,10 +2229,9 @@ int main(int argc, char **argv) {
   test_info_help_version();
 
   if (chdir("/") != 0) die("chdir");
-  if (failures == 0)
+  if (tu_failures == 0)
     remove_tree(base);
   else
     fprintf(stderr, "scratch files kept in %s\n", base);
-  printf("cli_commands: %ld checks, %ld passed, %ld failed\n", checks, checks - failures, failures);
-  return failures ? 1 : 0;
+  return tu_summary("cli_commands");
 }

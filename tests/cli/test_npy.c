@@ -14,22 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../check.h"
 #include "npy.h"
-
-static long checks, failures;
-
-static int check(int ok, const char *fmt, ...) {
-  checks++;
-  if (ok) return 1;
-  failures++;
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "FAIL: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  return 0;
-}
 
 static const char *data_dir;
 
@@ -106,28 +92,28 @@ static void test_goldens(void) {
     const golden *want = &goldens[g];
     snprintf(path, sizeof path, "%s/%s", data_dir, want->file);
     npy_file f;
-    if (!check(npy_open(&f, path, err, sizeof err) == 0, "%s: %s", want->file, err)) continue;
+    if (!tu_check(npy_open(&f, path, err, sizeof err) == 0, "%s: %s", want->file, err)) continue;
     const npy_info *in = &f.info;
-    check(in->major == want->major && in->minor == 0, "%s: version %u.%u", want->file, in->major,
+    tu_check(in->major == want->major && in->minor == 0, "%s: version %u.%u", want->file, in->major,
           in->minor);
-    check(in->dtype == want->dtype, "%s: dtype %s", want->file, in->descr);
-    check(in->ndim == want->ndim, "%s: ndim %d", want->file, in->ndim);
+    tu_check(in->dtype == want->dtype, "%s: dtype %s", want->file, in->descr);
+    tu_check(in->ndim == want->ndim, "%s: ndim %d", want->file, in->ndim);
     size_t count = 1;
     for (int i = 0; i < want->ndim && i < in->ndim; i++) {
-      check(in->shape[i] == want->shape[i], "%s: shape[%d] = %zu", want->file, i, in->shape[i]);
+      tu_check(in->shape[i] == want->shape[i], "%s: shape[%d] = %zu", want->file, i, in->shape[i]);
       count *= want->shape[i];
     }
-    check(in->count == count && in->data_bytes == count * in->elem_size, "%s: count %zu",
+    tu_check(in->count == count && in->data_bytes == count * in->elem_size, "%s: count %zu",
           want->file, in->count);
-    check(f.mapped, "%s: a regular file is mapped, not copied", want->file);
+    tu_check(f.mapped, "%s: a regular file is mapped, not copied", want->file);
     /* the data: arange(n) * 0.5 - 1 */
     for (size_t i = 0; i < in->count; i++)
-      check(element(in, f.data, i) == (double)i * 0.5 - 1, "%s: element %zu = %g", want->file, i,
+      tu_check(element(in, f.data, i) == (double)i * 0.5 - 1, "%s: element %zu = %g", want->file, i,
             element(in, f.data, i));
     /* our header for this array is numpy's, byte for byte */
     unsigned char hdr[NPY_HEADER_MAX];
     size_t hlen = npy_header(hdr, sizeof hdr, (int)want->major, in->dtype, in->ndim, in->shape);
-    check(hlen == in->data_offset && memcmp(hdr, f.base, hlen) == 0,
+    tu_check(hlen == in->data_offset && memcmp(hdr, f.base, hlen) == 0,
           "%s: npy_header differs from numpy's header", want->file);
     npy_close(&f);
     npy_close(&f); /* twice is harmless */
@@ -136,7 +122,7 @@ static void test_goldens(void) {
     snprintf(path, sizeof path, "%s/%s", data_dir, golden_errors[g].file);
     npy_file f;
     int rc = npy_open(&f, path, err, sizeof err);
-    check(rc == -1 && strstr(err, golden_errors[g].message) != NULL, "%s: got '%s'",
+    tu_check(rc == -1 && strstr(err, golden_errors[g].message) != NULL, "%s: got '%s'",
           golden_errors[g].file, rc ? err : "accepted");
     if (rc == 0) npy_close(&f);
   }
@@ -244,15 +230,15 @@ static void test_parse_cases(void) {
     err[0] = '\0';
     int rc = npy_parse(buf, n, &in, err, sizeof err);
     if (pc->error) {
-      check(rc == -1 && strstr(err, pc->error) != NULL, "case %zu (%s): want '%s', got '%s'", c,
+      tu_check(rc == -1 && strstr(err, pc->error) != NULL, "case %zu (%s): want '%s', got '%s'", c,
             pc->dict, pc->error, rc ? err : "accepted");
       continue;
     }
-    if (!check(rc == 0, "case %zu (%s): %s", c, pc->dict, err)) continue;
-    check(in.ndim == pc->ndim, "case %zu: ndim %d", c, in.ndim);
+    if (!tu_check(rc == 0, "case %zu (%s): %s", c, pc->dict, err)) continue;
+    tu_check(in.ndim == pc->ndim, "case %zu: ndim %d", c, in.ndim);
     for (int i = 0; i < pc->ndim && i < 3; i++)
-      check(in.shape[i] == pc->shape[i], "case %zu: shape[%d] = %zu", c, i, in.shape[i]);
-    check(in.data_offset == (pc->major == 1 ? 10u : 12u) + strlen(pc->dict), "case %zu: offset", c);
+      tu_check(in.shape[i] == pc->shape[i], "case %zu: shape[%d] = %zu", c, i, in.shape[i]);
+    tu_check(in.data_offset == (pc->major == 1 ? 10u : 12u) + strlen(pc->dict), "case %zu: offset", c);
   }
 
   /* 64 dimensions parse; 65 do not */
@@ -265,9 +251,9 @@ static void test_parse_cases(void) {
     npy_info in;
     int rc = npy_parse(buf, n, &in, err, sizeof err);
     if (nd == 64)
-      check(rc == 0 && in.ndim == 64 && in.count == 1, "64 dims: %s", err);
+      tu_check(rc == 0 && in.ndim == 64 && in.count == 1, "64 dims: %s", err);
     else
-      check(rc == -1 && strstr(err, "more than 64 dimensions"), "65 dims: %s", err);
+      tu_check(rc == -1 && strstr(err, "more than 64 dimensions"), "65 dims: %s", err);
   }
 }
 
@@ -279,22 +265,22 @@ static void test_prefix(void) {
   const char *dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }";
   size_t full = craft(buf, 1, 0, dict, -1, 4);
 
-  check(npy_parse(buf, 0, &in, err, sizeof err) == -1 && strstr(err, "empty file"), "empty: %s", err);
+  tu_check(npy_parse(buf, 0, &in, err, sizeof err) == -1 && strstr(err, "empty file"), "empty: %s", err);
   for (size_t n = 1; n < 10; n++) /* magic, version or length cut off */
-    check(npy_parse(buf, n, &in, err, sizeof err) == -1 && strstr(err, "truncated header"),
+    tu_check(npy_parse(buf, n, &in, err, sizeof err) == -1 && strstr(err, "truncated header"),
           "%zu bytes: %s", n, err);
   for (size_t n = 10; n < full - 4; n++) /* the dict cut off: the length runs past the end */
-    check(npy_parse(buf, n, &in, err, sizeof err) == -1 && strstr(err, "runs past the end"),
+    tu_check(npy_parse(buf, n, &in, err, sizeof err) == -1 && strstr(err, "runs past the end"),
           "%zu bytes: %s", n, err);
-  check(npy_parse(buf, full - 1, &in, err, sizeof err) == -1 && strstr(err, "data is truncated"),
+  tu_check(npy_parse(buf, full - 1, &in, err, sizeof err) == -1 && strstr(err, "data is truncated"),
         "data cut: %s", err);
-  check(npy_parse(buf, full, &in, err, sizeof err) == 0, "whole: %s", err);
+  tu_check(npy_parse(buf, full, &in, err, sizeof err) == 0, "whole: %s", err);
 
-  check(npy_parse("PK\x03\x04 zip file", 14, &in, err, sizeof err) == -1 &&
+  tu_check(npy_parse("PK\x03\x04 zip file", 14, &in, err, sizeof err) == -1 &&
             strstr(err, "not a .npy file"), "zip: %s", err);
-  check(npy_parse("\x93NUMPX\x01\x00", 8, &in, err, sizeof err) == -1 &&
+  tu_check(npy_parse("\x93NUMPX\x01\x00", 8, &in, err, sizeof err) == -1 &&
             strstr(err, "not a .npy file"), "magic: %s", err);
-  check(npy_parse("\x93", 1, &in, err, sizeof err) == -1 && strstr(err, "truncated header"),
+  tu_check(npy_parse("\x93", 1, &in, err, sizeof err) == -1 && strstr(err, "truncated header"),
         "1 byte: %s", err);
 
   unsigned versions[][2] = {{0, 0}, {4, 0}, {1, 1}, {2, 5}, {255, 255}};
@@ -305,7 +291,7 @@ static void test_prefix(void) {
     char want[64];
     snprintf(want, sizeof want, "unsupported .npy format version %u.%u", versions[v][0],
              versions[v][1]);
-    check(npy_parse(buf, n, &in, err, sizeof err) == -1 && strstr(err, want), "%s: %s", want, err);
+    tu_check(npy_parse(buf, n, &in, err, sizeof err) == -1 && strstr(err, want), "%s: %s", want, err);
   }
 
   /* header lengths past the end, up to the largest the field holds */
@@ -313,13 +299,13 @@ static void test_prefix(void) {
   for (size_t k = 0; k < 3; k++) {
     unsigned major = lens[k] > 65535 ? 2 : 1;
     size_t n = craft(buf, major, 0, dict, lens[k], 0);
-    check(npy_parse(buf, n, &in, err, sizeof err) == -1 && strstr(err, "runs past the end"),
+    tu_check(npy_parse(buf, n, &in, err, sizeof err) == -1 && strstr(err, "runs past the end"),
           "length %lld: %s", lens[k], err);
   }
 
   /* a message cut to a tiny buffer is still terminated */
   char small[8];
-  check(npy_parse(buf, 3, &in, small, sizeof small) == -1 && memchr(small, '\0', sizeof small),
+  tu_check(npy_parse(buf, 3, &in, small, sizeof small) == -1 && memchr(small, '\0', sizeof small),
         "small message buffer");
 }
 
@@ -337,8 +323,8 @@ static void test_round_trips(void) {
         int ndim = (int)shapes[s][0];
         const size_t *shape = &shapes[s][1];
         size_t hlen = npy_header(buf, sizeof buf, version, (npy_dtype)dt, ndim, shape);
-        if (!check(hlen > 0 && hlen % 64 == 0, "header length %zu", hlen)) continue;
-        check(buf[6] == (version == 0 ? 1 : version) && buf[hlen - 1] == '\n', "version byte");
+        if (!tu_check(hlen > 0 && hlen % 64 == 0, "header length %zu", hlen)) continue;
+        tu_check(buf[6] == (version == 0 ? 1 : version) && buf[hlen - 1] == '\n', "version byte");
         size_t count = 1;
         for (int i = 0; i < ndim; i++) count *= shape[i];
         size_t bytes = count * npy_dtype_size((npy_dtype)dt);
@@ -347,13 +333,13 @@ static void test_round_trips(void) {
         if (bytes <= 64) {
           memset(buf + hlen, 0, bytes);
           rc = npy_parse(buf, hlen + bytes, &in, err, sizeof err);
-          check(rc == 0 && in.dtype == (npy_dtype)dt && in.ndim == ndim && in.count == count &&
+          tu_check(rc == 0 && in.dtype == (npy_dtype)dt && in.ndim == ndim && in.count == count &&
                     in.data_offset == hlen,
                 "round trip dt %d v%d shape %zu: %s", dt, version, s, rc ? err : "mismatch");
-          for (int i = 0; rc == 0 && i < ndim; i++) check(in.shape[i] == shape[i], "shape[%d]", i);
+          for (int i = 0; rc == 0 && i < ndim; i++) tu_check(in.shape[i] == shape[i], "shape[%d]", i);
         } else { /* too big to hold: the parser must see that data is missing */
           rc = npy_parse(buf, hlen, &in, err, sizeof err);
-          check(rc == -1 && strstr(err, "data is truncated"), "big shape %zu: %s", s, err);
+          tu_check(rc == -1 && strstr(err, "data is truncated"), "big shape %zu: %s", s, err);
         }
       }
     }
@@ -362,37 +348,37 @@ static void test_round_trips(void) {
   size_t big[NPY_MAX_DIMS];
   for (int i = 0; i < NPY_MAX_DIMS; i++) big[i] = (size_t)PTRDIFF_MAX;
   static unsigned char large[NPY_HEADER_MAX];
-  check(npy_header(large, sizeof large, 0, NPY_F64, NPY_MAX_DIMS, big) > 0, "64 huge dims");
-  check(npy_header(large, 100, 0, NPY_F64, 3, big) == 0, "small buffer refused");
-  check(npy_header(large, sizeof large, 0, NPY_F64, NPY_MAX_DIMS + 1, big) == 0, "65 dims refused");
-  check(npy_header(large, sizeof large, 4, NPY_F64, 1, big) == 0, "version 4 refused");
+  tu_check(npy_header(large, sizeof large, 0, NPY_F64, NPY_MAX_DIMS, big) > 0, "64 huge dims");
+  tu_check(npy_header(large, 100, 0, NPY_F64, 3, big) == 0, "small buffer refused");
+  tu_check(npy_header(large, sizeof large, 0, NPY_F64, NPY_MAX_DIMS + 1, big) == 0, "65 dims refused");
+  tu_check(npy_header(large, sizeof large, 4, NPY_F64, 1, big) == 0, "version 4 refused");
 }
 
 static void test_format_shape(void) {
   char s[64];
   size_t sh[] = {2, 3, 4};
   npy_format_shape(s, sizeof s, 0, sh);
-  check(!strcmp(s, "()"), "() got %s", s);
+  tu_check(!strcmp(s, "()"), "() got %s", s);
   npy_format_shape(s, sizeof s, 1, sh);
-  check(!strcmp(s, "(2,)"), "(2,) got %s", s);
+  tu_check(!strcmp(s, "(2,)"), "(2,) got %s", s);
   npy_format_shape(s, sizeof s, 3, sh);
-  check(!strcmp(s, "(2, 3, 4)"), "(2, 3, 4) got %s", s);
+  tu_check(!strcmp(s, "(2, 3, 4)"), "(2, 3, 4) got %s", s);
   npy_format_shape(s, 8, 3, sh);
-  check(!strcmp(s, "(2,...)"), "cut: got %s", s);
+  tu_check(!strcmp(s, "(2,...)"), "cut: got %s", s);
 }
 
 /* npy_open on what is not a regular .npy file. */
 static void test_open_errors(void) {
   npy_file f;
   char err[256];
-  check(npy_open(&f, "/nonexistent/x.npy", err, sizeof err) == -1 &&
+  tu_check(npy_open(&f, "/nonexistent/x.npy", err, sizeof err) == -1 &&
             strstr(err, "cannot open: No such file"), "missing: %s", err);
-  check(npy_open(&f, data_dir, err, sizeof err) == -1 && !strcmp(err, "is a directory"),
+  tu_check(npy_open(&f, data_dir, err, sizeof err) == -1 && !strcmp(err, "is a directory"),
         "dir: %s", err);
-  check(npy_open(&f, "/dev/null", err, sizeof err) == -1 && strstr(err, "empty file"),
+  tu_check(npy_open(&f, "/dev/null", err, sizeof err) == -1 && strstr(err, "empty file"),
         "/dev/null: %s", err);
   /* endless devices: refused after the first 8 bytes, not read to the end */
-  check(npy_open(&f, "/dev/zero", err, sizeof err) == -1 && strstr(err, "not a .npy file"),
+  tu_check(npy_open(&f, "/dev/zero", err, sizeof err) == -1 && strstr(err, "not a .npy file"),
         "/dev/zero: %s", err);
 }
 
@@ -408,6 +394,5 @@ int main(int argc, char **argv) {
   test_round_trips();
   test_format_shape();
   test_open_errors();
-  printf("cli_npy: %ld checks, %ld passed, %ld failed\n", checks, checks - failures, failures);
-  return failures ? 1 : 0;
+  return tu_summary("cli_npy");
 }

@@ -10,21 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../check.h"
 #include "model.h"
-
-static long checks, failures;
-
-/* Counts a check; prints the first failures. */
-static void check(int ok, const char *fmt, ...) {
-  checks++;
-  if (ok || ++failures > 20) return;
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "FAIL: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-}
 
 static double normal(uint64_t *rng) {
   double u1 = ((double)(train_rand64(rng) >> 11) + 0.5) * 0x1p-53;
@@ -49,7 +36,7 @@ static void check_norm(train_norm norm) {
   train_model *m;
   char err[256];
   if (train_model_create(&s, 1, 7, &m, err, sizeof err)) {
-    check(0, "%s: create: %s", train_norm_name(norm), err);
+    tu_check(0, "%s: create: %s", train_norm_name(norm), err);
     return;
   }
   /* move every parameter: weights get larger, gains 1 + N(0, 0.3), biases N(0, 0.1) */
@@ -73,9 +60,9 @@ static void check_norm(train_norm norm) {
   in[3] = 0xe9; /* a byte outside ASCII */
 
   double loss = train_model_forward(m, in, tg);
-  check(isfinite(loss) && loss > 0, "%s: loss %g (want finite, > 0)", train_norm_name(norm), loss);
+  tu_check(isfinite(loss) && loss > 0, "%s: loss %g (want finite, > 0)", train_norm_name(norm), loss);
   if (train_model_backward(m)) {
-    check(0, "%s: backward: %s", train_norm_name(norm),
+    tu_check(0, "%s: backward: %s", train_norm_name(norm),
           train_model_error(m) ? train_model_error(m) : "?");
     train_model_free(m);
     return;
@@ -95,7 +82,7 @@ static void check_norm(train_norm norm) {
     const char *name = i < n ? train_model_param_name(m, i) : NULL;
     if (tensor && (!name || strcmp(name, tensor) != 0)) {
       double rel = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
-      check(rel <= 1e-6 && tensor_checked > 0, "%s %s (%zu elements): relative L2 error %g",
+      tu_check(rel <= 1e-6 && tensor_checked > 0, "%s %s (%zu elements): relative L2 error %g",
             train_norm_name(norm), tensor, tensor_checked, rel);
       err2 = ref2 = 0;
       tensor_checked = 0;
@@ -110,7 +97,7 @@ static void check_norm(train_norm norm) {
     double down = train_model_forward(m, in, tg);
     train_model_set_param(m, i, p);
     double fd = (up - down) / (2 * h);
-    check(fabs(fd - grad[i]) <= 1e-7 + 1e-5 * fabs(grad[i]),
+    tu_check(fabs(fd - grad[i]) <= 1e-7 + 1e-5 * fabs(grad[i]),
           "%s %s (flat %zu): backward %.12g, finite difference %.12g", train_norm_name(norm), name,
           i, grad[i], fd);
     err2 += (fd - grad[i]) * (fd - grad[i]);
@@ -119,7 +106,7 @@ static void check_norm(train_norm norm) {
   }
   /* the loss must come back exactly after the probes */
   double again = train_model_forward(m, in, tg);
-  check(again == loss, "%s: loss after the probes %.17g, before %.17g", train_norm_name(norm),
+  tu_check(again == loss, "%s: loss after the probes %.17g, before %.17g", train_norm_name(norm),
         again, loss);
   printf("%-5s: %zu parameters, loss %.6f, gradients checked\n", train_norm_name(norm), n, loss);
   free(grad);
@@ -128,7 +115,5 @@ static void check_norm(train_norm norm) {
 
 int main(void) {
   for (int k = 0; k < 4; k++) check_norm((train_norm)k);
-  printf("test_train_grad: %ld checks, %ld passed, %ld failed\n", checks, checks - failures,
-         failures);
-  return failures ? 1 : 0;
+  return tu_summary("test_train_grad");
 }

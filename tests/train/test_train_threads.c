@@ -15,23 +15,10 @@
 
 #include <cblas.h>
 
+#include "../check.h"
 #include "model.h"
 
 #define STEPS 3
-
-static long checks, failures;
-
-/* Counts a check; prints the first failures. */
-static void check(int ok, const char *fmt, ...) {
-  checks++;
-  if (ok || ++failures > 20) return;
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "FAIL: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-}
 
 /* Threads of this process, or -1 where /proc is not there. */
 static int count_threads(void) {
@@ -67,7 +54,7 @@ static int train(train_norm norm, int threads, result *r) {
   train_model *m;
   char err[256];
   if (train_model_create(&s, 0, 11, &m, err, sizeof err) || train_model_set_threads(m, threads, threads)) {
-    check(0, "%s: create: %s", train_norm_name(norm), m ? train_model_error(m) : err);
+    tu_check(0, "%s: create: %s", train_norm_name(norm), m ? train_model_error(m) : err);
     train_model_free(m);
     return -1;
   }
@@ -86,12 +73,12 @@ static int train(train_norm norm, int threads, result *r) {
       }
     }
     r->loss[step] = train_model_forward(m, in, tg);
-    check(train_model_backward(m) == 0, "%s, %d threads: backward: %s", train_norm_name(norm),
+    tu_check(train_model_backward(m) == 0, "%s, %d threads: backward: %s", train_norm_name(norm),
           threads, train_model_error(m) ? train_model_error(m) : "?");
     train_model_step(m, 3e-3, 0.1, 1.0);
   }
 #ifdef TRAIN_HAVE_OPENBLAS
-  check(openblas_get_num_threads() == 1, "OpenBLAS runs %d threads, want 1 inside the tasks",
+  tu_check(openblas_get_num_threads() == 1, "OpenBLAS runs %d threads, want 1 inside the tasks",
         openblas_get_num_threads());
 #endif
   r->threads_alive = count_threads();
@@ -101,8 +88,8 @@ static int train(train_norm norm, int threads, result *r) {
   for (size_t i = 0; i < n; i++) r->params[i] = train_model_param(m, i);
   int ok = 0;
   for (int i = 0; i < STEPS; i++) ok |= !isfinite(r->loss[i]);
-  check(!ok, "%s, %d threads: loss not finite", train_norm_name(norm), threads);
-  check(r->loss[STEPS - 1] < r->loss[0], "%s, %d threads: loss %g -> %g does not fall",
+  tu_check(!ok, "%s, %d threads: loss not finite", train_norm_name(norm), threads);
+  tu_check(r->loss[STEPS - 1] < r->loss[0], "%s, %d threads: loss %g -> %g does not fall",
         train_norm_name(norm), threads, r->loss[0], r->loss[STEPS - 1]);
   train_model_free(m);
   free(in);
@@ -118,14 +105,14 @@ int main(void) {
     int n1 = train(norm, 1, &one), n2 = train(norm, 2, &two);
     if (n1 < 0 || n2 < 0) continue;
     for (int i = 0; i < STEPS; i++)
-      check(memcmp(&one.loss[i], &two.loss[i], sizeof(double)) == 0,
+      tu_check(memcmp(&one.loss[i], &two.loss[i], sizeof(double)) == 0,
             "%s step %d: loss %.17g with 1 thread, %.17g with 2", train_norm_name(norm), i + 1,
             one.loss[i], two.loss[i]);
     size_t differ = 0;
     for (int i = 0; i < n1; i++) differ += memcmp(&one.params[i], &two.params[i], sizeof(double)) != 0;
-    check(differ == 0, "%s: %zu of %d parameters differ between 1 and 2 threads",
+    tu_check(differ == 0, "%s: %zu of %d parameters differ between 1 and 2 threads",
           train_norm_name(norm), differ, n1);
-    check(one.worker_tasks == 0 && two.worker_tasks > 0,
+    tu_check(one.worker_tasks == 0 && two.worker_tasks > 0,
           "%s: worker tasks %ld (1 thread), %ld (2 threads): want 0 and > 0",
           train_norm_name(norm), one.worker_tasks, two.worker_tasks);
     /* 2 threads: one more than at the start for the model's pool, and one
@@ -133,7 +120,7 @@ int main(void) {
      * norm that does, starts it) */
     int more = norm == TRAIN_NORM_NONE ? 1 : 2;
     if (start_threads > 0)
-      check(two.threads_alive >= start_threads + more,
+      tu_check(two.threads_alive >= start_threads + more,
             "%s: %d threads at the start, %d with a 2-thread model: want %d more (a pool did "
             "not start)",
             train_norm_name(norm), start_threads, two.threads_alive, more);
@@ -144,7 +131,5 @@ int main(void) {
     free(one.params);
     free(two.params);
   }
-  printf("test_train_threads: %ld checks, %ld passed, %ld failed\n", checks, checks - failures,
-         failures);
-  return failures ? 1 : 0;
+  return tu_summary("test_train_threads");
 }
