@@ -472,6 +472,58 @@ Tensor4 linear_backward_cpu(const Tensor &dz, const Tensor &input, const Tensor 
   });
 }
 
+/* The shard steps (core.hpp, "sharded hidden dimension"). */
+
+Tensor shard_stats_cpu(const Tensor &input, int64_t d_global, int64_t col, double partial) {
+  const char *op = "rms_norm_shard_stats";
+  return guarded(op, [&] {
+    B b;
+    return rncore::shard_stats(b, take(op, input, "input"), d_global, col,
+                               options(std::nullopt, partial, false, false, false));
+  });
+}
+
+Tensor shard_forward_cpu(const Tensor &input, const Tensor &stats, int64_t d_global, int64_t col,
+                         const OptTensor &weight, OptDouble eps, const OptTensor &bias,
+                         bool offset, bool eps_outside, double partial, bool rbw) {
+  const char *op = "rms_norm_shard_forward";
+  return guarded(op, [&] {
+    B b;
+    return rncore::shard_forward(b, take(op, input, "input"), take(op, stats, "stats"), d_global,
+                                 col, take(op, weight, "weight"), take(op, bias, "bias"),
+                                 options(eps, partial, offset, eps_outside, rbw));
+  });
+}
+
+Tensor shard_dots_cpu(const Tensor &dy, const Tensor &input, const Tensor &stats, int64_t d_global,
+                      int64_t col, const OptTensor &weight, OptDouble eps, bool offset,
+                      bool eps_outside, double partial) {
+  const char *op = "rms_norm_shard_backward_dots";
+  return guarded(op, [&] {
+    B b;
+    return rncore::shard_backward_dots(b, take(op, dy, "grad_output"), take(op, input, "input"),
+                                       take(op, stats, "stats"), d_global, col,
+                                       take(op, weight, "weight"),
+                                       options(eps, partial, offset, eps_outside, false));
+  });
+}
+
+Tensor3 shard_backward_cpu(const Tensor &dy, const Tensor &input, const Tensor &stats,
+                           const Tensor &dots, int64_t d_global, int64_t col,
+                           const OptTensor &weight, OptDouble eps, std::array<bool, 3> mask,
+                           const OptTensor &bias, bool offset, bool eps_outside, double partial) {
+  const char *op = "rms_norm_shard_backward";
+  return guarded(op, [&] {
+    B b;
+    auto g = rncore::shard_backward(b, take(op, dy, "grad_output"), take(op, input, "input"),
+                                    take(op, stats, "stats"), take(op, dots, "dots"), d_global,
+                                    col, take(op, weight, "weight"), take(op, bias, "bias"),
+                                    options(eps, partial, offset, eps_outside, false), mask[1],
+                                    mask[2]);
+    return Tensor3(opt(g.dx, mask[0]), g.dweight, g.dbias);
+  });
+}
+
 /* ---- the backward, composed of aten ops (for gradients of gradients) ------------------- */
 
 /* k = ceil(partial * d) within [1, d], as the library computes it (rmsnorm.h). */
@@ -1005,6 +1057,25 @@ Tensor2 quant_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTen
       .call(input, ns, weight, eps, bias, scale, offset, eps_outside, partial);
 }
 
+/* The shard steps record no gradient themselves: rmsnorm.torch.distributed's
+ * autograd.Function differentiates the whole (with the sums over the ranks between them). */
+template <class Sig>
+struct NoGrad;
+template <class R, class... A>
+struct NoGrad<R(A...)> {
+  template <const char *name>
+  static R kernel(A... a) {
+    RN_OP(fn, R(A...), name, "");
+    Guard guard;
+    return fn.call(a...);
+  }
+};
+
+constexpr char kShardStats[] = "rmsnorm::rms_norm_shard_stats";
+constexpr char kShardForward[] = "rmsnorm::rms_norm_shard_forward";
+constexpr char kShardDots[] = "rmsnorm::rms_norm_shard_backward_dots";
+constexpr char kShardBackward[] = "rmsnorm::rms_norm_shard_backward";
+
 }  // namespace
 }  // namespace rnops
 
@@ -1066,6 +1137,17 @@ TORCH_LIBRARY(rmsnorm, m) {
         "Tensor? norm_weight, float? eps, Tensor? bias, bool offset, bool[4] output_mask, *, "
         "bool eps_outside=False, float partial=1.0) -> (Tensor grad_input, "
         "Tensor grad_weight_matrix, Tensor grad_norm_weight, Tensor grad_bias)");
+  m.def("rms_norm_shard_stats(Tensor input, int d_global, int column_offset, *, "
+        "float partial=1.0) -> Tensor");
+  m.def("rms_norm_shard_forward(Tensor input, Tensor stats, int d_global, int column_offset, "
+        "Tensor? weight=None, float? eps=None, " RMS_KW ", bool round_before_weight=False) -> "
+        "Tensor");
+  m.def("rms_norm_shard_backward_dots(Tensor grad_output, Tensor input, Tensor stats, "
+        "int d_global, int column_offset, Tensor? weight, float? eps, *, bool offset=False, "
+        "bool eps_outside=False, float partial=1.0) -> Tensor");
+  m.def("rms_norm_shard_backward(Tensor grad_output, Tensor input, Tensor stats, Tensor dots, "
+        "int d_global, int column_offset, Tensor? weight, float? eps, bool[3] output_mask, "
+        RMS_KW ") -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
 }
 
 #define RN_KERNELS(m)                                                              \
@@ -1086,7 +1168,11 @@ TORCH_LIBRARY(rmsnorm, m) {
   m.impl("rms_norm_int8", rnops::quant_cpu<RMSNORM_Q_INT8>);                       \
   m.impl("rms_norm_fp8", rnops::quant_cpu<RMSNORM_Q_FP8_E4M3>);                    \
   m.impl("rms_norm_linear", rnops::linear_cpu);                                    \
-  m.impl("rms_norm_linear_backward", rnops::linear_backward_cpu)
+  m.impl("rms_norm_linear_backward", rnops::linear_backward_cpu);                  \
+  m.impl("rms_norm_shard_stats", rnops::shard_stats_cpu);                          \
+  m.impl("rms_norm_shard_forward", rnops::shard_forward_cpu);                      \
+  m.impl("rms_norm_shard_backward_dots", rnops::shard_dots_cpu);                   \
+  m.impl("rms_norm_shard_backward", rnops::shard_backward_cpu)
 
 TORCH_LIBRARY_IMPL(rmsnorm, CPU, m) { RN_KERNELS(m); }
 
@@ -1123,4 +1209,11 @@ TORCH_LIBRARY_IMPL(rmsnorm, Autograd, m) {
   m.impl("rms_norm_fp8", rnops::quant_autograd<RMSNORM_Q_FP8_E4M3>);
   m.impl("rms_norm_linear", rnops::linear_autograd);
   m.impl("rms_norm_linear_backward", rnops::linear_backward_autograd);
+  m.impl("rms_norm_shard_stats", rnops::NoGrad<rnops::ShardStatsSig>::kernel<rnops::kShardStats>);
+  m.impl("rms_norm_shard_forward",
+         rnops::NoGrad<rnops::ShardForwardSig>::kernel<rnops::kShardForward>);
+  m.impl("rms_norm_shard_backward_dots",
+         rnops::NoGrad<rnops::ShardDotsSig>::kernel<rnops::kShardDots>);
+  m.impl("rms_norm_shard_backward",
+         rnops::NoGrad<rnops::ShardBackwardSig>::kernel<rnops::kShardBackward>);
 }

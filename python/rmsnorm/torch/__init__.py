@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 try:
-    from . import _torch as _C
+    from .. import _torch as _C
 except ImportError as err:  # pragma: no cover - depends on how the package was built
     raise ImportError(
         f"rmsnorm.torch: the compiled module rmsnorm._torch cannot be loaded ({err}). It is "
@@ -40,7 +40,7 @@ if _C.TORCH_VERSION != torch.__version__:  # pragma: no cover
         "is installed: torch's C++ interface changes between versions. Rebuild the package "
         "(`pip install --no-build-isolation ./python`).")
 
-from . import _torch_fake  # noqa: E402,F401  (the fake kernels)
+from .. import _torch_fake  # noqa: E402,F401  (the fake kernels)
 
 __all__ = [
     "rms_norm",
