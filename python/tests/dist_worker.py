@@ -169,6 +169,16 @@ def check_float64():
     compare(torch.float64, [512, 1024], bias=False, y_ulps=4)
 
 
+def check_uneven_cuts():
+    # widths that differ per rank (and 0 in the middle with 3 or more ranks), on and off the
+    # blocks; the sums of 3 or more partials are added in the backend's order
+    compare(torch.float32, [1024 * (i + 1) for i in range(WORLD)], rows=7,
+            y_ulps=0 if WORLD == 2 else 1)
+    widths = [0 if i == 1 and WORLD > 2 else 100 + 37 * i for i in range(WORLD)]
+    for dtype, n in ((torch.float32, 4), (torch.bfloat16, 1), (torch.float64, 4)):
+        compare(dtype, widths, bias=False, y_ulps=n, partial=0.9)
+
+
 def check_param_dtype():
     # float32 weight and bias on bfloat16 data (the library's float32 parameters)
     x, dy, w, b = data(11, 2048, torch.bfloat16)
@@ -183,9 +193,11 @@ def check_param_dtype():
 
 def check_width_zero():
     # rank 0 holds no columns: the other's result is the unsharded one, bit for bit
+    # (with more ranks the others cut the row off the blocks: ulps without a bias)
     widths = [0, 96] if WORLD == 2 else [0] + [96 // (WORLD - 1)] * (WORLD - 1)
     for explicit in (False, True):
-        compare(torch.float32, widths, y_ulps=0 if WORLD == 2 else 4, explicit=explicit)
+        compare(torch.float32, widths, y_ulps=0 if WORLD == 2 else 4, explicit=explicit,
+                bias=WORLD == 2)
     compare(torch.float32, widths, rows=0, explicit=True)  # no rows either
 
 
@@ -300,7 +312,7 @@ def check_disagreement_errors():
     expect_error(ValueError, "disagree on d_global", lambda: rd.rms_norm(
         x, column_offset=4 * RANK, d_global=4 * WORLD + RANK))
     # one rank's own bad argument: an error on every rank, naming that rank
-    wr = torch.ones(4 if RANK == 0 else 5)
+    wr = torch.ones(5 if RANK == 1 else 4)
     text = "weight has shape" if RANK == 1 else "rank 1 of the group failed"
     expect_error(ValueError, text, lambda: rd.rms_norm(x, wr))
     xi = torch.ones(3, 4, dtype=torch.int64 if RANK == 0 else torch.float32)
@@ -320,7 +332,8 @@ def check_backward_check():
     assert x.grad is not None and x.grad.shape == x.shape
 
 
-CHECKS = [check_aligned_bitwise, check_off_block, check_float64, check_param_dtype,
+CHECKS = [check_aligned_bitwise, check_off_block, check_float64, check_uneven_cuts,
+          check_param_dtype,
           check_width_zero, check_partial, check_leading_dims_and_strides, check_gradcheck,
           check_backward_check, check_disagreement_errors]
 

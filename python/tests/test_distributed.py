@@ -22,8 +22,11 @@ import rmsnorm.torch.distributed as rd  # noqa: E402
 WORKER = os.path.join(os.path.dirname(__file__), "dist_worker.py")
 TIMEOUT = 300  # seconds for the whole group (about 15 on an idle 2-core machine)
 WORLD = 2
-CHECKS = ["aligned_bitwise", "off_block", "float64", "param_dtype", "width_zero", "partial",
-          "leading_dims_and_strides", "gradcheck", "backward_check", "disagreement_errors"]
+CHECKS = ["aligned_bitwise", "off_block", "float64", "uneven_cuts", "param_dtype", "width_zero",
+          "partial", "leading_dims_and_strides", "gradcheck", "backward_check",
+          "disagreement_errors"]
+# and on three ranks (sums of three partials; a width-0 shard in the middle)
+CHECKS3 = ["uneven_cuts", "width_zero", "gradcheck", "disagreement_errors"]
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is not available")
@@ -64,14 +67,27 @@ def group(tmp_path_factory):
     return run_group(tmp_path_factory.mktemp("dist"), WORLD)
 
 
-@pytest.mark.parametrize("check", CHECKS)
-def test_two_ranks(group, check):
-    results, output, hung, codes = group
+@pytest.fixture(scope="module")
+def group3(tmp_path_factory):
+    return run_group(tmp_path_factory.mktemp("dist3"), 3, ",".join(CHECKS3))
+
+
+def report(results, output, hung, codes, check):
     for rank, res in enumerate(results):
         if check not in res:
             pytest.fail(f"rank {rank} did not finish check {check!r} (hung: {hung}, exit codes "
                         f"{codes}); its output:\n{output[rank]}")
         assert res[check] == "ok", f"rank {rank}, check {check}:\n{res[check]}"
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_two_ranks(group, check):
+    report(*group, check)
+
+
+@pytest.mark.parametrize("check", CHECKS3)
+def test_three_ranks(group3, check):
+    report(*group3, check)
 
 
 def test_every_check_is_run():
