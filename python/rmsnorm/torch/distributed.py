@@ -235,7 +235,6 @@ class _ShardRMSNorm(torch.autograd.Function):
                                         round_before_weight=rbw)
         ctx.save_for_backward(x, weight, bias, s)
         ctx.args = (eps, offset, eps_outside, partial, rbw, column_offset, d_global, group, check)
-        ctx.mark_non_differentiable(s)
         return y
 
     @staticmethod
