@@ -244,3 +244,66 @@ def _linear_backward(grad_output, input, weight_matrix, norm_weight, eps, bias, 
     _linear_args("rms_norm_linear_backward", input, weight_matrix, norm_weight, bias)
     return (_empty(input) if output_mask[0] else None, _param_grad(weight_matrix, output_mask[1]),
             _param_grad(norm_weight, output_mask[2]), _param_grad(bias, output_mask[3]))
+
+
+# ---- the steps of RMSNorm over a column shard (rmsnorm.torch.distributed) ----------------
+
+
+def _shard_args(op, x, d_global, column_offset, weight=None, bias=None, grad_output=None):
+    _take(op, x, "input")
+    torch._check_value(x.dim() >= 1, lambda: f"rmsnorm::{op}: input must have at least one dim "
+                       "(the last: the shard's columns)")
+    width = x.shape[-1]
+    torch._check_value(d_global >= 1 and 0 <= column_offset and column_offset + width <= d_global,
+                       lambda: f"rmsnorm::{op}: the shard's columns [{column_offset}, "
+                               f"{column_offset + width}) are not inside a row of d_global = "
+                               f"{d_global} columns")
+    _check_param(op, weight, "weight", (width,))
+    _check_param(op, bias, "bias", (width,))
+    if grad_output is not None:
+        _take(op, grad_output, "grad_output")
+
+
+def _row_sums(op, s, name):
+    torch._check_type(s.dtype == torch.float64, lambda: f"rmsnorm::{op}: {name} has dtype "
+                      f"{_dtype_name(s)}; per-row sums are float64 (as rms_norm_shard_stats "
+                      "returns them)")
+
+
+def _sums(x):
+    return x.new_empty(x.shape[:-1], dtype=torch.float64)
+
+
+@_fake("rmsnorm::rms_norm_shard_stats")
+def _shard_stats(input, d_global, column_offset, *, partial=1.0):
+    _shard_args("rms_norm_shard_stats", input, d_global, column_offset)
+    return _sums(input)
+
+
+@_fake("rmsnorm::rms_norm_shard_forward")
+def _shard_forward(input, stats, d_global, column_offset, weight=None, eps=None, *, bias=None,
+                   offset=False, eps_outside=False, partial=1.0, round_before_weight=False):
+    op = "rms_norm_shard_forward"
+    _shard_args(op, input, d_global, column_offset, weight, bias)
+    _row_sums(op, stats, "stats")
+    return _empty(input)
+
+
+@_fake("rmsnorm::rms_norm_shard_backward_dots")
+def _shard_backward_dots(grad_output, input, stats, d_global, column_offset, weight, eps, *,
+                         offset=False, eps_outside=False, partial=1.0):
+    op = "rms_norm_shard_backward_dots"
+    _shard_args(op, input, d_global, column_offset, weight, grad_output=grad_output)
+    _row_sums(op, stats, "stats")
+    return _sums(input)
+
+
+@_fake("rmsnorm::rms_norm_shard_backward")
+def _shard_backward(grad_output, input, stats, dots, d_global, column_offset, weight, eps,
+                    output_mask, *, bias=None, offset=False, eps_outside=False, partial=1.0):
+    op = "rms_norm_shard_backward"
+    _shard_args(op, input, d_global, column_offset, weight, bias, grad_output)
+    _row_sums(op, stats, "stats")
+    _row_sums(op, dots, "dots")
+    return (_empty(input) if output_mask[0] else None, _param_grad(weight, output_mask[1]),
+            _param_grad(bias, output_mask[2]))

@@ -454,6 +454,157 @@ Grads<B> backward(B &b, Norm kind, const typename B::Array &dy, const typename B
   return g;
 }
 
+/* ---- sharded hidden dimension (rmsnorm_shard_*) ------------------------------------------
+ * x holds columns [offset, offset + width) of rows of d_global columns: its last dim is the
+ * shard's width, its leading dims the rows. Per-row sums (stats, dots) are float64 arrays of
+ * x's leading shape; weight and bias hold the shard's width elements. */
+
+template <class B>
+struct Shard {
+  Rows<B> x;
+  int dt = -1;
+  Shape lead;   // x's leading dims: the shape of the per-row sums
+  Shape shape;  // {width}: the shape of weight, bias and their gradients
+  std::size_t rows = 0, d_global = 0, offset = 0, width = 0, ldx = 0;
+};
+
+template <class B>
+Shard<B> shard_of(B &b, const typename B::Array &x, int64_t d_global, int64_t offset) {
+  Shard<B> s;
+  s.dt = data_dtype<B>(x, "input");
+  Dims shape = B::shape(x);
+  if (shape.empty()) value_error("input must have at least one dim (the last: the shard's columns)");
+  int64_t width = shape.back();
+  if (d_global < 1 || offset < 0 || offset > d_global - width)
+    value_error("the shard's columns [" + std::to_string(offset) + ", " +
+                std::to_string(offset + width) + ") are not inside a row of d_global = " +
+                std::to_string(d_global) + " columns");
+  s.lead.assign(shape.begin(), shape.end() - 1);
+  s.shape = {width};
+  s.x = as_rows(b, x, 1);
+  s.rows = static_cast<std::size_t>(s.x.rows);
+  s.d_global = static_cast<std::size_t>(d_global);
+  s.offset = static_cast<std::size_t>(offset);
+  s.width = static_cast<std::size_t>(width);
+  s.ldx = static_cast<std::size_t>(s.x.ld);
+  return s;
+}
+
+/* A per-row sum as the library takes it: rows contiguous doubles. */
+template <class B>
+typename B::Array row_sums_arg(B &b, const typename B::Array &s, const char *name, std::size_t rows) {
+  if (B::dtype(s) != RMSNORM_F64)
+    type_error(std::string(name) + " has dtype " + B::dtype_name(s) +
+               "; per-row sums are float64 (as rms_norm_shard_stats returns them)");
+  if (prod(B::shape(s)) != static_cast<int64_t>(rows))
+    value_error(std::string(name) + " has " + std::to_string(prod(B::shape(s))) +
+                " values (shape " + list(B::shape(s)) + "); expected one per row, " +
+                std::to_string(rows));
+  return B::is_contiguous(s) ? s : b.contiguous(s);
+}
+
+/* Runs the library call f(ctx) with the backend's guard held (the GIL released for numpy),
+ * then checks its status. */
+template <class B, class F>
+void shard_call(B &b, const Shard<B> &s, const char *fn, F &&f) {
+  rmsnorm_status st;
+  {
+    [[maybe_unused]] auto unlocked = b.unlocked(s.rows * s.width);
+    st = f(b.context());
+  }
+  check(st, fn);
+}
+
+template <class B>
+double *f64(const typename B::Array &a) { return static_cast<double *>(B::ptr(a)); }
+
+/* Each row's partial sum of squares over the shard's columns below k. */
+template <class B>
+typename B::Array shard_stats(B &b, const typename B::Array &x, int64_t d_global, int64_t offset,
+                              const Options &o) {
+  Shard<B> s = shard_of(b, x, d_global, offset);
+  auto out = b.empty(s.lead, RMSNORM_F64);
+  rmsnorm_config cfg = config(s.dt, s.dt, o);
+  shard_call(b, s, "rmsnorm_shard_stats", [&](rmsnorm_context *ctx) {
+    return rmsnorm_shard_stats(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr, s.ldx,
+                               f64<B>(out));
+  });
+  return out;
+}
+
+/* y of the shard's columns from the summed statistics. */
+template <class B>
+typename B::Array shard_forward(B &b, const typename B::Array &x, const typename B::Array &stats,
+                                int64_t d_global, int64_t offset, const typename B::Array &weight,
+                                const typename B::Array &bias, const Options &o) {
+  Shard<B> s = shard_of(b, x, d_global, offset);
+  Params<B> p = params(b, s.dt, s.shape, weight, bias);
+  auto st = row_sums_arg(b, stats, "stats", s.rows);
+  auto y = b.empty(B::shape(x), s.dt);
+  rmsnorm_config cfg = config(s.dt, p.param_dtype, o);
+  shard_call(b, s, "rmsnorm_shard_forward", [&](rmsnorm_context *ctx) {
+    return rmsnorm_shard_forward(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr, s.ldx,
+                                 ptr_or_null<B>(p.weight), ptr_or_null<B>(p.bias), f64<B>(st),
+                                 B::ptr(y), s.width, nullptr);
+  });
+  return y;
+}
+
+/* Each row's partial of the backward's dot product, sum of gy_j xhat_j over the shard. */
+template <class B>
+typename B::Array shard_backward_dots(B &b, const typename B::Array &dy, const typename B::Array &x,
+                                      const typename B::Array &stats, int64_t d_global,
+                                      int64_t offset, const typename B::Array &weight,
+                                      const Options &o) {
+  Shard<B> s = shard_of(b, x, d_global, offset);
+  check_same<B>(dy, B::shape(x), s.dt, "grad_output", "input");
+  Params<B> p = params(b, s.dt, s.shape, weight, typename B::Array());
+  auto st = row_sums_arg(b, stats, "stats", s.rows);
+  Rows<B> dyr = as_rows(b, dy, 1);
+  auto out = b.empty(s.lead, RMSNORM_F64);
+  rmsnorm_config cfg = config(s.dt, p.param_dtype, o);
+  shard_call(b, s, "rmsnorm_shard_backward_dots", [&](rmsnorm_context *ctx) {
+    return rmsnorm_shard_backward_dots(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr,
+                                       s.ldx, dyr.ptr, static_cast<std::size_t>(dyr.ld),
+                                       ptr_or_null<B>(p.weight), f64<B>(st), f64<B>(out));
+  });
+  return out;
+}
+
+/* dx of the shard's columns from the summed statistics and dots; dweight and dbias
+ * (summed over this call's rows) when wanted and their parameter is given. */
+template <class B>
+Grads<B> shard_backward(B &b, const typename B::Array &dy, const typename B::Array &x,
+                        const typename B::Array &stats, const typename B::Array &dots,
+                        int64_t d_global, int64_t offset, const typename B::Array &weight,
+                        const typename B::Array &bias, const Options &o, bool want_dweight,
+                        bool want_dbias) {
+  Shard<B> s = shard_of(b, x, d_global, offset);
+  check_same<B>(dy, B::shape(x), s.dt, "grad_output", "input");
+  Params<B> p = params(b, s.dt, s.shape, weight, bias);
+  auto st = row_sums_arg(b, stats, "stats", s.rows);
+  auto dsum = row_sums_arg(b, dots, "dots", s.rows);
+  Rows<B> dyr = as_rows(b, dy, 1);
+  // rows == 0: the library writes nothing, so the parameter gradients start at 0
+  auto param_grad = [&](bool want) {
+    if (!want) return typename B::Array();
+    return s.rows ? b.empty(s.shape, p.param_dtype) : b.full(s.shape, p.param_dtype, 0.0);
+  };
+  Grads<B> g;
+  g.dx = b.empty(B::shape(x), s.dt);
+  g.dweight = param_grad(want_dweight && B::defined(p.weight));
+  g.dbias = param_grad(want_dbias && B::defined(p.bias));
+  rmsnorm_config cfg = config(s.dt, p.param_dtype, o);
+  shard_call(b, s, "rmsnorm_shard_backward", [&](rmsnorm_context *ctx) {
+    return rmsnorm_shard_backward(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr, s.ldx,
+                                  dyr.ptr, static_cast<std::size_t>(dyr.ld),
+                                  ptr_or_null<B>(p.weight), f64<B>(st), f64<B>(dsum), B::ptr(g.dx),
+                                  s.width, ptr_or_null<B>(g.dweight), ptr_or_null<B>(g.dbias));
+  });
+  give_back(b, g, p);
+  return g;
+}
+
 /* ---- residual add + RMSNorm ------------------------------------------------------ */
 
 template <class B>

@@ -472,6 +472,58 @@ Tensor4 linear_backward_cpu(const Tensor &dz, const Tensor &input, const Tensor 
   });
 }
 
+/* The shard steps (core.hpp, "sharded hidden dimension"). */
+
+Tensor shard_stats_cpu(const Tensor &input, int64_t d_global, int64_t col, double partial) {
+  const char *op = "rms_norm_shard_stats";
+  return guarded(op, [&] {
+    B b;
+    return rncore::shard_stats(b, take(op, input, "input"), d_global, col,
+                               options(std::nullopt, partial, false, false, false));
+  });
+}
+
+Tensor shard_forward_cpu(const Tensor &input, const Tensor &stats, int64_t d_global, int64_t col,
+                         const OptTensor &weight, OptDouble eps, const OptTensor &bias,
+                         bool offset, bool eps_outside, double partial, bool rbw) {
+  const char *op = "rms_norm_shard_forward";
+  return guarded(op, [&] {
+    B b;
+    return rncore::shard_forward(b, take(op, input, "input"), take(op, stats, "stats"), d_global,
+                                 col, take(op, weight, "weight"), take(op, bias, "bias"),
+                                 options(eps, partial, offset, eps_outside, rbw));
+  });
+}
+
+Tensor shard_dots_cpu(const Tensor &dy, const Tensor &input, const Tensor &stats, int64_t d_global,
+                      int64_t col, const OptTensor &weight, OptDouble eps, bool offset,
+                      bool eps_outside, double partial) {
+  const char *op = "rms_norm_shard_backward_dots";
+  return guarded(op, [&] {
+    B b;
+    return rncore::shard_backward_dots(b, take(op, dy, "grad_output"), take(op, input, "input"),
+                                       take(op, stats, "stats"), d_global, col,
+                                       take(op, weight, "weight"),
+                                       options(eps, partial, offset, eps_outside, false));
+  });
+}
+
+Tensor3 shard_backward_cpu(const Tensor &dy, const Tensor &input, const Tensor &stats,
+                           const Tensor &dots, int64_t d_global, int64_t col,
+                           const OptTensor &weight, OptDouble eps, std::array<bool, 3> mask,
+                           const OptTensor &bias, bool offset, bool eps_outside, double partial) {
+  const char *op = "rms_norm_shard_backward";
+  return guarded(op, [&] {
+    B b;
+    auto g = rncore::shard_backward(b, take(op, dy, "grad_output"), take(op, input, "input"),
+                                    take(op, stats, "stats"), take(op, dots, "dots"), d_global,
+                                    col, take(op, weight, "weight"), take(op, bias, "bias"),
+                                    options(eps, partial, offset, eps_outside, false), mask[1],
+                                    mask[2]);
+    return Tensor3(opt(g.dx, mask[0]), g.dweight, g.dbias);
+  });
+}
+
 /* ---- the backward, composed of aten ops (for gradients of gradients) ------------------- */
 
 /* k = ceil(partial * d) within [1, d], as the library computes it (rmsnorm.h). */
@@ -571,17 +623,63 @@ OptTensor opt_of(const Tensor &t) { return t.defined() ? OptTensor(t) : std::nul
 
 using Guard = at::AutoDispatchBelowADInplaceOrView;
 
-/* The edge index of each optional tensor argument (for needs_input_grad):
- * edges are the defined tensor arguments in order. */
-struct Edges {
-  int idx[4] = {-1, -1, -1, -1};
-  Edges(std::initializer_list<bool> defined) {
-    int e = 0, i = 0;
-    for (bool d : defined) idx[i++] = d ? e++ : -1;
+bool needs(AutogradContext *ctx, int64_t edge) { return edge >= 0 && ctx->needs_input_grad(edge); }
+
+/* What a backward needs besides tensors, kept in ctx->saved_data: the number of normalized
+ * dims, the keyword options, and the edge indices (for needs_input_grad) of the weight and
+ * the bias: edges are the defined tensor arguments in order, here `first` always-present
+ * ones, then the weight and the bias when given. */
+struct Saved {
+  int64_t k = 0;
+  OptDouble eps;
+  bool offset = false, eps_outside = false;
+  double partial = 1.0;
+  int64_t weight_edge = -1, bias_edge = -1;
+
+  Saved() = default;
+  Saved(int first, const OptTensor &weight, const OptTensor &bias, std::size_t k_, OptDouble eps_,
+        bool offset_, bool eps_outside_ = false, double partial_ = 1.0)
+      : k(static_cast<int64_t>(k_)), eps(eps_), offset(offset_), eps_outside(eps_outside_),
+        partial(partial_) {
+    int64_t e = first;
+    if (weight.has_value() && weight->defined()) weight_edge = e++;
+    if (bias.has_value() && bias->defined()) bias_edge = e;
+  }
+
+  void put(AutogradContext *ctx) const {
+    auto &d = ctx->saved_data;
+    d["k"] = k;
+    d["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
+    d["flags"] = c10::IValue(std::vector<bool>{offset, eps_outside});
+    d["partial"] = partial;
+    d["edges"] = std::vector<int64_t>{weight_edge, bias_edge};
+  }
+
+  static Saved get(AutogradContext *ctx) {
+    auto &d = ctx->saved_data;
+    Saved s;
+    s.k = d["k"].toInt();
+    if (!d["eps"].isNone()) s.eps = d["eps"].toDouble();
+    auto flags = d["flags"].toBoolList();
+    s.offset = flags[0];
+    s.eps_outside = flags[1];
+    s.partial = d["partial"].toDouble();
+    auto edges = d["edges"].toIntVector();
+    s.weight_edge = edges[0];
+    s.bias_edge = edges[1];
+    return s;
+  }
+
+  /* output_mask of the backward op: (the input's gradient, weight's, bias's) */
+  std::array<bool, 3> mask(AutogradContext *ctx, bool input) const {
+    return {input, needs(ctx, weight_edge), needs(ctx, bias_edge)};
+  }
+
+  /* the normalized_shape of t: its last k dims */
+  c10::SymIntArrayRef ns(const Tensor &t) const {
+    return t.sym_sizes().slice(static_cast<std::size_t>(t.dim() - k));
   }
 };
-
-bool needs(AutogradContext *ctx, int64_t edge) { return edge >= 0 && ctx->needs_input_grad(edge); }
 
 /* RMSNorm: forward(input, normalized_shape, weight, eps, bias, offset, eps_outside, partial,
  * round_before_weight) -> (y, rstd). */
@@ -592,13 +690,8 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
     RN_OP(fwd, RmsNormForwardSig, "rmsnorm::rms_norm_forward", "");
     Guard guard;
     auto [y, rstd] = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
-    Edges e{true, weight.has_value() && weight->defined(), bias.has_value() && bias->defined()};
     ctx->save_for_backward({input, value(weight), value(bias), rstd});
-    ctx->saved_data["k"] = static_cast<int64_t>(ns.size());
-    ctx->saved_data["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
-    ctx->saved_data["flags"] = c10::IValue(std::vector<bool>{offset, eps_outside});
-    ctx->saved_data["partial"] = partial;
-    ctx->saved_data["edges"] = std::vector<int64_t>{e.idx[1], e.idx[2]};
+    Saved(1, weight, bias, ns.size(), eps, offset, eps_outside, partial).put(ctx);
     ctx->mark_non_differentiable({rstd});
     return {y, rstd};
   }
@@ -607,16 +700,11 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
     RN_OP(bwd, RmsNormBackwardSig, "rmsnorm::rms_norm_backward", "");
     auto s = ctx->get_saved_variables();
     const Tensor &x = s[0];
-    auto k = ctx->saved_data["k"].toInt();
-    auto eps = ctx->saved_data["eps"];
-    auto flags = ctx->saved_data["flags"].toBoolList();
-    auto edges = ctx->saved_data["edges"].toIntVector();
-    std::array<bool, 3> mask{ctx->needs_input_grad(0), needs(ctx, edges[0]), needs(ctx, edges[1])};
-    auto ns = x.sym_sizes().slice(static_cast<std::size_t>(x.dim() - k));
+    Saved o = Saved::get(ctx);
     // the backward treats rounding before the weight as the identity
-    auto [dx, dw, db] = bwd.call(grads[0], x, ns, opt_of(s[1]), opt_of(s[3]),
-                                 eps.isNone() ? OptDouble() : OptDouble(eps.toDouble()), mask,
-                                 opt_of(s[2]), flags[0], flags[1], ctx->saved_data["partial"].toDouble());
+    auto [dx, dw, db] = bwd.call(grads[0], x, o.ns(x), opt_of(s[1]), opt_of(s[3]), o.eps,
+                                 o.mask(ctx, ctx->needs_input_grad(0)), opt_of(s[2]), o.offset,
+                                 o.eps_outside, o.partial);
     return {dx, Tensor(), dw, Tensor(), db, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
@@ -654,12 +742,8 @@ struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
     RN_OP(fwd, LayerNormForwardSig, "rmsnorm::layer_norm_forward", "");
     Guard guard;
     auto [y, mean, rstd] = fwd.call(input, ns, weight, bias, eps, offset, rbw);
-    Edges e{true, weight.has_value() && weight->defined(), bias.has_value() && bias->defined()};
     ctx->save_for_backward({input, value(weight), value(bias), mean, rstd});
-    ctx->saved_data["k"] = static_cast<int64_t>(ns.size());
-    ctx->saved_data["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
-    ctx->saved_data["offset"] = offset;
-    ctx->saved_data["edges"] = std::vector<int64_t>{e.idx[1], e.idx[2]};
+    Saved(1, weight, bias, ns.size(), eps, offset).put(ctx);
     ctx->mark_non_differentiable({mean, rstd});
     return {y, mean, rstd};
   }
@@ -668,14 +752,10 @@ struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
     RN_OP(bwd, LayerNormBackwardSig, "rmsnorm::layer_norm_backward", "");
     auto s = ctx->get_saved_variables();
     const Tensor &x = s[0];
-    auto k = ctx->saved_data["k"].toInt();
-    auto eps = ctx->saved_data["eps"];
-    auto edges = ctx->saved_data["edges"].toIntVector();
-    std::array<bool, 3> mask{ctx->needs_input_grad(0), needs(ctx, edges[0]), needs(ctx, edges[1])};
-    auto ns = x.sym_sizes().slice(static_cast<std::size_t>(x.dim() - k));
-    auto [dx, dw, db] = bwd.call(grads[0], x, ns, opt_of(s[1]), opt_of(s[2]), opt_of(s[3]),
-                                 opt_of(s[4]), eps.isNone() ? OptDouble() : OptDouble(eps.toDouble()),
-                                 mask, ctx->saved_data["offset"].toBool());
+    Saved o = Saved::get(ctx);
+    auto [dx, dw, db] = bwd.call(grads[0], x, o.ns(x), opt_of(s[1]), opt_of(s[2]), opt_of(s[3]),
+                                 opt_of(s[4]), o.eps, o.mask(ctx, ctx->needs_input_grad(0)),
+                                 o.offset);
     return {dx, Tensor(), dw, db, Tensor(), Tensor(), Tensor()};
   }
 };
@@ -713,13 +793,8 @@ struct FusedAddFn : torch::autograd::Function<FusedAddFn> {
     RN_OP(fwd, FusedAddSig, "rmsnorm::fused_add_rms_norm", "");
     Guard guard;
     auto [y, h] = fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
-    Edges e{true, true, weight.has_value() && weight->defined(), bias.has_value() && bias->defined()};
     ctx->save_for_backward({h, value(weight), value(bias)});
-    ctx->saved_data["k"] = static_cast<int64_t>(ns.size());
-    ctx->saved_data["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
-    ctx->saved_data["flags"] = c10::IValue(std::vector<bool>{offset, eps_outside});
-    ctx->saved_data["partial"] = partial;
-    ctx->saved_data["edges"] = std::vector<int64_t>{e.idx[2], e.idx[3]};
+    Saved(2, weight, bias, ns.size(), eps, offset, eps_outside, partial).put(ctx);
     ctx->set_materialize_grads(false);  // an unused new_residual passes no gradient at all
     return {y, h};
   }
@@ -728,17 +803,12 @@ struct FusedAddFn : torch::autograd::Function<FusedAddFn> {
     RN_OP(bwd, FusedAddBackwardSig, "rmsnorm::fused_add_rms_norm_backward", "");
     auto s = ctx->get_saved_variables();
     const Tensor &h = s[0];
-    auto k = ctx->saved_data["k"].toInt();
-    auto eps = ctx->saved_data["eps"];
-    auto flags = ctx->saved_data["flags"].toBoolList();
-    auto edges = ctx->saved_data["edges"].toIntVector();
+    Saved o = Saved::get(ctx);
     bool need_x = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
-    std::array<bool, 3> mask{need_x, needs(ctx, edges[0]), needs(ctx, edges[1])};
     Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(h);
-    auto ns = h.sym_sizes().slice(static_cast<std::size_t>(h.dim() - k));
-    auto [dh, dw, db] = bwd.call(dy, opt_of(grads[1]), h, ns, opt_of(s[1]),
-                                 eps.isNone() ? OptDouble() : OptDouble(eps.toDouble()), mask,
-                                 opt_of(s[2]), flags[0], flags[1], ctx->saved_data["partial"].toDouble());
+    auto [dh, dw, db] = bwd.call(dy, opt_of(grads[1]), h, o.ns(h), opt_of(s[1]), o.eps,
+                                 o.mask(ctx, need_x), opt_of(s[2]), o.offset, o.eps_outside,
+                                 o.partial);
     // one gradient, given to both: the same values, not one tensor
     Tensor du = ctx->needs_input_grad(0) && ctx->needs_input_grad(1) ? dh.clone() : dh;
     return {du, dh, Tensor(), dw, Tensor(), db, Tensor(), Tensor(), Tensor()};
@@ -766,25 +836,18 @@ struct QkNormFn : torch::autograd::Function<QkNormFn> {
     RN_OP(fwd, QkNormSig, "rmsnorm::qk_norm", "");
     Guard guard;
     Tensor y = fwd.call(input, weight, eps, bias, offset, eps_outside, partial);
-    Edges e{true, weight.has_value() && weight->defined(), bias.has_value() && bias->defined()};
     ctx->save_for_backward({input, value(weight), value(bias)});
-    ctx->saved_data["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
-    ctx->saved_data["flags"] = c10::IValue(std::vector<bool>{offset, eps_outside});
-    ctx->saved_data["partial"] = partial;
-    ctx->saved_data["edges"] = std::vector<int64_t>{e.idx[1], e.idx[2]};
+    Saved(1, weight, bias, 1, eps, offset, eps_outside, partial).put(ctx);
     return {y};
   }
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     RN_OP(bwd, QkNormBackwardSig, "rmsnorm::qk_norm_backward", "");
     auto s = ctx->get_saved_variables();
-    auto eps = ctx->saved_data["eps"];
-    auto flags = ctx->saved_data["flags"].toBoolList();
-    auto edges = ctx->saved_data["edges"].toIntVector();
-    std::array<bool, 3> mask{ctx->needs_input_grad(0), needs(ctx, edges[0]), needs(ctx, edges[1])};
-    auto [dx, dw, db] = bwd.call(grads[0], s[0], opt_of(s[1]),
-                                 eps.isNone() ? OptDouble() : OptDouble(eps.toDouble()), mask,
-                                 opt_of(s[2]), flags[0], flags[1], ctx->saved_data["partial"].toDouble());
+    Saved o = Saved::get(ctx);
+    auto [dx, dw, db] = bwd.call(grads[0], s[0], opt_of(s[1]), o.eps,
+                                 o.mask(ctx, ctx->needs_input_grad(0)), opt_of(s[2]), o.offset,
+                                 o.eps_outside, o.partial);
     return {dx, dw, Tensor(), db, Tensor(), Tensor(), Tensor()};
   }
 };
@@ -808,27 +871,22 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
     RN_OP(fwd, LinearSig, "rmsnorm::rms_norm_linear", "");
     Guard guard;
     Tensor z = fwd.call(input, w, g, eps, bias, offset, eps_outside, partial);
-    Edges e{true, true, g.has_value() && g->defined(), bias.has_value() && bias->defined()};
     ctx->save_for_backward({input, w, value(g), value(bias)});
-    ctx->saved_data["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
-    ctx->saved_data["flags"] = c10::IValue(std::vector<bool>{offset, eps_outside});
-    ctx->saved_data["partial"] = partial;
-    ctx->saved_data["edges"] = std::vector<int64_t>{e.idx[2], e.idx[3]};
+    Saved(2, g, bias, 1, eps, offset, eps_outside, partial).put(ctx);
     return {z};
   }
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     RN_OP(bwd, LinearBackwardSig, "rmsnorm::rms_norm_linear_backward", "");
     auto s = ctx->get_saved_variables();
-    auto eps = ctx->saved_data["eps"];
-    auto flags = ctx->saved_data["flags"].toBoolList();
-    auto edges = ctx->saved_data["edges"].toIntVector();
-    std::array<bool, 4> mask{ctx->needs_input_grad(0), ctx->needs_input_grad(1),
-                             needs(ctx, edges[0]), needs(ctx, edges[1])};
-    auto [dx, dw, dg, db] = bwd.call(grads[0], s[0], s[1], opt_of(s[2]),
-                                     eps.isNone() ? OptDouble() : OptDouble(eps.toDouble()),
-                                     opt_of(s[3]), flags[0], mask, flags[1],
-                                     ctx->saved_data["partial"].toDouble());
+    Saved o = Saved::get(ctx);
+    auto [dx, dw, dg, db] = bwd.call(grads[0], s[0], s[1], opt_of(s[2]), o.eps, opt_of(s[3]),
+                                     o.offset,
+                                     std::array<bool, 4>{ctx->needs_input_grad(0),
+                                                         ctx->needs_input_grad(1),
+                                                         needs(ctx, o.weight_edge),
+                                                         needs(ctx, o.bias_edge)},
+                                     o.eps_outside, o.partial);
     return {dx, dw, dg, Tensor(), db, Tensor(), Tensor(), Tensor()};
   }
 };
@@ -993,17 +1051,27 @@ void qk_norm_inplace_autograd(const Tensor &input, const OptTensor &weight, OptD
   torch::autograd::impl::bump_version(input);
 }
 
-/* 8-bit outputs have no gradient. */
-template <rmsnorm_qtype Q>
-Tensor2 quant_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                       OptDouble eps, const OptTensor &bias, OptDouble scale, bool offset,
-                       bool eps_outside, double partial) {
-  RN_OP(i8, QuantSig, "rmsnorm::rms_norm_int8", "");
-  RN_OP(f8, QuantSig, "rmsnorm::rms_norm_fp8", "");
-  Guard guard;
-  return (Q == RMSNORM_Q_INT8 ? i8 : f8)
-      .call(input, ns, weight, eps, bias, scale, offset, eps_outside, partial);
-}
+/* Ops without a gradient: the kernel below autograd, recording nothing. The 8-bit outputs
+ * have none; the shard steps record none themselves (rmsnorm.torch.distributed's
+ * autograd.Function differentiates the whole, with the sums over the ranks between them). */
+template <class Sig>
+struct NoGrad;
+template <class R, class... A>
+struct NoGrad<R(A...)> {
+  template <const char *name>
+  static R kernel(A... a) {
+    RN_OP(fn, R(A...), name, "");
+    Guard guard;
+    return fn.call(a...);
+  }
+};
+
+constexpr char kInt8[] = "rmsnorm::rms_norm_int8";
+constexpr char kFp8[] = "rmsnorm::rms_norm_fp8";
+constexpr char kShardStats[] = "rmsnorm::rms_norm_shard_stats";
+constexpr char kShardForward[] = "rmsnorm::rms_norm_shard_forward";
+constexpr char kShardDots[] = "rmsnorm::rms_norm_shard_backward_dots";
+constexpr char kShardBackward[] = "rmsnorm::rms_norm_shard_backward";
 
 }  // namespace
 }  // namespace rnops
@@ -1066,6 +1134,17 @@ TORCH_LIBRARY(rmsnorm, m) {
         "Tensor? norm_weight, float? eps, Tensor? bias, bool offset, bool[4] output_mask, *, "
         "bool eps_outside=False, float partial=1.0) -> (Tensor grad_input, "
         "Tensor grad_weight_matrix, Tensor grad_norm_weight, Tensor grad_bias)");
+  m.def("rms_norm_shard_stats(Tensor input, int d_global, int column_offset, *, "
+        "float partial=1.0) -> Tensor");
+  m.def("rms_norm_shard_forward(Tensor input, Tensor stats, int d_global, int column_offset, "
+        "Tensor? weight=None, float? eps=None, " RMS_KW ", bool round_before_weight=False) -> "
+        "Tensor");
+  m.def("rms_norm_shard_backward_dots(Tensor grad_output, Tensor input, Tensor stats, "
+        "int d_global, int column_offset, Tensor? weight, float? eps, *, bool offset=False, "
+        "bool eps_outside=False, float partial=1.0) -> Tensor");
+  m.def("rms_norm_shard_backward(Tensor grad_output, Tensor input, Tensor stats, Tensor dots, "
+        "int d_global, int column_offset, Tensor? weight, float? eps, bool[3] output_mask, "
+        RMS_KW ") -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
 }
 
 #define RN_KERNELS(m)                                                              \
@@ -1086,7 +1165,11 @@ TORCH_LIBRARY(rmsnorm, m) {
   m.impl("rms_norm_int8", rnops::quant_cpu<RMSNORM_Q_INT8>);                       \
   m.impl("rms_norm_fp8", rnops::quant_cpu<RMSNORM_Q_FP8_E4M3>);                    \
   m.impl("rms_norm_linear", rnops::linear_cpu);                                    \
-  m.impl("rms_norm_linear_backward", rnops::linear_backward_cpu)
+  m.impl("rms_norm_linear_backward", rnops::linear_backward_cpu);                  \
+  m.impl("rms_norm_shard_stats", rnops::shard_stats_cpu);                          \
+  m.impl("rms_norm_shard_forward", rnops::shard_forward_cpu);                      \
+  m.impl("rms_norm_shard_backward_dots", rnops::shard_dots_cpu);                   \
+  m.impl("rms_norm_shard_backward", rnops::shard_backward_cpu)
 
 TORCH_LIBRARY_IMPL(rmsnorm, CPU, m) { RN_KERNELS(m); }
 
@@ -1119,8 +1202,15 @@ TORCH_LIBRARY_IMPL(rmsnorm, Autograd, m) {
   m.impl("qk_norm", rnops::qk_norm_autograd);
   m.impl("qk_norm_inplace", rnops::qk_norm_inplace_autograd);
   m.impl("qk_norm_backward", rnops::qk_norm_backward_autograd);
-  m.impl("rms_norm_int8", rnops::quant_autograd<RMSNORM_Q_INT8>);
-  m.impl("rms_norm_fp8", rnops::quant_autograd<RMSNORM_Q_FP8_E4M3>);
+  m.impl("rms_norm_int8", rnops::NoGrad<rnops::QuantSig>::kernel<rnops::kInt8>);
+  m.impl("rms_norm_fp8", rnops::NoGrad<rnops::QuantSig>::kernel<rnops::kFp8>);
   m.impl("rms_norm_linear", rnops::linear_autograd);
   m.impl("rms_norm_linear_backward", rnops::linear_backward_autograd);
+  m.impl("rms_norm_shard_stats", rnops::NoGrad<rnops::ShardStatsSig>::kernel<rnops::kShardStats>);
+  m.impl("rms_norm_shard_forward",
+         rnops::NoGrad<rnops::ShardForwardSig>::kernel<rnops::kShardForward>);
+  m.impl("rms_norm_shard_backward_dots",
+         rnops::NoGrad<rnops::ShardDotsSig>::kernel<rnops::kShardDots>);
+  m.impl("rms_norm_shard_backward",
+         rnops::NoGrad<rnops::ShardBackwardSig>::kernel<rnops::kShardBackward>);
 }

@@ -78,6 +78,24 @@ using LinearBackwardSig = Tensor4(const Tensor &, const Tensor &, const Tensor &
                                   OptDouble, const OptTensor &, bool, std::array<bool, 4>, bool,
                                   double);
 
+// The steps of RMSNorm over a column shard (rmsnorm.torch.distributed sums their per-row
+// results over the ranks in between).
+// (input, d_global, column_offset, *, partial)
+using ShardStatsSig = Tensor(const Tensor &, int64_t, int64_t, double);
+// (input, stats, d_global, column_offset, weight, eps, *, bias, offset, eps_outside, partial,
+//  round_before_weight)
+using ShardForwardSig = Tensor(const Tensor &, const Tensor &, int64_t, int64_t, const OptTensor &,
+                               OptDouble, const OptTensor &, bool, bool, double, bool);
+// (grad_output, input, stats, d_global, column_offset, weight, eps, *, offset, eps_outside,
+//  partial)
+using ShardDotsSig = Tensor(const Tensor &, const Tensor &, const Tensor &, int64_t, int64_t,
+                            const OptTensor &, OptDouble, bool, bool, double);
+// (grad_output, input, stats, dots, d_global, column_offset, weight, eps, output_mask, *, bias,
+//  offset, eps_outside, partial)
+using ShardBackwardSig = Tensor3(const Tensor &, const Tensor &, const Tensor &, const Tensor &,
+                                 int64_t, int64_t, const OptTensor &, OptDouble,
+                                 std::array<bool, 3>, const OptTensor &, bool, bool, double);
+
 /* A typed handle of rmsnorm::name.overload, looked up once. */
 template <class Sig>
 const c10::TypedOperatorHandle<Sig> &op(const char *name, const char *overload = "") {

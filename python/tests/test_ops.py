@@ -35,6 +35,8 @@ def samples(dtype):
     _, mean, lrstd = ops.layer_norm_forward(x.detach(), [8], w.detach(), b.detach(), 1e-5)
     qkv = t(4, 3, 2, 8, grad=False)
     W = t(8, 5, scale=0.3)
+    stats = 3.0 * ops.rms_norm_shard_stats(x3.detach(), 20, 4)  # (2, 3): x3's 3 rows of 8
+    dots = torch.randn(3, generator=g, dtype=torch.float64)
     out = [
         ("rms_norm", ops.rms_norm.default, (x, [8], w, 1e-5), dict(bias=b, partial=0.5)),
         ("rms_norm offset", ops.rms_norm.default, (x3, [3, 8], None), dict(eps_outside=True)),
@@ -61,6 +63,15 @@ def samples(dtype):
          (t(4, 3, 8, grad=False), t(4, 3, 8), w, 1e-6, [True, True, False]), {}),
         ("rms_norm_int8", ops.rms_norm_int8.default, (x, [8], w), {}),
         ("rms_norm_fp8", ops.rms_norm_fp8.default, (x, [8], w), dict(scale=0.01)),
+        # a shard: columns [4, 12) of rows of 20 (the sums over the shards from one shard)
+        ("rms_norm_shard_stats", ops.rms_norm_shard_stats.default, (x3, 20, 4),
+         dict(partial=0.5)),
+        ("rms_norm_shard_forward", ops.rms_norm_shard_forward.default,
+         (x3, stats, 20, 4, w, 1e-5), dict(bias=b, offset=True, round_before_weight=True)),
+        ("rms_norm_shard_backward_dots", ops.rms_norm_shard_backward_dots.default,
+         (dy, x, stats[0], 20, 12, w, None), dict(eps_outside=True)),
+        ("rms_norm_shard_backward", ops.rms_norm_shard_backward.default,
+         (dy, x, stats[0], dots, 20, 0, w, 1e-5, [True, True, True]), dict(bias=b, partial=0.3)),
     ]
     if rmsnorm.linear_available():
         out += [

@@ -9,7 +9,8 @@ functions here (rms_norm, layer_norm, fused_add_rms_norm, qk_norm,
 rms_norm_linear, rms_norm_int8, rms_norm_fp8) call those ops; the modules
 RMSNorm, LayerNorm, LlamaRMSNorm and GemmaRMSNorm are drop-in replacements for
 torch's and transformers', and patch(model) swaps a model's norms for them in
-place.
+place. The submodule rmsnorm.torch.distributed normalizes rows whose hidden
+dimension is sharded across the ranks of a torch.distributed group.
 
 Threads: every call runs on up to torch.get_num_threads() threads (read in C++
 on each call, so torch.set_num_threads and OMP_NUM_THREADS apply); results do
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 try:
-    from . import _torch as _C
+    from .. import _torch as _C
 except ImportError as err:  # pragma: no cover - depends on how the package was built
     raise ImportError(
         f"rmsnorm.torch: the compiled module rmsnorm._torch cannot be loaded ({err}). It is "
@@ -40,7 +41,7 @@ if _C.TORCH_VERSION != torch.__version__:  # pragma: no cover
         "is installed: torch's C++ interface changes between versions. Rebuild the package "
         "(`pip install --no-build-isolation ./python`).")
 
-from . import _torch_fake  # noqa: E402,F401  (the fake kernels)
+from .. import _torch_fake  # noqa: E402,F401  (the fake kernels)
 
 __all__ = [
     "rms_norm",
