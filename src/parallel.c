@@ -2,7 +2,10 @@
  * sleeps on its own condition variable until a call assigns it a job; a
  * job's tasks are handed out by an atomic counter to the caller and the
  * workers it claimed; the caller takes back claims that no worker picked up
- * by the time it ran out of tasks, then waits for the workers that did. */
+ * by the time it ran out of tasks, then waits for the workers that did. With
+ * more tasks than threads, a worker that wakes late (its core busy with
+ * another process) takes fewer tasks: the caller waits at most for the task
+ * that worker holds, never for a fixed share of the work. */
 #include "parallel.h"
 
 #include <pthread.h>
@@ -85,9 +88,10 @@ static void grow(int want) {
   }
 }
 
-void rn_parallel_run(int ntasks, rn_task_fn fn, void *arg) {
-  if (ntasks <= 1) {
-    if (ntasks == 1) fn(arg, 0, 1);
+void rn_parallel_run(int nthreads, int ntasks, rn_task_fn fn, void *arg) {
+  if (nthreads > ntasks) nthreads = ntasks;
+  if (nthreads <= 1) {
+    for (int t = 0; t < ntasks; t++) fn(arg, t, ntasks);
     return;
   }
   job j;
@@ -97,8 +101,8 @@ void rn_parallel_run(int ntasks, rn_task_fn fn, void *arg) {
   atomic_init(&j.next, 0);
   j.active = 0;
   pthread_mutex_lock(&pool.lock);
-  grow(ntasks - 1);
-  for (int i = 0; i < pool.nworkers && j.active < ntasks - 1; i++) {
+  grow(nthreads - 1);
+  for (int i = 0; i < pool.nworkers && j.active < nthreads - 1; i++) {
     worker *w = pool.w[i];
     if (w->state != IDLE) continue;
     w->state = ASSIGNED;
