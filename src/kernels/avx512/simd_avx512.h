@@ -63,15 +63,32 @@ static inline vf vf_round_f16(vf v) { return _mm512_cvtph_ps(f32_to_f16(v)); }
 static inline vf bf16_widen(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-/* round to nearest even on the dropped 16 bits; NaN keeps its top bits, made quiet */
-static inline __m256i f32_to_bf16(vf v) {
+/* round to nearest even on the dropped 16 bits; NaN keeps its top bits, made
+ * quiet: the spec's integer steps (convert.h) */
+static inline __m512i f32_to_bf16_int(vf v) {
   __m512i u = _mm512_castps_si512(v);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), q);
-  return _mm512_cvtepi32_epi16(r);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), q);
 }
+#if RN_AVX512_BF16
+/* VCVTNEPS2BF16 (AVX512_BF16) rounds to nearest even as the spec does, but
+ * reads subnormal inputs as zero; NaN lanes are left to the spec's steps
+ * too. A vector with such a lane (rare: one compare finds it) takes the
+ * integer path, so the bits are always the spec's. */
+static inline __m256i f32_to_bf16(vf v) {
+  __m512i a = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
+  /* a - 1 < 0x7fffff: a nonzero subnormal; a > 0x7f800000: NaN */
+  __mmask16 odd = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(1)),
+                                          _mm512_set1_epi32(0x7fffff)) |
+                  _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
+  if (__builtin_expect(odd != 0, 0)) return _mm512_cvtepi32_epi16(f32_to_bf16_int(v));
+  return (__m256i)_mm512_cvtneps_pbh(v);
+}
+#else
+static inline __m256i f32_to_bf16(vf v) { return _mm512_cvtepi32_epi16(f32_to_bf16_int(v)); }
+#endif
 static inline vf vf_load_bf16(const uint16_t *p) {
   return bf16_widen(_mm256_loadu_si256((const __m256i *)(const void *)p));
 }
