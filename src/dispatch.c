@@ -19,7 +19,8 @@ extern const rn_kernel_set rn_kernels_avx512;
 extern const rn_kernel_set rn_kernels_avx512_bf16;
 
 /* The avx512 set with the bf16 entries of norm_avx512_bf16.c (the same bits,
- * faster stores), for CPUs with AVX512_BF16; filled once. */
+ * faster stores), for CPUs with AVX512_BF16 (and AVX512DQ, which every such
+ * CPU has: its VFPCLASSPS finds the lanes to fix up); filled once. */
 static rn_kernel_set avx512_bf16_set;
 static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
 
@@ -60,7 +61,8 @@ const rn_kernel_set *rn_kernels_for(rmsnorm_isa isa) {
           (RMSNORM_CPU_AVX512F | RMSNORM_CPU_AVX512BW | RMSNORM_CPU_AVX512VL | RMSNORM_CPU_FMA |
            RMSNORM_CPU_F16C)) {
 #ifdef RMSNORM_HAVE_AVX512BF16
-        if (f & RMSNORM_CPU_AVX512BF16) {
+        if ((f & (RMSNORM_CPU_AVX512BF16 | RN_CPU_AVX512DQ)) ==
+            (RMSNORM_CPU_AVX512BF16 | RN_CPU_AVX512DQ)) {
           pthread_once(&bf16_once, fill_avx512_bf16);
           return &avx512_bf16_set;
         }

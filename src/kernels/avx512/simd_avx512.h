@@ -1,7 +1,8 @@
 /* simd_avx512.h - the vector vocabulary of norm_simd.inc for AVX-512
  * (F/BW/VL + FMA + F16C): 16 floats or 8 doubles a vector, masked tails.
- * bf16 is rounded with integer ops: VCVTNEPS2BF16 flushes subnormal inputs
- * to zero, which would break bit-equality with the reference. */
+ * bf16 is rounded with integer ops, or, built with RN_AVX512_BF16 (the file
+ * norm_avx512_bf16.c), with VCVTNEPS2BF16 and a fix-up for the lanes where it
+ * differs from the reference (subnormal inputs, which it flushes, and NaN). */
 #ifndef RMSNORM_SIMD_AVX512_H
 #define RMSNORM_SIMD_AVX512_H
 
@@ -75,15 +76,13 @@ static inline __m512i f32_to_bf16_int(vf v) {
 #if RN_AVX512_BF16
 /* VCVTNEPS2BF16 (AVX512_BF16) rounds to nearest even as the spec does, but
  * reads subnormal inputs as zero; NaN lanes are left to the spec's steps
- * too. A vector with such a lane (rare: one compare finds it) takes the
- * integer path, so the bits are always the spec's. */
+ * too. A vector with such a lane (rare; one VFPCLASSPS, AVX512DQ, finds it)
+ * takes the integer path, so the bits are always the spec's. */
 static inline __m256i f32_to_bf16(vf v) {
-  __m512i a = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
-  /* a - 1 < 0x7fffff: a nonzero subnormal; a > 0x7f800000: NaN */
-  __mmask16 odd = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(1)),
-                                          _mm512_set1_epi32(0x7fffff)) |
-                  _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
-  if (__builtin_expect(odd != 0, 0)) return _mm512_cvtepi32_epi16(f32_to_bf16_int(v));
+  /* classes: 0x01 quiet NaN, 0x20 subnormal, 0x80 signaling NaN */
+  __mmask16 odd = _mm512_fpclass_ps_mask(v, 0x01 | 0x20 | 0x80);
+  if (__builtin_expect(!_kortestz_mask16_u8(odd, odd), 0))
+    return _mm512_cvtepi32_epi16(f32_to_bf16_int(v));
   return (__m256i)_mm512_cvtneps_pbh(v);
 }
 #else
