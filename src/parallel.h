@@ -31,6 +31,14 @@ void rn_parallel_fork_prepare(void);
 void rn_parallel_fork_parent(void);
 void rn_parallel_fork_child(void);
 
+/* How long a woken worker has recently taken to start a task, in seconds:
+ * a running estimate over the calls that woke workers (a worker that had not
+ * started by the end of a call counts the call's length), decaying toward 0
+ * with a half-life of half a second. On an idle machine it is tens of
+ * microseconds; when another process holds the other cores, milliseconds.
+ * The cost model (work.c) takes the larger of it and its own constant. */
+double rn_parallel_wake_estimate(void);
+
 /* Workers the pool has now (for tests and `rmsnorm info`-like reports). */
 int rn_parallel_workers(void);
 

@@ -30,7 +30,9 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_wei
  *     DRAM_PS beyond (one thread's streaming rate), and the whole call never
  *     goes faster than MEM_PS a byte (the copy limit on every core);
  *   waking a worker costs WAKE_PS before it runs a task (the best case: the
- *     median is milliseconds when another process holds the other core).
+ *     median is milliseconds when another process holds the other core), or
+ *     the pool's running estimate of recent wake-ups when that is more
+ *     (rn_parallel_wake_estimate), so a loaded machine splits less.
  * The backward moves more per byte (about 2.5x the forward's in cache), so
  * the model, timed with the forward's rates, is cautious for it. A call
  * takes n threads when the model says n is at least 1 / GAIN faster than
@@ -49,21 +51,28 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_wei
 #define TASKS_PER_THREAD 8
 #define TASK_PS 20000000ull  /* 20 us */
 
-/* Predicted picoseconds of a call on n threads. */
-static double predict_ps(size_t rows, size_t bytes, int n) {
+/* Predicted picoseconds of a call on n threads, `wake` the wake-up cost. */
+static double predict_ps(size_t rows, size_t bytes, int n, double wake) {
   double share = (double)bytes / n;
   double t = (double)rows / n * ROW_PS + share * (share <= CACHE_SHARE ? CACHE_PS : DRAM_PS);
   if (share > CACHE_SHARE && t < (double)bytes * MEM_PS) t = (double)bytes * MEM_PS;
-  return t + (n > 1 ? (double)WAKE_PS : 0.0);
+  return t + (n > 1 ? wake : 0.0);
 }
 
 rn_split rn_split_for(const rmsnorm_context *ctx, size_t rows, size_t bytes, size_t units) {
   rn_split s = {1, 1};
   int most = rn_context_threads(ctx);
   if ((size_t)most > units) most = units < 1 ? 1 : (int)units;
-  double t1 = predict_ps(rows, bytes, 1), best = t1 * GAIN_NUM / GAIN_DEN;
+  if (most < 2) return s;
+  double t1 = predict_ps(rows, bytes, 1, 0), best = t1 * GAIN_NUM / GAIN_DEN;
+  if ((double)WAKE_PS >= best) return s; /* small: no split can pay */
+  /* a worker's wake-up: the measured constant, or what the pool has seen
+   * lately when that is more (another process holding the cores) */
+  double wake = rn_parallel_wake_estimate() * 1e12;
+  if (wake < (double)WAKE_PS) wake = (double)WAKE_PS;
+  if (wake >= best) return s; /* no split can pay */
   for (int n = 2; n <= most; n++) {
-    double t = predict_ps(rows, bytes, n);
+    double t = predict_ps(rows, bytes, n, wake);
     if (t <= best) best = t, s.threads = n;
   }
   if (s.threads == 1) return s;
