@@ -224,7 +224,7 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   int split = split_rows(ctx, rows, d, es);
   rn_grad_plan plan;
   if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
-                         split ? (rn_split){1, 1}
+                         split ? (rn_split){1, 1, 1}
                                : rn_split_for(ctx, rows, rows * d * 3 * es, nchunks))) {
     rn_context_unlock(ctx);
     return RMSNORM_ERROR_OUT_OF_MEMORY;
@@ -236,7 +236,7 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                         rn_param_as_acc(cfg, weight, 1, d, scratch),
                         cfg->eps, cfg->flags, mean, rstd,
                         dx != dy && dx != x && rn_stream_ok(dx, es, rows * d * es)};
-  backward_job job = {ctx, rn_context_kernels(ctx), &a, {0, 0}};
+  backward_job job = {ctx, rn_context_kernels(ctx), &a, {0, 0, 0}};
   if (split) job.split = rn_split_for(ctx, 1, d * 3 * es, d / 64);
   rn_grad_run(ctx, &plan, scratch + wcopy, backward_chunk, &job);
   rn_context_unlock(ctx);

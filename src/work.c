@@ -60,9 +60,9 @@ static double predict_ps(size_t rows, size_t bytes, int n, double wake) {
 }
 
 rn_split rn_split_for(const rmsnorm_context *ctx, size_t rows, size_t bytes, size_t units) {
-  rn_split s = {1, 1};
   int most = rn_context_threads(ctx);
   if ((size_t)most > units) most = units < 1 ? 1 : (int)units;
+  rn_split s = {1, 1, most};
   if (most < 2) return s;
   double t1 = predict_ps(rows, bytes, 1, 0), best = t1 * GAIN_NUM / GAIN_DEN;
   if ((double)WAKE_PS >= best) return s; /* small: no split can pay */
@@ -104,12 +104,19 @@ int rn_grad_plan_init(rn_grad_plan *p, const rmsnorm_config *cfg, size_t units,
   p->dweight = dweight;
   p->dbias = dbias;
   p->split = split;
-  /* a task of several chunks per group has its own chunk partial: one a
-   * thread keeps scratch bounded by the thread count */
+  /* a task of several chunks per group has its own chunk partial: one task
+   * a thread, and partials for as many threads as the context allows, so
+   * scratch is bounded by the thread limit and does not depend on how many
+   * threads the cost model chose for this call (nor on the machine's load) */
   if (p->multi) p->split.tasks = p->split.threads;
   if ((size_t)p->split.tasks > p->ngroups) p->split.tasks = (int)p->ngroups;
   if (p->split.threads > p->split.tasks) p->split.threads = p->split.tasks;
   p->ntasks = p->split.tasks;
+  if (p->multi) {
+    size_t most = p->split.most < 1 ? 1 : (size_t)p->split.most;
+    p->ntasks = (int)(most < p->ngroups ? most : p->ngroups);
+    if (p->ntasks < p->split.tasks) p->ntasks = p->split.tasks;
+  }
   size_t nparts = (dweight != NULL) + (dbias != NULL);
   if (!nparts) return 1;
   if (d > SIZE_MAX / 16 / (RN_GRAD_GROUPS + (size_t)p->ntasks + 2)) return 0;

@@ -51,6 +51,8 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_wei
  * threads, the caller's included. */
 typedef struct rn_split {
   int threads, tasks;
+  int most; /* the most threads this call could have had (the context's limit, at most
+             * units): what per-thread scratch is sized for, whatever the model chose */
 } rn_split;
 /* The split of `rows` rows and `bytes` of traffic (read + written) into at
  * most `units` pieces: threads from a cost model of this machine's kind
@@ -93,7 +95,7 @@ typedef struct rn_grad_plan {
   int multi;             /* groups of several chunks (nchunks > RN_GRAD_GROUPS) */
   size_t part_bytes, group_bytes, total_bytes, bytes;
   rn_split split;        /* how the chunks run (tasks <= ngroups) */
-  int ntasks;            /* split.tasks: per-task partials */
+  int ntasks;            /* tasks that scratch is sized for (>= split.tasks) */
   void *dweight, *dbias; /* the user's outputs, or NULL */
 } rn_grad_plan;
 
