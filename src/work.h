@@ -84,9 +84,9 @@ typedef void (*rn_chunk_fn)(void *arg, size_t u0, size_t u1, void *dw_part, void
  * the plain backward) every group is one chunk, summed straight into its
  * group's slot in the compute type, and the order is that of adding the
  * chunks in order; beyond, each task sums a chunk into a partial of its own
- * and adds that into the group's double sum. Scratch per output: at most
- * RN_GRAD_GROUPS d-vectors of doubles plus one per task, whatever the row
- * count. Fill
+ * and adds that into the group's double sum (one task a thread then).
+ * Scratch per output: at most RN_GRAD_GROUPS d-vectors of doubles plus one
+ * per thread the context allows, whatever the row count. Fill
  * with rn_grad_plan_init (under the context's lock: it takes the task
  * count), size scratch with plan.bytes, then rn_grad_run. */
 typedef struct rn_grad_plan {
