@@ -133,16 +133,16 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
   const rn_kernel_set *k = rn_context_kernels(ctx);
   if (split_rows(ctx, rows, d, es)) {
     cols_job job = {k, cfg->dtype, &a, NULL, 0, d, {0}, NULL, NULL};
-    int ntasks = rn_threads_for(ctx, d * 2 * es, d / 64);
+    rn_split sp = rn_split_for(ctx, 1, d * 2 * es, d / 64);
     for (job.row = 0; job.row < rows; job.row++) {
       if (k->row_coef[cfg->dtype](&a, job.row, job.coef))
-        rn_run_tasks(ctx, ntasks, cols_task, &job);
+        rn_run_tasks(ctx, sp, cols_task, &job);
       else
         rn_rescue_forward_row(&a, job.row);
     }
   } else {
     forward_job job = {k->forward[cfg->dtype], &a, rows};
-    rn_run_tasks(ctx, rn_threads_for(ctx, rows * d * 2 * es, rows), forward_task, &job);
+    rn_run_tasks(ctx, rn_split_for(ctx, rows, rows * d * 2 * es, rows), forward_task, &job);
   }
   rn_context_unlock(ctx);
   return RMSNORM_OK;
@@ -167,7 +167,7 @@ typedef struct backward_job {
   rmsnorm_context *ctx;
   const rn_kernel_set *k;
   const rn_backward_args *args;
-  int split_tasks; /* > 0: long rows, each split across this many tasks */
+  rn_split split; /* tasks > 0: long rows, each split this way */
 } backward_job;
 
 /* One chunk of rows: its dweight/dbias terms go to its own partial, so the
@@ -178,14 +178,14 @@ static void backward_chunk(void *p, size_t r0, size_t r1, void *dw_part, void *d
   const backward_job *job = p;
   const rn_backward_args *a = job->args;
   (void)task;
-  if (!job->split_tasks) {
+  if (!job->split.tasks) {
     job->k->backward[a->dtype](a, r0, r1, dw_part, db_part);
     return;
   }
   cols_job cj = {job->k, a->dtype, NULL, a, 0, a->d, {0}, dw_part, db_part};
   for (cj.row = r0; cj.row < r1; cj.row++) {
     if (job->k->grad_coef[a->dtype](a, cj.row, cj.coef))
-      rn_run_tasks(job->ctx, job->split_tasks, cols_task, &cj);
+      rn_run_tasks(job->ctx, job->split, cols_task, &cj);
     else
       rn_rescue_backward_row(a, cj.row, dw_part, db_part);
   }
@@ -224,7 +224,8 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   int split = split_rows(ctx, rows, d, es);
   rn_grad_plan plan;
   if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
-                         split ? 1 : rn_threads_for(ctx, rows * d * 3 * es, nchunks))) {
+                         split ? (rn_split){1, 1, 1}
+                               : rn_split_for(ctx, rows, rows * d * 3 * es, nchunks))) {
     rn_context_unlock(ctx);
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   }
@@ -235,8 +236,8 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                         rn_param_as_acc(cfg, weight, 1, d, scratch),
                         cfg->eps, cfg->flags, mean, rstd,
                         dx != dy && dx != x && rn_stream_ok(dx, es, rows * d * es)};
-  backward_job job = {ctx, rn_context_kernels(ctx), &a, 0};
-  if (split) job.split_tasks = rn_threads_for(ctx, d * 3 * es, d / 64);
+  backward_job job = {ctx, rn_context_kernels(ctx), &a, {0, 0, 0}};
+  if (split) job.split = rn_split_for(ctx, 1, d * 3 * es, d / 64);
   rn_grad_run(ctx, &plan, scratch + wcopy, backward_chunk, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;

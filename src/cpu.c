@@ -32,6 +32,7 @@ static unsigned detect(void) {
   if ((b >> 5) & 1) f |= RMSNORM_CPU_AVX2;
   if (zmm_ok) {
     if ((b >> 16) & 1) f |= RMSNORM_CPU_AVX512F;
+    if ((b >> 17) & 1) f |= RN_CPU_AVX512DQ;
     if ((b >> 30) & 1) f |= RMSNORM_CPU_AVX512BW;
     if ((b >> 31) & 1) f |= RMSNORM_CPU_AVX512VL;
     if (leaf7_subleafs >= 1) {
@@ -56,6 +57,6 @@ unsigned rn_cpu_features(void) {
 
 rmsnorm_status rmsnorm_cpu_features(unsigned *out) {
   if (!out) return RMSNORM_ERROR_NULL_POINTER;
-  *out = rn_cpu_features();
+  *out = rn_cpu_features() & ~RN_CPU_AVX512DQ;
   return RMSNORM_OK;
 }

@@ -15,6 +15,31 @@ extern const rn_kernel_set rn_kernels_avx2;
 #ifdef RMSNORM_HAVE_AVX512
 extern const rn_kernel_set rn_kernels_avx512;
 #endif
+#ifdef RMSNORM_HAVE_AVX512BF16
+extern const rn_kernel_set rn_kernels_avx512_bf16;
+
+/* The avx512 set with the bf16 entries of norm_avx512_bf16.c (the same bits,
+ * faster stores), for CPUs with AVX512_BF16 (and AVX512DQ, which every such
+ * CPU has: its VFPCLASSPS finds the lanes to fix up); filled once. */
+static rn_kernel_set avx512_bf16_set;
+static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
+
+static void fill_avx512_bf16(void) {
+  const rn_kernel_set *b = &rn_kernels_avx512_bf16;
+  rn_kernel_set *s = &avx512_bf16_set;
+  *s = rn_kernels_avx512;
+  s->forward[RMSNORM_BF16] = b->forward[RMSNORM_BF16];
+  s->backward[RMSNORM_BF16] = b->backward[RMSNORM_BF16];
+  s->add[RMSNORM_BF16] = b->add[RMSNORM_BF16];
+  s->rstd[RMSNORM_BF16] = b->rstd[RMSNORM_BF16];
+  s->quant[RMSNORM_BF16] = b->quant[RMSNORM_BF16];
+  s->row_coef[RMSNORM_BF16] = b->row_coef[RMSNORM_BF16];
+  s->row_cols[RMSNORM_BF16] = b->row_cols[RMSNORM_BF16];
+  s->grad_coef[RMSNORM_BF16] = b->grad_coef[RMSNORM_BF16];
+  s->grad_cols[RMSNORM_BF16] = b->grad_cols[RMSNORM_BF16];
+  s->shard_sums[RMSNORM_BF16] = b->shard_sums[RMSNORM_BF16];
+}
+#endif
 
 const rn_kernel_set *rn_kernels_for(rmsnorm_isa isa) {
   unsigned f = rn_cpu_features();
@@ -34,8 +59,16 @@ const rn_kernel_set *rn_kernels_for(rmsnorm_isa isa) {
       if ((f & (RMSNORM_CPU_AVX512F | RMSNORM_CPU_AVX512BW | RMSNORM_CPU_AVX512VL |
                 RMSNORM_CPU_FMA | RMSNORM_CPU_F16C)) ==
           (RMSNORM_CPU_AVX512F | RMSNORM_CPU_AVX512BW | RMSNORM_CPU_AVX512VL | RMSNORM_CPU_FMA |
-           RMSNORM_CPU_F16C))
+           RMSNORM_CPU_F16C)) {
+#ifdef RMSNORM_HAVE_AVX512BF16
+        if ((f & (RMSNORM_CPU_AVX512BF16 | RN_CPU_AVX512DQ)) ==
+            (RMSNORM_CPU_AVX512BF16 | RN_CPU_AVX512DQ)) {
+          pthread_once(&bf16_once, fill_avx512_bf16);
+          return &avx512_bf16_set;
+        }
+#endif
         return &rn_kernels_avx512;
+      }
 #endif
       return NULL;
   }

@@ -101,7 +101,7 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
                               y != u && rn_stream_ok(y, es, rows * d * es)};
   job.rows = rows;
   job.block = block_rows(d, es);
-  rn_run_tasks(ctx, rn_threads_for(ctx, rows * d * 4 * es, rows), add_fwd_task, &job);
+  rn_run_tasks(ctx, rn_split_for(ctx, rows, rows * d * 4 * es, rows), add_fwd_task, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
 }
@@ -174,7 +174,7 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
   size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
   rn_grad_plan plan;
   if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
-                         rn_threads_for(ctx, rows * d * (dres ? 4 : 3) * es, nchunks))) {
+                         rn_split_for(ctx, rows, rows * d * (dres ? 4 : 3) * es, nchunks))) {
     rn_context_unlock(ctx);
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   }
@@ -245,7 +245,8 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
   if ((st = rn_check_overlaps(s, 7, NONE, NONE, NONE)) != RMSNORM_OK) return st;
 
   rn_context_lock(ctx);
-  int ntasks = rn_threads_for(ctx, rows * d * (es + 1), rows);
+  rn_split sp = rn_split_for(ctx, rows, rows * d * (es + 1), rows);
+  int ntasks = sp.tasks;
   size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(d * as) : 0;
   size_t task_bytes = RN_QUANT_SCRATCH(d);
@@ -268,7 +269,7 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
   job.rows = rows;
   job.task_bytes = task_bytes;
   job.task_scratch = scratch + wcopy + bcopy;
-  rn_run_tasks(ctx, ntasks, quant_task, &job);
+  rn_run_tasks(ctx, sp, quant_task, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
 }
@@ -381,7 +382,8 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
                                rn_param_as_acc(cfg, bias, 0, head_dim, scratch + wcopy),
                                cfg->eps, cfg->flags, NULL, rstd,
                                job.g.flat && y != x && rn_stream_ok(y, es, rows * head_dim * es)};
-  rn_run_tasks(ctx, rn_threads_for(ctx, rows * head_dim * 2 * es, tokens), qk_fwd_task, &job);
+  rn_run_tasks(ctx, rn_split_for(ctx, rows, rows * head_dim * 2 * es, tokens), qk_fwd_task,
+               &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;
 }
@@ -455,7 +457,7 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
   rn_context_lock(ctx);
   rn_grad_plan plan;
   if (!rn_grad_plan_init(&plan, cfg, tokens, chunk_tokens, head_dim, dweight, dbias,
-                         rn_threads_for(ctx, rows * head_dim * 3 * es, nchunks))) {
+                         rn_split_for(ctx, rows, rows * head_dim * 3 * es, nchunks))) {
     rn_context_unlock(ctx);
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   }
@@ -542,12 +544,12 @@ static void lin_stats_task(void *p, int t, int n) {
 /* r of every row of x into r (acc), with the kernel set's statistics: the
  * same r as rmsnorm_forward's. row_scratch: ntasks * RN_QUANT_SCRATCH(d). */
 static void lin_stats(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t rows, size_t d,
-                      const void *x, size_t ldx, void *r, char *row_scratch, int ntasks) {
+                      const void *x, size_t ldx, void *r, char *row_scratch, rn_split sp) {
   lin_stats_job job = {rn_context_kernels(ctx)->rstd[cfg->dtype],
                        {RN_RMSNORM, cfg->dtype, d, rn_partial_k(cfg->partial, d), x, ldx, NULL, 0,
                         NULL, NULL, cfg->eps, cfg->flags, NULL, r, 0},
                        rows, d, row_scratch};
-  rn_run_tasks(ctx, ntasks, lin_stats_task, &job);
+  rn_run_tasks(ctx, sp, lin_stats_task, &job);
 }
 
 /* Widens rows [r0, r0+m) x c of src (dtype, ld; any address) into dst (acc,
@@ -723,7 +725,8 @@ rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rmsnorm_config
   int direct = es == as && rn_aligned(x, es) && rn_aligned(z, es);
   size_t chunk = direct ? 0 : rows < LIN_CHUNK ? rows : LIN_CHUNK;
   rn_context_lock(ctx);
-  int ntasks = rn_threads_for(ctx, rows * d * es, rows);
+  rn_split sp = rn_split_for(ctx, rows, rows * d * es, rows);
+  int ntasks = sp.tasks;
   /* scratch: bias copy | r (rows) | rescue rows (ntasks) | X, Z chunks |
    *          W' copy | one recomputed row (d + n) */
   size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(n * as) : 0;
@@ -746,7 +749,7 @@ rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rmsnorm_config
   f.n = n;
   f.xs = wc + wbytes;
   f.zs = f.xs + rn_align64(d * as);
-  lin_stats(ctx, cfg, rows, d, x, ldx, r, r + rbytes, ntasks);
+  lin_stats(ctx, cfg, rows, d, x, ldx, r, r + rbytes, sp);
 
   if (direct) { /* one GEMM straight into z, then the row scale in place */
     /* a matrix of one row uses no stride, but the BLAS checks ld >= columns */
@@ -856,7 +859,8 @@ rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx, const rmsnorm_confi
   int need_m = dweight || dw;
   if (need_m && n > SIZE_MAX / 16 / d) return RMSNORM_ERROR_OUT_OF_MEMORY;
   rn_context_lock(ctx);
-  int ntasks = rn_threads_for(ctx, rows * d * es, rows);
+  rn_split sp = rn_split_for(ctx, rows, rows * d * es, rows);
+  int ntasks = sp.tasks;
   /* scratch: r (rows) | rescue rows (ntasks) | X, G (chunk x d) | dZ (chunk x n)
    *          | M (d x n) | dbias sums (n doubles) | W' copy */
   size_t rbytes = rn_align64(rows * as), tbytes = (size_t)ntasks * RN_QUANT_SCRATCH(d);
@@ -873,7 +877,7 @@ rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx, const rmsnorm_confi
   if (dbias) memset(bsum, 0, n * sizeof(double));
   rn_forward_args stats = {RN_RMSNORM, cfg->dtype, d, rn_partial_k(cfg->partial, d), x, ldx,
                            NULL, 0, NULL, NULL, cfg->eps, cfg->flags, NULL, r, 0};
-  lin_stats(ctx, cfg, rows, d, x, ldx, r, r + rbytes, ntasks);
+  lin_stats(ctx, cfg, rows, d, x, ldx, r, r + rbytes, sp);
 
   for (size_t r0 = 0; r0 < rows; r0 += chunk) {
     size_t mr = rows - r0 < chunk ? rows - r0 : chunk;

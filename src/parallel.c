@@ -2,12 +2,21 @@
  * sleeps on its own condition variable until a call assigns it a job; a
  * job's tasks are handed out by an atomic counter to the caller and the
  * workers it claimed; the caller takes back claims that no worker picked up
- * by the time it ran out of tasks, then waits for the workers that did. */
+ * by the time it ran out of tasks, then waits for the workers that did. With
+ * more tasks than threads, a worker that wakes late (its core busy with
+ * another process) takes fewer tasks: the caller waits at most for the task
+ * that worker holds, never for a fixed share of the work. The pool also
+ * keeps a running estimate of how long woken workers take to start, for the
+ * cost model (work.c). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include "parallel.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #define MAX_WORKERS 1023
 
@@ -17,6 +26,7 @@ typedef struct job {
   int ntasks;
   atomic_int next; /* the next task index to hand out */
   int active;      /* workers claimed and not yet done (pool lock) */
+  double start;    /* when the caller woke its workers (seconds, monotonic) */
 } job;
 
 enum { IDLE, ASSIGNED, RUNNING };
@@ -36,7 +46,32 @@ static struct {
   int nworkers;
   int refs;      /* contexts alive */
   int can_grow;  /* 0 once the OS refused a thread: no more tries */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, 0, 0, 1};
+  double wake, wake_at; /* the wake-up estimate (seconds) and when it was set */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, 0, 0, 1, 0, 0};
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The wake-up estimate decays with a half-life of WAKE_HALF_LIFE seconds, so
+ * one slow wake (another process held the core) stops splitting calls only
+ * for a while, and the next split measures again. */
+#define WAKE_HALF_LIFE 0.5
+
+static double wake_decayed(double t) {
+  double age = t - pool.wake_at;
+  return age <= 0 ? pool.wake : pool.wake * exp2(-age / WAKE_HALF_LIFE);
+}
+
+/* A worker took `latency` seconds from being woken to running (or at least
+ * that long: it had not started when the caller finished); pool lock held. */
+static void observe_wake(double latency, double t) {
+  double w = wake_decayed(t);
+  pool.wake = w + 0.5 * (latency - w);
+  pool.wake_at = t;
+}
 
 static void run_tasks(job *j) {
   for (;;) {
@@ -54,6 +89,8 @@ static void *worker_main(void *p) {
     if (w->stop) break;
     job *j = w->job;
     w->state = RUNNING;
+    double t = now_s();
+    observe_wake(t - j->start, t);
     pthread_mutex_unlock(&pool.lock);
     run_tasks(j);
     pthread_mutex_lock(&pool.lock);
@@ -85,9 +122,10 @@ static void grow(int want) {
   }
 }
 
-void rn_parallel_run(int ntasks, rn_task_fn fn, void *arg) {
-  if (ntasks <= 1) {
-    if (ntasks == 1) fn(arg, 0, 1);
+void rn_parallel_run(int nthreads, int ntasks, rn_task_fn fn, void *arg) {
+  if (nthreads > ntasks) nthreads = ntasks;
+  if (nthreads <= 1) {
+    for (int t = 0; t < ntasks; t++) fn(arg, t, ntasks);
     return;
   }
   job j;
@@ -96,9 +134,10 @@ void rn_parallel_run(int ntasks, rn_task_fn fn, void *arg) {
   j.ntasks = ntasks;
   atomic_init(&j.next, 0);
   j.active = 0;
+  j.start = now_s();
   pthread_mutex_lock(&pool.lock);
-  grow(ntasks - 1);
-  for (int i = 0; i < pool.nworkers && j.active < ntasks - 1; i++) {
+  grow(nthreads - 1);
+  for (int i = 0; i < pool.nworkers && j.active < nthreads - 1; i++) {
     worker *w = pool.w[i];
     if (w->state != IDLE) continue;
     w->state = ASSIGNED;
@@ -114,6 +153,8 @@ void rn_parallel_run(int ntasks, rn_task_fn fn, void *arg) {
     for (int i = 0; i < pool.nworkers; i++) {
       worker *w = pool.w[i];
       if (w->job == &j && w->state == ASSIGNED) {
+        double t = now_s();
+        observe_wake(t - j.start, t);
         w->state = IDLE;
         w->job = NULL;
         j.active--;
@@ -168,6 +209,13 @@ void rn_parallel_fork_child(void) {
   pool.nworkers = 0;
   pool.can_grow = 1;
   pthread_mutex_unlock(&pool.lock);
+}
+
+double rn_parallel_wake_estimate(void) {
+  pthread_mutex_lock(&pool.lock);
+  double w = wake_decayed(now_s());
+  pthread_mutex_unlock(&pool.lock);
+  return w;
 }
 
 int rn_parallel_workers(void) {

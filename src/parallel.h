@@ -11,10 +11,11 @@
 typedef void (*rn_task_fn)(void *arg, int task, int ntasks);
 
 /* Runs fn(arg, t, ntasks) once for every t in [0, ntasks) and returns when
- * all have finished. The caller runs tasks itself; up to ntasks - 1 idle
- * workers take the others (the pool grows to ntasks - 1 workers, started on
- * first need; a worker the OS refuses leaves its share to the others). */
-void rn_parallel_run(int ntasks, rn_task_fn fn, void *arg);
+ * all have finished, on at most nthreads threads: the caller runs tasks
+ * itself, and up to min(nthreads, ntasks) - 1 idle workers take tasks as
+ * they come free (the pool grows to nthreads - 1 workers, started on first
+ * need; a worker the OS refuses leaves its tasks to the others). */
+void rn_parallel_run(int nthreads, int ntasks, rn_task_fn fn, void *arg);
 
 /* The pool lives while a context exists: contexts take a reference when
  * created and drop it when freed; the last one stops and joins the workers
@@ -29,6 +30,14 @@ void rn_parallel_release(void);
 void rn_parallel_fork_prepare(void);
 void rn_parallel_fork_parent(void);
 void rn_parallel_fork_child(void);
+
+/* How long a woken worker has recently taken to start a task, in seconds:
+ * a running estimate over the calls that woke workers (a worker that had not
+ * started by the end of a call counts the call's length), decaying toward 0
+ * with a half-life of half a second. On an idle machine it is tens of
+ * microseconds; when another process holds the other cores, milliseconds.
+ * The cost model (work.c) takes the larger of it and its own constant. */
+double rn_parallel_wake_estimate(void);
 
 /* Workers the pool has now (for tests and `rmsnorm info`-like reports). */
 int rn_parallel_workers(void);

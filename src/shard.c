@@ -122,7 +122,7 @@ static void rows_task(void *p, int t, int n) {
 static void run_rows(rmsnorm_context *ctx, size_t rows, size_t bytes,
                      void (*fn)(const void *, size_t, size_t), const void *job) {
   rows_job rj = {fn, job, rows};
-  rn_run_tasks(ctx, rn_threads_for(ctx, bytes, rows), rows_task, &rj);
+  rn_run_tasks(ctx, rn_split_for(ctx, rows, bytes, rows), rows_task, &rj);
 }
 
 rmsnorm_status rmsnorm_shard_stats(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t rows,
@@ -359,7 +359,7 @@ rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx, const rmsnorm_config
   rn_context_lock(ctx); /* the plan takes the task count from the context */
   rn_grad_plan plan;
   if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, width, dweight, dbias,
-                         rn_threads_for(ctx, rows * width * 3 * es, nchunks))) {
+                         rn_split_for(ctx, rows, rows * width * 3 * es, nchunks))) {
     rn_context_unlock(ctx);
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   }

@@ -21,27 +21,77 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_wei
   return buf;
 }
 
-/* Below this many bytes moved per thread, waking a thread costs more than it
- * saves. */
-#define MIN_BYTES_PER_THREAD ((size_t)1 << 20)
+/* ---- how many threads a call wakes: a cost model --------------------------
+ * Measured on the development machine (an AVX-512 Xeon VM, 2 vCPUs; README
+ * "Threads"), one thread, the fp32 forward, AVX-512 kernels:
+ *   a row costs ROW_PS on top of its bytes (statistics' lane halving, sqrt,
+ *     division, loop set-up): fitted from 256x64, 64x1024, 1024x128;
+ *   a byte of traffic costs CACHE_PS while a thread's share fits in its L2,
+ *     DRAM_PS beyond (one thread's streaming rate), and the whole call never
+ *     goes faster than MEM_PS a byte (the copy limit on every core);
+ *   waking a worker costs WAKE_PS before it runs a task (the best case: the
+ *     median is milliseconds when another process holds the other core), or
+ *     the pool's running estimate of recent wake-ups when that is more
+ *     (rn_parallel_wake_estimate), so a loaded machine splits less.
+ * The backward moves more per byte (about 2.5x the forward's in cache), so
+ * the model, timed with the forward's rates, is cautious for it. A call
+ * takes n threads when the model says n is at least 1 / GAIN faster than
+ * one thread; otherwise it runs on the caller's thread alone. */
+#define ROW_PS 10000ull      /* 10 ns a row */
+#define CACHE_PS 22ull       /* 45 GB/s */
+#define DRAM_PS 55ull        /* 18 GB/s */
+#define MEM_PS 35ull         /* 29 GB/s, all threads together */
+#define WAKE_PS 25000000ull  /* 25 us */
+#define CACHE_SHARE ((size_t)1 << 20) /* a thread's bytes that count as in cache */
+#define GAIN_NUM 3           /* n threads must take <= 3/4 of one thread's time */
+#define GAIN_DEN 4
+/* Tasks per thread, and the least predicted work a task is cut to: more
+ * tasks than threads let the caller take over from a worker that starts
+ * late, at the price of one atomic increment and a cold prefetch a task. */
+#define TASKS_PER_THREAD 8
+#define TASK_PS 20000000ull  /* 20 us */
 
-int rn_threads_for(const rmsnorm_context *ctx, size_t bytes, size_t units) {
-  size_t n = bytes / MIN_BYTES_PER_THREAD;
-  size_t most = (size_t)rn_context_threads(ctx);
-  if (n > most) n = most;
-  if (n > units) n = units;
-  return n < 1 ? 1 : (int)n;
+/* Predicted picoseconds of a call on n threads, `wake` the wake-up cost. */
+static double predict_ps(size_t rows, size_t bytes, int n, double wake) {
+  double share = (double)bytes / n;
+  double t = (double)rows / n * ROW_PS + share * (share <= CACHE_SHARE ? CACHE_PS : DRAM_PS);
+  if (share > CACHE_SHARE && t < (double)bytes * MEM_PS) t = (double)bytes * MEM_PS;
+  return t + (n > 1 ? wake : 0.0);
 }
 
-void rn_run_tasks(rmsnorm_context *ctx, int ntasks, rn_task_fn fn, void *arg) {
-  (void)ctx; /* ntasks already respects the context's limit (rn_threads_for) */
-  rn_parallel_run(ntasks, fn, arg);
+rn_split rn_split_for(const rmsnorm_context *ctx, size_t rows, size_t bytes, size_t units) {
+  int most = rn_context_threads(ctx);
+  if ((size_t)most > units) most = units < 1 ? 1 : (int)units;
+  rn_split s = {1, 1, most};
+  if (most < 2) return s;
+  double t1 = predict_ps(rows, bytes, 1, 0), best = t1 * GAIN_NUM / GAIN_DEN;
+  if ((double)WAKE_PS >= best) return s; /* small: no split can pay */
+  /* a worker's wake-up: the measured constant, or what the pool has seen
+   * lately when that is more (another process holding the cores) */
+  double wake = rn_parallel_wake_estimate() * 1e12;
+  if (wake < (double)WAKE_PS) wake = (double)WAKE_PS;
+  if (wake >= best) return s; /* no split can pay */
+  for (int n = 2; n <= most; n++) {
+    double t = predict_ps(rows, bytes, n, wake);
+    if (t <= best) best = t, s.threads = n;
+  }
+  if (s.threads == 1) return s;
+  size_t tasks = (size_t)s.threads * TASKS_PER_THREAD, fill = (size_t)(t1 / TASK_PS);
+  if (tasks > fill) tasks = fill;
+  if (tasks > units) tasks = units;
+  s.tasks = tasks < (size_t)s.threads ? s.threads : (int)tasks;
+  return s;
+}
+
+void rn_run_tasks(rmsnorm_context *ctx, rn_split s, rn_task_fn fn, void *arg) {
+  (void)ctx; /* s already respects the context's limit (rn_split_for) */
+  rn_parallel_run(s.threads, s.tasks, fn, arg);
 }
 
 /* ---- the dweight/dbias reduction ---------------------------------------- */
 
 int rn_grad_plan_init(rn_grad_plan *p, const rmsnorm_config *cfg, size_t units,
-                      size_t chunk_units, size_t d, void *dweight, void *dbias, int ntasks) {
+                      size_t chunk_units, size_t d, void *dweight, void *dbias, rn_split split) {
   memset(p, 0, sizeof *p);
   p->cfg = cfg;
   p->units = units;
@@ -53,7 +103,20 @@ int rn_grad_plan_init(rn_grad_plan *p, const rmsnorm_config *cfg, size_t units,
   p->acc_size = rn_acc_size(cfg->dtype);
   p->dweight = dweight;
   p->dbias = dbias;
-  p->ntasks = ntasks < 1 ? 1 : (size_t)ntasks > p->ngroups ? (int)p->ngroups : ntasks;
+  p->split = split;
+  /* a task of several chunks per group has its own chunk partial: one task
+   * a thread, and partials for as many threads as the context allows, so
+   * scratch is bounded by the thread limit and does not depend on how many
+   * threads the cost model chose for this call (nor on the machine's load) */
+  if (p->multi) p->split.tasks = p->split.threads;
+  if ((size_t)p->split.tasks > p->ngroups) p->split.tasks = (int)p->ngroups;
+  if (p->split.threads > p->split.tasks) p->split.threads = p->split.tasks;
+  p->ntasks = p->split.tasks;
+  if (p->multi) {
+    size_t most = p->split.most < 1 ? 1 : (size_t)p->split.most;
+    p->ntasks = (int)(most < p->ngroups ? most : p->ngroups);
+    if (p->ntasks < p->split.tasks) p->ntasks = p->split.tasks;
+  }
   size_t nparts = (dweight != NULL) + (dbias != NULL);
   if (!nparts) return 1;
   if (d > SIZE_MAX / 16 / (RN_GRAD_GROUPS + (size_t)p->ntasks + 2)) return 0;
@@ -191,8 +254,8 @@ void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_
     job.db_parts = s + nparts * groups + (p->dweight ? parts : 0);
   }
   if (nparts && !p->multi) job.total = (double *)(void *)(s + nparts * (groups + parts));
-  rn_run_tasks(ctx, p->ntasks, chunks_task, &job);
+  rn_run_tasks(ctx, p->split, chunks_task, &job);
   if (nparts)
-    rn_run_tasks(ctx, rn_threads_for(ctx, nparts * p->ngroups * p->group_bytes, p->d),
+    rn_run_tasks(ctx, rn_split_for(ctx, 0, nparts * p->ngroups * p->group_bytes, p->d),
                  reduce_task, &job);
 }

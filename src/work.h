@@ -46,12 +46,21 @@ static inline int rn_param_needs_copy(const rmsnorm_config *cfg, const void *p,
 const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_weight, size_t d,
                             void *buf);
 
-/* Threads worth using for `bytes` of traffic split into `units` pieces. */
-int rn_threads_for(const rmsnorm_context *ctx, size_t bytes, size_t units);
-/* Runs fn over ntasks tasks (from rn_threads_for: at most the context's
- * thread count) on the calling thread and the idle workers of the
- * process-wide pool; lock held. */
-void rn_run_tasks(rmsnorm_context *ctx, int ntasks, rn_task_fn fn, void *arg);
+/* How a call's work is cut: `tasks` pieces (task t of n takes units
+ * [rn_split_begin(t), rn_split_begin(t + 1))), run on up to `threads`
+ * threads, the caller's included. */
+typedef struct rn_split {
+  int threads, tasks;
+  int most; /* the most threads this call could have had (the context's limit, at most
+             * units): what per-thread scratch is sized for, whatever the model chose */
+} rn_split;
+/* The split of `rows` rows and `bytes` of traffic (read + written) into at
+ * most `units` pieces: threads from a cost model of this machine's kind
+ * (work.c), only where they are predicted to pay; tasks a few per thread. */
+rn_split rn_split_for(const rmsnorm_context *ctx, size_t rows, size_t bytes, size_t units);
+/* Runs fn over s.tasks tasks on the calling thread and up to s.threads - 1
+ * idle workers of the process-wide pool; lock held. */
+void rn_run_tasks(rmsnorm_context *ctx, rn_split s, rn_task_fn fn, void *arg);
 
 /* Computes units [u0, u1) of a backward (one chunk) and adds its dweight and
  * dbias terms into dw_part/db_part ((d,) acc, zeroed, or NULL). `task` is
@@ -75,9 +84,9 @@ typedef void (*rn_chunk_fn)(void *arg, size_t u0, size_t u1, void *dw_part, void
  * the plain backward) every group is one chunk, summed straight into its
  * group's slot in the compute type, and the order is that of adding the
  * chunks in order; beyond, each task sums a chunk into a partial of its own
- * and adds that into the group's double sum. Scratch per output: at most
- * RN_GRAD_GROUPS d-vectors of doubles plus one per task, whatever the row
- * count. Fill
+ * and adds that into the group's double sum (one task a thread then).
+ * Scratch per output: at most RN_GRAD_GROUPS d-vectors of doubles plus one
+ * per thread the context allows, whatever the row count. Fill
  * with rn_grad_plan_init (under the context's lock: it takes the task
  * count), size scratch with plan.bytes, then rn_grad_run. */
 typedef struct rn_grad_plan {
@@ -85,15 +94,16 @@ typedef struct rn_grad_plan {
   size_t units, chunk_units, nchunks, ngroups, d, acc_size;
   int multi;             /* groups of several chunks (nchunks > RN_GRAD_GROUPS) */
   size_t part_bytes, group_bytes, total_bytes, bytes;
-  int ntasks;            /* tasks that run the chunks (<= ngroups) */
+  rn_split split;        /* how the chunks run (tasks <= ngroups) */
+  int ntasks;            /* tasks that scratch is sized for (>= split.tasks) */
   void *dweight, *dbias; /* the user's outputs, or NULL */
 } rn_grad_plan;
 
-/* `ntasks`: the tasks wanted (clamped to ngroups). @return 0 when the
- * scratch size would not fit in size_t (out of memory). */
+/* `split`: the threads and tasks wanted (tasks clamped to ngroups). @return
+ * 0 when the scratch size would not fit in size_t (out of memory). */
 int rn_grad_plan_init(rn_grad_plan *p, const rmsnorm_config *cfg, size_t units,
-                      size_t chunk_units, size_t d, void *dweight, void *dbias, int ntasks);
-/* Runs fn over every chunk with p->ntasks tasks, then reduces into dweight
+                      size_t chunk_units, size_t d, void *dweight, void *dbias, rn_split split);
+/* Runs fn over every chunk with p->split, then reduces into dweight
  * and dbias (overwritten, or added to with RMSNORM_FLAG_ACCUMULATE).
  * `scratch` holds p->bytes (64-byte aligned); lock held. */
 void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_chunk_fn fn,

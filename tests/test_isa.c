@@ -112,6 +112,55 @@ static void compare(const run_spec *s, uint64_t seed) {
   free(want);
 }
 
+/* bf16 outputs at the edges of the conversion: subnormal results (which
+ * VCVTNEPS2BF16 would flush), NaN, infinity, zero and rounding ties, in
+ * some vectors of a row but not others, forward (y) and backward (dx): every
+ * set gives the reference's bits. */
+static void compare_bf16_edges(void) {
+  const size_t rows = 6, d = 16 * 9 + 5;
+  uint16_t *x = malloc(rows * d * 2), *dy = malloc(rows * d * 2);
+  uint16_t *want = malloc(rows * d * 2), *got = malloc(rows * d * 2);
+  float *w = malloc(d * 4), *rstd = malloc(rows * 4);
+  static const float odd[] = {1e-39f, -3e-41f, 1e-45f, 0.0f, NAN, INFINITY, 1e38f, -1e-40f};
+  tu_seed(77);
+  for (size_t i = 0; i < rows * d; i++) {
+    float v = (float)(2 * tu_uniform() - 1);
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    x[i] = (uint16_t)(u >> 16);
+    /* dy: vectors 2 and 5 of odd rows tiny, so dx is subnormal there */
+    size_t j = i % d, row = i / d;
+    float g = (row & 1) && (j / 16 == 2 || j / 16 == 5) ? v * 1e-38f : v;
+    memcpy(&u, &g, 4);
+    dy[i] = (uint16_t)(u >> 16);
+  }
+  for (size_t j = 0; j < d; j++) /* vectors 1, 4 and 7 hold the odd weights */
+    w[j] = (j / 16) % 3 == 1 ? odd[j % 8] : j % 5 == 0 ? 1.0f + 0x1p-8f : 1.0f + 0.01f * (float)(j % 7);
+  rmsnorm_config cfg;
+  rmsnorm_config_init(&cfg, RMSNORM_BF16);
+  cfg.param_dtype = RMSNORM_F32;
+  for (int bw = 0; bw < 2; bw++) {
+    rmsnorm_status st =
+        bw ? rmsnorm_backward(ref_ctx, &cfg, rows, d, x, d, dy, d, NULL, NULL, want, d, NULL, NULL)
+           : rmsnorm_forward(ref_ctx, &cfg, rows, d, x, d, w, NULL, want, d, rstd);
+    tu_check(st == RMSNORM_OK, "bf16 edges: reference status %s", rmsnorm_status_name(st));
+    for (int c = 0; c < nctx; c++) {
+      rmsnorm_isa isa;
+      rmsnorm_context_get_isa(ctxs[c], &isa);
+      st = bw ? rmsnorm_backward(ctxs[c], &cfg, rows, d, x, d, dy, d, NULL, NULL, got, d, NULL, NULL)
+              : rmsnorm_forward(ctxs[c], &cfg, rows, d, x, d, w, NULL, got, d, rstd);
+      size_t first = 0;
+      while (first < rows * d && got[first] == want[first]) first++;
+      tu_check(st == RMSNORM_OK && first == rows * d,
+               "%s: bf16 %s with subnormal/NaN/inf outputs: first differing element %zu "
+               "(0x%04x, want 0x%04x)",
+               rmsnorm_isa_name(isa), bw ? "backward" : "forward", first,
+               first < rows * d ? got[first] : 0, first < rows * d ? want[first] : 0);
+    }
+  }
+  free(x), free(dy), free(want), free(got), free(w), free(rstd);
+}
+
 int main(void) {
   static const rmsnorm_isa isas[] = {RMSNORM_ISA_AVX2, RMSNORM_ISA_AVX512};
   if (rmsnorm_context_create(&ref_ctx) != RMSNORM_OK) return 2;
@@ -190,6 +239,7 @@ int main(void) {
                       1, 1, 1, 1, bw, 0, 0, 1e-6, ln ? 1.0 : 0.7};
         compare(&s, seed);
       }
+  compare_bf16_edges();
   for (int c = 0; c < nctx; c++) rmsnorm_context_free(ctxs[c]);
   rmsnorm_context_free(ref_ctx);
   return tu_finish("test_isa");

@@ -2,7 +2,8 @@
  * and with all threads, against the copy limit of the same byte count (the
  * best of memcpy and non-temporal copies on as many threads as the op) and
  * against the scalar reference, measured in the same run. Medians of many
- * repetitions after a warm-up, on buffers allocated and touched once. */
+ * repetitions after a warm-up, on buffers allocated and touched once; one
+ * thread and all threads are timed in the same rounds. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
@@ -453,16 +454,20 @@ int rn_cli_bench(int argc, char **argv) {
   int pr = parse_options(argc, argv, &o);
   if (pr) return pr > 0 ? RN_EXIT_OK : RN_EXIT_USAGE;
 
-  rmsnorm_context *fast, *scalar;
-  if (rmsnorm_context_create(&fast) != RMSNORM_OK || rmsnorm_context_create(&scalar) != RMSNORM_OK) {
+  rmsnorm_context *fast[2], *scalar; /* fast[0]: one thread; fast[1]: all */
+  if (rmsnorm_context_create(&fast[0]) != RMSNORM_OK ||
+      rmsnorm_context_create(&fast[1]) != RMSNORM_OK ||
+      rmsnorm_context_create(&scalar) != RMSNORM_OK) {
     rn_cli_error("bench: cannot create a context");
     return RN_EXIT_FAILURE;
   }
   rmsnorm_context_set_isa(scalar, RMSNORM_ISA_SCALAR);
   int all = o.threads;
-  if (!all) rmsnorm_context_get_threads(fast, &all);
+  if (!all) rmsnorm_context_get_threads(fast[1], &all);
+  rmsnorm_context_set_threads(fast[0], 1);
+  rmsnorm_context_set_threads(fast[1], all);
   rmsnorm_isa isa;
-  rmsnorm_context_get_isa(fast, &isa);
+  rmsnorm_context_get_isa(fast[1], &isa);
 
   buffers b;
   if (alloc_buffers(&b, &o)) {
@@ -494,51 +499,52 @@ int rn_cli_bench(int argc, char **argv) {
       shape s = o.shapes[si];
       size_t n = s.rows * s.d;
       fill_inputs(&b, dt, n);
-      for (int ti = 0; ti < nthr; ti++) {
-        int threads = ti ? all : 1;
-        rmsnorm_context_set_threads(fast, threads);
-        rmsnorm_context_set_threads(scalar, threads);
-        double fwd_bytes = 2.0 * (double)(n * es) + 4.0 * (double)s.d;
-        double bwd_bytes = 3.0 * (double)(n * es) + 8.0 * (double)s.d;
-        if (interactive)
-          fprintf(stderr, "\r[%d/%d] %s %zux%zu threads=%d   ", done += NUM_OPS, total,
-                  dtype_names[dt], s.rows, s.d, threads);
-        /* every copy of the same byte totals, on as many threads as the op
-         * and (for small work, which the op keeps on one thread) on one: the
-         * fastest is the limit; then the four ops; all in rounds */
-        copy_job copies[2 * 2 * MAX_COPY_KINDS];
-        job jobs[NUM_OPS];
-        timed items[2 * 2 * MAX_COPY_KINDS + NUM_OPS];
-        int ncopies = 0;
-        for (int bwd = 0; bwd < 2; bwd++)
-          for (int t = 0; t <= ti; t++)
-            for (int k = 0; k < nkinds; k++) {
-              copy_job c = {&teams[t], kinds[k], (size_t)((bwd ? bwd_bytes : fwd_bytes) / 2),
-                            b.mc_dst, b.mc_src};
-              copies[ncopies] = c;
-              items[ncopies].fn = copy_job_run;
-              items[ncopies].arg = &copies[ncopies];
-              ncopies++;
-            }
+      double fwd_bytes = 2.0 * (double)(n * es) + 4.0 * (double)s.d;
+      double bwd_bytes = 3.0 * (double)(n * es) + 8.0 * (double)s.d;
+      if (interactive)
+        fprintf(stderr, "\r[%d/%d] %s %zux%zu   ", done += NUM_OPS * nthr, total,
+                dtype_names[dt], s.rows, s.d);
+      /* every copy of the same byte totals, on one thread and on all; the
+       * four ops on one thread and on all: all of it in the same rounds, so
+       * that one thread and all threads meet the same drift of a shared
+       * machine. The limit at n threads is the fastest copy on at most n. */
+      copy_job copies[2 * 2 * MAX_COPY_KINDS];
+      job jobs[2][NUM_OPS];
+      timed items[2 * 2 * MAX_COPY_KINDS + 2 * NUM_OPS];
+      int ncopies = 0;
+      for (int bwd = 0; bwd < 2; bwd++)
+        for (int t = 0; t < nthr; t++)
+          for (int k = 0; k < nkinds; k++) {
+            copy_job c = {&teams[t], kinds[k], (size_t)((bwd ? bwd_bytes : fwd_bytes) / 2),
+                          b.mc_dst, b.mc_src};
+            copies[ncopies] = c;
+            items[ncopies].fn = copy_job_run;
+            items[ncopies].arg = &copies[ncopies];
+            ncopies++;
+          }
+      for (int ti = 0; ti < nthr; ti++)
         for (int op = 0; op < NUM_OPS; op++) {
-          job j = {fast, {0}, (op_kind)op, s, &b};
+          job j = {fast[ti], {0}, (op_kind)op, s, &b};
           rmsnorm_config_init(&j.cfg, (rmsnorm_dtype)dt);
           j.cfg.param_dtype = RMSNORM_F32;
-          jobs[op] = j;
-          rmsnorm_status st = run_op(&jobs[op]);
+          jobs[ti][op] = j;
+          rmsnorm_status st = run_op(&jobs[ti][op]);
           if (st != RMSNORM_OK) {
             rn_cli_error("bench: %s: %s", op_names[op], rmsnorm_status_message(st));
             return RN_EXIT_FAILURE;
           }
-          items[ncopies + op].fn = run_op_void;
-          items[ncopies + op].arg = &jobs[op];
+          items[ncopies + ti * NUM_OPS + op].fn = run_op_void;
+          items[ncopies + ti * NUM_OPS + op].arg = &jobs[ti][op];
         }
-        interleaved_medians(items, ncopies + NUM_OPS, budget * 4, lo, hi);
+      interleaved_medians(items, ncopies + nthr * NUM_OPS, budget * 4 * nthr, lo, hi);
+      for (int ti = 0; ti < nthr; ti++) {
+        int threads = ti ? all : 1;
         double limit[2] = {0, 0};
         const char *limit_kind[2] = {"", ""};
         int limit_threads[2] = {1, 1};
         for (int c = 0; c < ncopies; c++) {
           int bwd = c >= ncopies / 2;
+          if (copies[c].t->n > threads) continue;
           double bw = 2.0 * (double)copies[c].bytes / items[c].median;
           if (bw > limit[bwd]) limit[bwd] = bw, limit_kind[bwd] = copies[c].kind->name,
                                limit_threads[bwd] = copies[c].t->n;
@@ -548,14 +554,15 @@ int rn_cli_bench(int argc, char **argv) {
           result *r = &res[op];
           int bwd = op == OP_RMS_BWD || op == OP_LN_BWD;
           r->op = (op_kind)op, r->dtype = dt, r->threads = threads, r->s = s;
-          r->median = items[ncopies + op].median;
+          r->median = items[ncopies + ti * NUM_OPS + op].median;
           r->gbps = (bwd ? bwd_bytes : fwd_bytes) / r->median / 1e9;
           r->limit_gbps = limit[bwd] / 1e9;
           snprintf(r->limit, sizeof r->limit, "%s/%dT", limit_kind[bwd], limit_threads[bwd]);
           r->scalar_median = 0;
           if (o.scalar) { /* the reference, on its own: only a speedup rides on it */
-            job j = jobs[op];
+            job j = jobs[ti][op];
             j.ctx = scalar;
+            rmsnorm_context_set_threads(scalar, threads);
             r->scalar_median = median_time(run_op_void, &j, sbudget, slo, shi);
           }
           r->ln_over_rms = NAN;
@@ -570,7 +577,8 @@ int rn_cli_bench(int argc, char **argv) {
   if (o.json) printf("\n]\n");
   team_stop(&teams[0]);
   team_stop(&teams[1]);
-  rmsnorm_context_free(fast);
+  rmsnorm_context_free(fast[0]);
+  rmsnorm_context_free(fast[1]);
   rmsnorm_context_free(scalar);
   free(b.x), free(b.y), free(b.dy), free(b.dx), free(b.mc_src), free(b.mc_dst);
   free(b.w), free(b.dw), free(b.db), free(b.mean), free(b.rstd), free(b.ln_rstd);

@@ -43,8 +43,9 @@ typedef struct result {
 static int train(train_norm norm, int threads, result *r) {
   train_shape s;
   train_shape_default(&s);
-  /* N = 1024 rows of 256 floats: 1 MiB per operand, so librmsnorm splits
-   * each norm over 2 threads (it starts one per MiB moved) */
+  /* N = 1024 rows of 256 floats: 1 MiB per operand, enough traffic that
+   * librmsnorm's cost model (src/work.c) splits some of the norms' calls
+   * over 2 threads */
   s.batch = 16;
   s.seq_len = 64;
   s.layers = 1;

@@ -1,7 +1,8 @@
 /* simd_avx512.h - the vector vocabulary of norm_simd.inc for AVX-512
  * (F/BW/VL + FMA + F16C): 16 floats or 8 doubles a vector, masked tails.
- * bf16 is rounded with integer ops: VCVTNEPS2BF16 flushes subnormal inputs
- * to zero, which would break bit-equality with the reference. */
+ * bf16 is rounded with integer ops, or, built with RN_AVX512_BF16 (the file
+ * norm_avx512_bf16.c), with VCVTNEPS2BF16 and a fix-up for the lanes where it
+ * differs from the reference (subnormal inputs, which it flushes, and NaN). */
 #ifndef RMSNORM_SIMD_AVX512_H
 #define RMSNORM_SIMD_AVX512_H
 
@@ -63,15 +64,30 @@ static inline vf vf_round_f16(vf v) { return _mm512_cvtph_ps(f32_to_f16(v)); }
 static inline vf bf16_widen(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-/* round to nearest even on the dropped 16 bits; NaN keeps its top bits, made quiet */
-static inline __m256i f32_to_bf16(vf v) {
+/* round to nearest even on the dropped 16 bits; NaN keeps its top bits, made
+ * quiet: the spec's integer steps (convert.h) */
+static inline __m512i f32_to_bf16_int(vf v) {
   __m512i u = _mm512_castps_si512(v);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), q);
-  return _mm512_cvtepi32_epi16(r);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), q);
 }
+#if RN_AVX512_BF16
+/* VCVTNEPS2BF16 (AVX512_BF16) rounds to nearest even as the spec does, but
+ * reads subnormal inputs as zero; NaN lanes are left to the spec's steps
+ * too. A vector with such a lane (rare; one VFPCLASSPS, AVX512DQ, finds it)
+ * takes the integer path, so the bits are always the spec's. */
+static inline __m256i f32_to_bf16(vf v) {
+  /* classes: 0x01 quiet NaN, 0x20 subnormal, 0x80 signaling NaN */
+  __mmask16 odd = _mm512_fpclass_ps_mask(v, 0x01 | 0x20 | 0x80);
+  if (__builtin_expect(!_kortestz_mask16_u8(odd, odd), 0))
+    return _mm512_cvtepi32_epi16(f32_to_bf16_int(v));
+  return (__m256i)_mm512_cvtneps_pbh(v);
+}
+#else
+static inline __m256i f32_to_bf16(vf v) { return _mm512_cvtepi32_epi16(f32_to_bf16_int(v)); }
+#endif
 static inline vf vf_load_bf16(const uint16_t *p) {
   return bf16_widen(_mm256_loadu_si256((const __m256i *)(const void *)p));
 }
