@@ -625,7 +625,8 @@ static isa_out run_all(rmsnorm_context *c, rmsnorm_dtype dt, size_t rows, size_t
 }
 
 static void test_isas(void) {
-  static const rmsnorm_isa isas[] = {RMSNORM_ISA_SCALAR, RMSNORM_ISA_AVX2, RMSNORM_ISA_AVX512};
+  static const rmsnorm_isa isas[] = {RMSNORM_ISA_SCALAR, RMSNORM_ISA_AVX2, RMSNORM_ISA_AVX512,
+                                     RMSNORM_ISA_NEON};
   rmsnorm_context *ref, *c;
   if (rmsnorm_context_create(&ref) != RMSNORM_OK || rmsnorm_context_create(&c) != RMSNORM_OK) return;
   rmsnorm_context_set_isa(ref, RMSNORM_ISA_SCALAR);
@@ -641,7 +642,7 @@ static void test_isas(void) {
       size_t d = big ? 4100 : many ? 40 : ds[k];
       size_t rows = big ? (dt == RMSNORM_F32 ? 1100 : 600) : many ? 5000 : 6;
       isa_out want = run_all(ref, (rmsnorm_dtype)dt, rows, d, v);
-      for (int i = 0; i < 3; i++) {
+      for (int i = 0; i < 4; i++) {
         if (rmsnorm_context_set_isa(c, isas[i]) != RMSNORM_OK) continue;
         for (int threads = 1; threads <= 3; threads += 2) {
           rmsnorm_context_set_threads(c, threads);

@@ -83,7 +83,7 @@ static unsigned char *run_once(rmsnorm_context *ctx, const run_spec *s, uint64_t
   return res;
 }
 
-static rmsnorm_context *ref_ctx, *ctxs[3];
+static rmsnorm_context *ref_ctx, *ctxs[4];
 static int nctx;
 
 static void compare(const run_spec *s, uint64_t seed) {
@@ -113,11 +113,11 @@ static void compare(const run_spec *s, uint64_t seed) {
 }
 
 int main(void) {
-  static const rmsnorm_isa isas[] = {RMSNORM_ISA_AVX2, RMSNORM_ISA_AVX512};
+  static const rmsnorm_isa isas[] = {RMSNORM_ISA_AVX2, RMSNORM_ISA_AVX512, RMSNORM_ISA_NEON};
   if (rmsnorm_context_create(&ref_ctx) != RMSNORM_OK) return 2;
   rmsnorm_context_set_isa(ref_ctx, RMSNORM_ISA_SCALAR);
   rmsnorm_context_set_threads(ref_ctx, 1);
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) {
     rmsnorm_context *c;
     if (rmsnorm_context_create(&c) != RMSNORM_OK) return 2;
     if (rmsnorm_context_set_isa(c, isas[i]) != RMSNORM_OK) {

@@ -146,7 +146,7 @@ static spec specs[NSPECS];
 static result want[NSPECS];
 static rmsnorm_context *shared[2];
 static const rmsnorm_isa isas[] = {RMSNORM_ISA_AUTO, RMSNORM_ISA_SCALAR, RMSNORM_ISA_AVX2,
-                                   RMSNORM_ISA_AVX512};
+                                   RMSNORM_ISA_AVX512, RMSNORM_ISA_NEON};
 
 typedef struct thread_state {
   int index;
@@ -168,7 +168,7 @@ static void *thread_main(void *p) {
     if (m < 0.15)
       rmsnorm_context_set_threads(c, (int)(rnd(&s) * 5));
     else if (m < 0.3)
-      rmsnorm_context_set_isa(c, isas[(int)(rnd(&s) * 4)]); /* NOT_AVAILABLE is fine */
+      rmsnorm_context_set_isa(c, isas[(int)(rnd(&s) * 5)]); /* NOT_AVAILABLE is fine */
     else if (m < 0.35)
       rmsnorm_context_trim(c);
     else if (m < 0.4) {
@@ -214,7 +214,7 @@ static void *meddler_main(void *p) {
     rmsnorm_isa isa;
     switch ((int)(rnd(&s) * 6)) {
       case 0: rmsnorm_context_set_threads(c, (int)(rnd(&s) * 5)); break;
-      case 1: rmsnorm_context_set_isa(c, isas[(int)(rnd(&s) * 4)]); break;
+      case 1: rmsnorm_context_set_isa(c, isas[(int)(rnd(&s) * 5)]); break;
       case 2: rmsnorm_context_get_threads(c, &t); break;
       case 3: rmsnorm_context_get_isa(c, &isa); break;
       case 4: rmsnorm_context_get_scratch_bytes(c, &bytes); break;
