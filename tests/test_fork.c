@@ -115,18 +115,26 @@ int main(void) {
   tu_check(fork_and_check(ctx, 1) == 0, "child and grandchild after threaded calls");
   tu_check(check_calls(ctx) == 0, "parent after the fork");
 
-  /* forks while another thread is in the middle of calls on ctx */
-  caller k = {ctx, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+  /* forks while another thread is in the middle of calls on ctx. Not under
+   * user-mode emulation: qemu-aarch64 (7.2) aborts a child forked while
+   * another guest thread runs (assertion in cpu_exec), whatever that thread
+   * does; the native x86 runs (Release, ASan, TSan) keep this case. */
   pthread_t th;
-  if (pthread_create(&th, NULL, caller_main, &k) != 0) return 2;
-  int bad = 0;
-  for (int i = 0; i < 4; i++) bad |= fork_and_check(ctx, 0);
-  pthread_mutex_lock(&k.lock);
-  k.stop = 1;
-  pthread_mutex_unlock(&k.lock);
-  pthread_join(th, NULL);
-  tu_check(bad == 0, "children forked while another thread calls");
-  tu_check(k.bad == 0 && k.calls >= 3, "the calling thread across the forks (%d calls)", k.calls);
+  if (tu_emulated()) {
+    printf("test_fork: forks during another thread's calls: not run under emulation\n");
+  } else {
+    caller k = {ctx, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    if (pthread_create(&th, NULL, caller_main, &k) != 0) return 2;
+    int bad = 0;
+    for (int i = 0; i < 4; i++) bad |= fork_and_check(ctx, 0);
+    pthread_mutex_lock(&k.lock);
+    k.stop = 1;
+    pthread_mutex_unlock(&k.lock);
+    pthread_join(th, NULL);
+    tu_check(bad == 0, "children forked while another thread calls");
+    tu_check(k.bad == 0 && k.calls >= 3, "the calling thread across the forks (%d calls)",
+             k.calls);
+  }
 
   /* fork from a thread other than the one that made the context */
   forker f = {ctx, 1};

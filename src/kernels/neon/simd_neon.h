@@ -14,6 +14,12 @@
 
 #define VF_W 4
 #define VD_W 2
+/* norm_simd.inc's element-wise loops, 4 vectors a pass */
+#if defined(__clang__)
+#define RN_SPAN_UNROLL _Pragma("unroll 4")
+#else
+#define RN_SPAN_UNROLL _Pragma("GCC unroll 4")
+#endif
 
 typedef float32x4_t vf;
 typedef float64x2_t vd;
