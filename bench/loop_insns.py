@@ -25,7 +25,8 @@ import subprocess
 import sys
 
 # the vector stores and FMAs of each ISA's hot loops
-STORE = re.compile(r"^(str\s+q|stp\s+q|st1\s|vmovup[sd]\s.*,\s*\(|vmovntp[sd]\s|vmovdq[au]\S*\s.*,\s*\()")
+# (x86 in AT&T syntax: a store's memory operand is its last)
+STORE = re.compile(r"^(str\s+q|stp\s+q|st1\s|vmov\S*\s+%[xyz]mm\d+,\s*-?(0x[0-9a-f]+)?\()")
 FMA = re.compile(r"^(fmla\s+v\d+\.4s|vfmadd\d+ps|vfnmadd\d+ps)")
 BRANCH = re.compile(r"^(b\.\w+|cbn?z|tbn?z|b|j\w+)\s+([0-9a-f]+)\s*<")
 

@@ -2259,7 +2259,16 @@ int main(int argc, char **argv) {
   test_special_outputs();
   test_errors();
   test_closed_pipes();
-  test_signals();
+  /* Under user-mode emulation (the aarch64 build's ctest) a signal reaches
+   * qemu-aarch64 first, which takes some for itself (SEGV, BUS, ILL, TRAP
+   * drive its own fault handling) and delivers others to the guest thread of
+   * its choosing: the test would measure the emulator. The native builds run
+   * it (README, "ARM64"). */
+  const char *emulated = getenv("RMSNORM_TEST_EMULATED");
+  if (emulated && *emulated && strcmp(emulated, "0") != 0)
+    printf("cli_commands: signal tests not run under emulation\n");
+  else
+    test_signals();
   test_stream_inputs();
   test_odd_offsets();
   test_demo();
