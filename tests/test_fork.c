@@ -94,6 +94,15 @@ static void *forker_main(void *p) {
 }
 
 int main(void) {
+  /* Not under user-mode emulation: qemu-aarch64 (7.2) aborts children forked
+   * from a guest with other threads (the pool's, even idle ones), with
+   * "cpu_exec: assertion failed: (cpu == current_cpu)", now and then; that
+   * tests the emulator. The native x86 runs (Release, ASan, TSan) keep it.
+   * 77: ctest's skip code for this test. */
+  if (tu_emulated()) {
+    printf("test_fork: skipped under emulation (qemu-user cannot fork threaded guests)\n");
+    return 77;
+  }
   tu_seed(5);
   for (size_t i = 0; i < ROWS * D; i++) x[i] = (float)tu_normal(), dy[i] = (float)tu_normal();
   for (size_t j = 0; j < D; j++) w[j] = 1.0f + 0.1f * (float)tu_normal();
@@ -115,26 +124,18 @@ int main(void) {
   tu_check(fork_and_check(ctx, 1) == 0, "child and grandchild after threaded calls");
   tu_check(check_calls(ctx) == 0, "parent after the fork");
 
-  /* forks while another thread is in the middle of calls on ctx. Not under
-   * user-mode emulation: qemu-aarch64 (7.2) aborts a child forked while
-   * another guest thread runs (assertion in cpu_exec), whatever that thread
-   * does; the native x86 runs (Release, ASan, TSan) keep this case. */
+  /* forks while another thread is in the middle of calls on ctx */
+  caller k = {ctx, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
   pthread_t th;
-  if (tu_emulated()) {
-    printf("test_fork: forks during another thread's calls: not run under emulation\n");
-  } else {
-    caller k = {ctx, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0};
-    if (pthread_create(&th, NULL, caller_main, &k) != 0) return 2;
-    int bad = 0;
-    for (int i = 0; i < 4; i++) bad |= fork_and_check(ctx, 0);
-    pthread_mutex_lock(&k.lock);
-    k.stop = 1;
-    pthread_mutex_unlock(&k.lock);
-    pthread_join(th, NULL);
-    tu_check(bad == 0, "children forked while another thread calls");
-    tu_check(k.bad == 0 && k.calls >= 3, "the calling thread across the forks (%d calls)",
-             k.calls);
-  }
+  if (pthread_create(&th, NULL, caller_main, &k) != 0) return 2;
+  int bad = 0;
+  for (int i = 0; i < 4; i++) bad |= fork_and_check(ctx, 0);
+  pthread_mutex_lock(&k.lock);
+  k.stop = 1;
+  pthread_mutex_unlock(&k.lock);
+  pthread_join(th, NULL);
+  tu_check(bad == 0, "children forked while another thread calls");
+  tu_check(k.bad == 0 && k.calls >= 3, "the calling thread across the forks (%d calls)", k.calls);
 
   /* fork from a thread other than the one that made the context */
   forker f = {ctx, 1};

@@ -3,7 +3,7 @@
  * on x86-64 (README, "ARM64"): the aarch64 build under emulation must give
  * the x86 bits, and the x86 build checks the same file, so it cannot go
  * stale. Every kernel set the machine runs is checked (scalar, avx2, avx512
- * or neon). The inputs come from integer arithmetic only (no libm), so they
+ * or neon; under emulation the fast set only). The inputs come from integer arithmetic only (no libm), so they
  * are the same bits on every target.
  *   test_golden FILE            check
  *   test_golden --write FILE    regenerate (on x86-64; say so in the commit) */
@@ -239,6 +239,8 @@ int main(int argc, char **argv) {
             continue;
           lines++;
           for (int i = 0; i < 4; i++) {
+            /* under emulation the fast set only (test_isa holds scalar to its bits) */
+            if (tu_emulated() && isas[i] == RMSNORM_ISA_SCALAR) continue;
             if (rmsnorm_context_set_isa(ctx, isas[i]) != RMSNORM_OK) continue;
             golden g = run_case(ctx, op, (rmsnorm_dtype)dt, sizes[s], variants[vi]);
             tu_check(!strcmp(rmsnorm_status_name(g.st), want_st) && g.h == want_h,

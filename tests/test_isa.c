@@ -127,9 +127,12 @@ int main(void) {
     }
     ctxs[nctx++] = c;
   }
-  /* the reference also against itself across thread counts */
-  if (rmsnorm_context_create(&ctxs[nctx]) != RMSNORM_OK) return 2;
-  rmsnorm_context_set_isa(ctxs[nctx++], RMSNORM_ISA_SCALAR);
+  /* the reference also against itself across thread counts (natively: under
+   * emulation the fast sets' runs on 1 and 3 threads suffice) */
+  if (!tu_emulated()) {
+    if (rmsnorm_context_create(&ctxs[nctx]) != RMSNORM_OK) return 2;
+    rmsnorm_context_set_isa(ctxs[nctx++], RMSNORM_ISA_SCALAR);
+  }
 
   uint64_t seed = 100;
   static const size_t small[] = {1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127, 129,
