@@ -148,12 +148,14 @@ RMSNORM_API rmsnorm_status rmsnorm_context_get_scratch_bytes(const rmsnorm_conte
                                                               size_t *bytes);
 
 /* Kernel sets. AUTO is the best the CPU supports, unless the environment
- * variable RMSNORM_ISA (scalar, avx2 or avx512) names a supported one. */
+ * variable RMSNORM_ISA (scalar, avx2, avx512 or neon) names a supported one.
+ * Every set gives the scalar reference's bits. */
 typedef enum rmsnorm_isa {
   RMSNORM_ISA_AUTO = 0,
   RMSNORM_ISA_SCALAR = 1, /* the portable reference kernels */
   RMSNORM_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
-  RMSNORM_ISA_AVX512 = 3  /* AVX-512 F/BW/VL (+ BF16 conversions when present) */
+  RMSNORM_ISA_AVX512 = 3, /* AVX-512 F/BW/VL (+ BF16 conversions when present) */
+  RMSNORM_ISA_NEON = 4    /* AArch64 Advanced SIMD (aarch64 builds only) */
 } rmsnorm_isa;
 
 /* CPU features, as reported by rmsnorm_cpu_features (OS support checked). */
@@ -164,13 +166,16 @@ enum {
   RMSNORM_CPU_AVX512F = 1u << 3,
   RMSNORM_CPU_AVX512BW = 1u << 4,
   RMSNORM_CPU_AVX512VL = 1u << 5,
-  RMSNORM_CPU_AVX512BF16 = 1u << 6
+  RMSNORM_CPU_AVX512BF16 = 1u << 6,
+  RMSNORM_CPU_NEON = 1u << 7,    /* AArch64: Advanced SIMD (HWCAP_ASIMD) */
+  RMSNORM_CPU_NEON_FP16 = 1u << 8 /* AArch64: FEAT_FP16 half arithmetic (HWCAP_ASIMDHP);
+                                     reported only: the kernels need no more than NEON */
 };
 
 /* @return RMSNORM_OK and the features in *features, RMSNORM_ERROR_NULL_POINTER. */
 RMSNORM_API rmsnorm_status rmsnorm_cpu_features(unsigned *features);
-/* @return the name of a kernel set ("auto", "scalar", "avx2", "avx512"), or
- * "unknown". */
+/* @return the name of a kernel set ("auto", "scalar", "avx2", "avx512",
+ * "neon"), or "unknown". */
 RMSNORM_API const char *rmsnorm_isa_name(rmsnorm_isa isa);
 /* Chooses the kernel set of a context; AUTO re-applies the run-time choice.
  * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_ARGUMENT

@@ -100,7 +100,7 @@ void rmsnorm_context_free(rmsnorm_context *ctx) {
 
 rmsnorm_status rmsnorm_context_set_isa(rmsnorm_context *ctx, rmsnorm_isa isa) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  if (isa < RMSNORM_ISA_AUTO || isa > RMSNORM_ISA_AVX512) return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (isa < RMSNORM_ISA_AUTO || isa > RMSNORM_ISA_NEON) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (isa == RMSNORM_ISA_AUTO) isa = rn_isa_auto();
   const rn_kernel_set *k = rn_kernels_for(isa);
   if (!k) return RMSNORM_ERROR_NOT_AVAILABLE;

@@ -1,6 +1,7 @@
-/* cpu.c - what the CPU and the OS let us run, read once: CPUID for the
+/* cpu.c - what the CPU and the OS let us run, read once. x86: CPUID for the
  * instruction sets, XGETBV for the register state the OS saves (AVX needs
- * YMM state, AVX-512 also the opmask and ZMM state). */
+ * YMM state, AVX-512 also the opmask and ZMM state). AArch64 Linux: the
+ * kernel's hardware capability bits (getauxval(AT_HWCAP)). */
 #include "cpu.h"
 
 #include <pthread.h>
@@ -40,6 +41,24 @@ static unsigned detect(void) {
       if ((a >> 5) & 1) f |= RMSNORM_CPU_AVX512BF16;
     }
   }
+  return f;
+}
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+
+/* the bits of AT_HWCAP (Linux's asm/hwcap.h; spelled out so that older
+ * headers do) */
+#define RN_HWCAP_FP (1ul << 0)
+#define RN_HWCAP_ASIMD (1ul << 1)
+#define RN_HWCAP_FPHP (1ul << 9)
+#define RN_HWCAP_ASIMDHP (1ul << 10)
+
+static unsigned detect(void) {
+  unsigned long hw = getauxval(AT_HWCAP);
+  unsigned f = 0;
+  if ((hw & (RN_HWCAP_FP | RN_HWCAP_ASIMD)) == (RN_HWCAP_FP | RN_HWCAP_ASIMD)) f |= RMSNORM_CPU_NEON;
+  if ((hw & (RN_HWCAP_FPHP | RN_HWCAP_ASIMDHP)) == (RN_HWCAP_FPHP | RN_HWCAP_ASIMDHP))
+    f |= RMSNORM_CPU_NEON_FP16;
   return f;
 }
 #else

@@ -40,6 +40,9 @@ static void fill_avx512_bf16(void) {
   s->shard_sums[RMSNORM_BF16] = b->shard_sums[RMSNORM_BF16];
 }
 #endif
+#ifdef RMSNORM_HAVE_NEON
+extern const rn_kernel_set rn_kernels_neon;
+#endif
 
 const rn_kernel_set *rn_kernels_for(rmsnorm_isa isa) {
   unsigned f = rn_cpu_features();
@@ -71,6 +74,11 @@ const rn_kernel_set *rn_kernels_for(rmsnorm_isa isa) {
       }
 #endif
       return NULL;
+    case RMSNORM_ISA_NEON:
+#ifdef RMSNORM_HAVE_NEON
+      if (f & RMSNORM_CPU_NEON) return &rn_kernels_neon;
+#endif
+      return NULL;
   }
   return NULL;
 }
@@ -80,15 +88,17 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void choose(void) {
   const char *env = getenv("RMSNORM_ISA");
-  static const rmsnorm_isa order[] = {RMSNORM_ISA_AVX512, RMSNORM_ISA_AVX2, RMSNORM_ISA_SCALAR};
+  static const rmsnorm_isa order[] = {RMSNORM_ISA_AVX512, RMSNORM_ISA_AVX2, RMSNORM_ISA_NEON,
+                                      RMSNORM_ISA_SCALAR};
+  enum { n_order = sizeof order / sizeof order[0] };
   if (env) {
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < n_order; i++)
       if (strcmp(env, rmsnorm_isa_name(order[i])) == 0 && rn_kernels_for(order[i])) {
         auto_isa = order[i];
         return;
       }
   }
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < n_order; i++)
     if (rn_kernels_for(order[i])) {
       auto_isa = order[i];
       return;
@@ -106,6 +116,7 @@ const char *rmsnorm_isa_name(rmsnorm_isa isa) {
     case RMSNORM_ISA_SCALAR: return "scalar";
     case RMSNORM_ISA_AVX2: return "avx2";
     case RMSNORM_ISA_AVX512: return "avx512";
+    case RMSNORM_ISA_NEON: return "neon";
   }
   return "unknown";
 }

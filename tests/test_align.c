@@ -261,9 +261,10 @@ static void test_large(rmsnorm_context *c, const char *isa) {
 }
 
 int main(void) {
-  static const rmsnorm_isa isas[] = {RMSNORM_ISA_SCALAR, RMSNORM_ISA_AVX2, RMSNORM_ISA_AVX512};
+  static const rmsnorm_isa isas[] = {RMSNORM_ISA_SCALAR, RMSNORM_ISA_AVX2, RMSNORM_ISA_AVX512,
+                                     RMSNORM_ISA_NEON};
   tu_seed(7);
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     rmsnorm_context *c;
     if (rmsnorm_context_create(&c) != RMSNORM_OK) return 2;
     if (rmsnorm_context_set_isa(c, isas[i]) != RMSNORM_OK) {

@@ -180,6 +180,8 @@ static void test_model_sizes(void) {
       for (size_t s = 0; s < 4; s++)
         for (int v = 0; v < 3; v++) {
           if (ln && v == 2) continue;
+          /* emulated: 65537 once per dtype */
+          if (tu_emulated() && s == 3 && (ln || v)) continue;
           fcase c = {(rmsnorm_dtype)dt, (rmsnorm_dtype)dt, ln, 2, sizes[s], sizes[s],
                      sizes[s] + 5, v, v == 1, 1e-6, v == 2, v == 2 ? 0.25 : 1.0,
                      0, 0, 1.0};
@@ -191,7 +193,8 @@ static void test_model_sizes(void) {
 static void test_long_rows(void) {
   for (int dt = 0; dt < 4; dt++)
     for (int ln = 0; ln < 2; ln++) {
-      size_t d = 1u << 20;
+      if (tu_emulated() && dt != RMSNORM_F32) continue; /* emulated: fp32, 2^18 */
+      size_t d = tu_emulated() ? 1u << 18 : 1u << 20;
       fcase c = {(rmsnorm_dtype)dt, RMSNORM_F32, ln, 1, d, d, d, 1, 0, 1e-5, 0, 1.0, 0, 0, 3.0};
       /* a mean far from zero makes LayerNorm's sums harder */
       double *xv = malloc(d * sizeof(double));

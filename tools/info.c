@@ -16,7 +16,8 @@ static const struct {
   {RMSNORM_CPU_AVX2, "avx2"},         {RMSNORM_CPU_FMA, "fma"},
   {RMSNORM_CPU_F16C, "f16c"},         {RMSNORM_CPU_AVX512F, "avx512f"},
   {RMSNORM_CPU_AVX512BW, "avx512bw"}, {RMSNORM_CPU_AVX512VL, "avx512vl"},
-  {RMSNORM_CPU_AVX512BF16, "avx512bf16"},
+  {RMSNORM_CPU_AVX512BF16, "avx512bf16"}, {RMSNORM_CPU_NEON, "neon"},
+  {RMSNORM_CPU_NEON_FP16, "fp16"},
 };
 
 int rn_cli_info(int argc, char **argv) {
@@ -24,7 +25,7 @@ int rn_cli_info(int argc, char **argv) {
     if (rn_cli_is_help(argv[i])) {
       printf("usage: rmsnorm info\n\n"
              "Prints the version, the CPU features detected (with OS support checked),\n"
-             "the kernel set in use (RMSNORM_ISA=scalar|avx2|avx512 overrides the choice)\n"
+             "the kernel set in use (RMSNORM_ISA=scalar|avx2|avx512|neon overrides the choice)\n"
              "and the default thread count. Takes no arguments.\n");
       return RN_EXIT_OK;
     }
@@ -46,7 +47,7 @@ int rn_cli_info(int argc, char **argv) {
         printf(" %s", cpu_feature_names[i].name);
         any = 1;
       }
-    if (!any) printf(" none of those used (avx2 fma f16c avx512f/bw/vl/bf16)");
+    if (!any) printf(" none of those used (avx2 fma f16c avx512f/bw/vl/bf16 neon fp16)");
   }
   printf("\n");
 
@@ -65,7 +66,7 @@ int rn_cli_info(int argc, char **argv) {
   const char *env = getenv("RMSNORM_ISA");
   if (st_isa == RMSNORM_OK && env && strcmp(env, rmsnorm_isa_name(isa)) != 0)
     /* the library ignores a value it does not know or this CPU cannot run */
-    printf("kernel set:   %s (RMSNORM_ISA=%s ignored: not scalar, avx2 or avx512, or not "
+    printf("kernel set:   %s (RMSNORM_ISA=%s ignored: not scalar, avx2, avx512 or neon, or not "
            "supported here)\n", rmsnorm_isa_name(isa), env);
   else if (st_isa == RMSNORM_OK)
     printf("kernel set:   %s%s%s%s\n", rmsnorm_isa_name(isa), env ? " (RMSNORM_ISA=" : "",

@@ -698,11 +698,12 @@ PyObject *py_isa(PyObject *, PyObject *) {
 
 PyObject *py_cpu_features(PyObject *, PyObject *) {
   return guarded([&]() -> PyObject * {
-    static const char *names[] = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512bf16"};
+    static const char *names[] = {"avx2",     "fma",        "f16c", "avx512f", "avx512bw",
+                                  "avx512vl", "avx512bf16", "neon", "fp16"};
     unsigned bits = 0;
     rncore::check(rmsnorm_cpu_features(&bits), "rmsnorm_cpu_features");
     Ref out = checked(PyList_New(0));
-    for (unsigned i = 0; i < 7; i++)
+    for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
       if (bits >> i & 1) {
         Ref s = checked(PyUnicode_FromString(names[i]));
         if (PyList_Append(out.get(), s.get()) < 0) throw PyErrorSet{};
@@ -861,7 +862,7 @@ PyMethodDef methods[] = {
     {"get_num_threads", py_get_num_threads, METH_NOARGS,
      "get_num_threads($module, /)\n--\n\nThe most threads one call of the numpy functions may use."},
     {"isa", py_isa, METH_NOARGS,
-     "isa($module, /)\n--\n\nThe kernel set in use: \"scalar\", \"avx2\" or \"avx512\"."},
+     "isa($module, /)\n--\n\nThe kernel set in use: \"scalar\", \"avx2\", \"avx512\" or \"neon\"."},
     {"cpu_features", py_cpu_features, METH_NOARGS,
      "cpu_features($module, /)\n--\n\nThe CPU features the library detected (OS support checked)."},
     {"linear_available", py_linear_available, METH_NOARGS,

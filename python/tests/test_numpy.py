@@ -371,7 +371,7 @@ def test_fork_after_threaded_call():
 
 
 def test_info():
-    assert rmsnorm.isa() in ("scalar", "avx2", "avx512")
+    assert rmsnorm.isa() in ("scalar", "avx2", "avx512", "neon")
     assert isinstance(rmsnorm.cpu_features(), list)
     assert rmsnorm.__version__ == rmsnorm.library_version()
 

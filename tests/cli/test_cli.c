@@ -273,6 +273,28 @@ typedef struct run_opts {
                               endless device cannot exhaust the machine's; 0: none */
 } run_opts;
 
+/* Runs bin with argv in this (forked) process. RMSNORM_TEST_EXEC_WRAPPER, when
+ * set, is a command put in front of it, its words split at spaces: the
+ * aarch64 build's ctest runs the command under qemu-aarch64 that way (a
+ * program under user-mode emulation cannot exec another aarch64 program
+ * without binfmt_misc; it can exec the host's emulator). */
+static void exec_command(char **argv) {
+  const char *wrap = getenv("RMSNORM_TEST_EXEC_WRAPPER");
+  if (!wrap || !*wrap) {
+    execv(bin, argv);
+    return;
+  }
+  static char words[1024];
+  char *all[64];
+  int n = 0;
+  snprintf(words, sizeof words, "%s", wrap);
+  for (char *t = strtok(words, " "); t && n < 32; t = strtok(NULL, " ")) all[n++] = t;
+  all[n++] = (char *)bin;
+  for (int i = 1; argv[i] && n < 63; i++) all[n++] = argv[i];
+  all[n] = NULL;
+  execv(all[0], all);
+}
+
 /* A command started by spawn and not yet finished. */
 typedef struct proc {
   pid_t pid, feeder, reader;
@@ -404,7 +426,7 @@ static proc spawn(const run_opts *o, const char *const *args) {
       setrlimit(RLIMIT_AS, &as);
 #endif
     }
-    execv(bin, argv);
+    exec_command(argv);
     _exit(127);
   }
   sigprocmask(SIG_SETMASK, &old_mask, NULL);
@@ -2222,7 +2244,16 @@ int main(int argc, char **argv) {
   test_special_outputs();
   test_errors();
   test_closed_pipes();
-  test_signals();
+  /* Under user-mode emulation (the aarch64 build's ctest) a signal reaches
+   * qemu-aarch64 first, which takes some for itself (SEGV, BUS, ILL, TRAP
+   * drive its own fault handling) and delivers others to the guest thread of
+   * its choosing: the test would measure the emulator. The native builds run
+   * it (README, "ARM64"). */
+  const char *emulated = getenv("RMSNORM_TEST_EMULATED");
+  if (emulated && *emulated && strcmp(emulated, "0") != 0)
+    printf("cli_commands: signal tests not run under emulation\n");
+  else
+    test_signals();
   test_stream_inputs();
   test_odd_offsets();
   test_demo();

@@ -1,0 +1,72 @@
+/* quant_neon.h - the vector vocabulary of fused_simd.inc for AArch64 NEON,
+ * on top of simd_neon.h: abs/max/divide, and int8 / fp8 e4m3 codes computed
+ * with the integer steps of quant.h (so the codes equal the reference's).
+ * Where x86's MAXPS/MINPS and NEON's FMAX/FMIN differ (NaN, signed zeros),
+ * the x86 meaning is built from a compare and a select. */
+#ifndef RMSNORM_QUANT_NEON_H
+#define RMSNORM_QUANT_NEON_H
+
+#include "simd_neon.h"
+
+typedef int32x4_t vi; /* VF_W int32 codes */
+
+static inline vf vf_abs(vf v) { return vabsq_f32(v); }
+static inline vd vd_abs(vd v) { return vabsq_f64(v); }
+/* max(a, b) = a > b ? a : b: b when a is NaN, as x86's MAXPS */
+static inline vf vf_max_keep(vf a, vf b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
+static inline vd vd_max_keep(vd a, vd b) { return vbslq_f64(vcgtq_f64(a, b), a, b); }
+/* the accumulated max |y| holds no NaN (vf_max_keep keeps the old value), so
+ * the order of the lane reduction does not matter */
+static inline float vf_hmax(vf v) { return vmaxvq_f32(v); }
+static inline double vd_hmax(vd v) { return vmaxvq_f64(v); }
+static inline vf vf_div(vf a, vf b) { return vdivq_f32(a, b); }
+static inline vd vd_div(vd a, vd b) { return vdivq_f64(a, b); }
+/* doubles rounded to float, in the low VD_W lanes */
+static inline vf vd_to_vf(vd v) { return vcombine_f32(vcvt_f32_f64(v), vdup_n_f32(0.0f)); }
+
+/* int8 codes: NaN -> 0, clamp to [-128, 127], round to nearest even */
+static inline vi vf_i8_codes(vf t) {
+  t = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(t), vceqq_f32(t, t)));
+  t = vminq_f32(vmaxq_f32(t, vdupq_n_f32(-128.0f)), vdupq_n_f32(127.0f));
+  return vcvtnq_s32_f32(t);
+}
+static inline vi vd_i8_codes(vd t) {
+  t = vreinterpretq_f64_u64(vandq_u64(vreinterpretq_u64_f64(t), vceqq_f64(t, t)));
+  t = vminq_f64(vmaxq_f64(t, vdupq_n_f64(-128.0)), vdupq_n_f64(127.0));
+  return vcombine_s32(vmovn_s64(vcvtnq_s64_f64(t)), vdup_n_s32(0));
+}
+
+/* e4m3 codes, as rn_e4m3_code */
+static inline vi vf_e4m3_codes(vf t) {
+  uint32x4_t u = vreinterpretq_u32_f32(t);
+  uint32x4_t sign = vandq_u32(vshrq_n_u32(u, 24), vdupq_n_u32(0x80));
+  uint32x4_t nan = vmvnq_u32(vceqq_f32(t, t));
+  vf big = vdupq_n_f32(448.0f), at = vabsq_f32(t);
+  vf a = vbslq_f32(vcltq_f32(at, big), at, big); /* x86 MINPS: 448 for NaN */
+  uint32x4_t m = vsubq_u32(vreinterpretq_u32_f32(a), vdupq_n_u32(120u << 23));
+  m = vaddq_u32(m, vaddq_u32(vdupq_n_u32(0x7ffff), vandq_u32(vshrq_n_u32(m, 20), vdupq_n_u32(1))));
+  uint32x4_t c = vshrq_n_u32(m, 20);
+  uint32x4_t sub = vcltq_f32(a, vdupq_n_f32(0x1p-6f));
+  c = vbslq_u32(sub, vreinterpretq_u32_s32(vcvtnq_s32_f32(vmulq_f32(a, vdupq_n_f32(512.0f)))), c);
+  c = vbslq_u32(nan, vdupq_n_u32(0x7f), c);
+  return vreinterpretq_s32_u32(vorrq_u32(c, sign));
+}
+static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
+
+/* the low bytes of the four codes, in the low 32 bits */
+static inline uint32_t vi_low_bytes(vi c) {
+  uint8x8_t b = vmovn_u16(vcombine_u16(vmovn_u32(vreinterpretq_u32_s32(c)), vdup_n_u16(0)));
+  return vget_lane_u32(vreinterpret_u32_u8(b), 0);
+}
+/* the low byte of the first n codes to p */
+static inline void vi_store_bytes(void *p, vi c, size_t n) {
+  uint32_t bytes = vi_low_bytes(c);
+  memcpy(p, &bytes, n);
+}
+/* the low byte of the four codes to p (n = 4), aligned to 4: a plain store */
+static inline void vi_stream_bytes(void *p, vi c, size_t n) {
+  uint32_t bytes = vi_low_bytes(c);
+  memcpy(p, &bytes, n);
+}
+
+#endif

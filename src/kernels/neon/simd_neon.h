@@ -1,0 +1,142 @@
+/* simd_neon.h - the vector vocabulary of norm_simd.inc for AArch64 Advanced
+ * SIMD (NEON): 4 floats or 2 doubles a vector. Everything here is in the
+ * base ARMv8-A instruction set: FMLA/FMLS are fused like x86's FMA, fp16
+ * <-> fp32 is FCVTN/FCVTL (round to nearest even, quiet NaNs kept, with the
+ * default FPCR that Linux gives a thread), bf16 is rounded with integer ops
+ * as on x86. Tails go through a small zero-filled buffer. */
+#ifndef RMSNORM_SIMD_NEON_H
+#define RMSNORM_SIMD_NEON_H
+
+#include <arm_neon.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define VF_W 4
+#define VD_W 2
+/* norm_simd.inc's element-wise loops, 4 vectors a pass */
+#if defined(__clang__)
+#define RN_SPAN_UNROLL _Pragma("unroll 4")
+#else
+#define RN_SPAN_UNROLL _Pragma("GCC unroll 4")
+#endif
+
+typedef float32x4_t vf;
+typedef float64x2_t vd;
+
+/* ---- float compute ---- */
+static inline vf vf_zero(void) { return vdupq_n_f32(0.0f); }
+static inline vf vf_set1(float a) { return vdupq_n_f32(a); }
+static inline vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
+static inline vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
+static inline vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }
+/* a * b + c and c - a * b, each rounded once (FMLA, FMLS) */
+static inline vf vf_fma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
+static inline vf vf_fnma(vf a, vf b, vf c) { return vfmsq_f32(c, a, b); }
+static inline uint32x4_t lanes_below_f(size_t n) {
+  static const uint32_t iota[4] = {0, 1, 2, 3};
+  return vcltq_u32(vld1q_u32(iota), vdupq_n_u32((uint32_t)n));
+}
+static inline vf vf_zero_from(vf v, size_t n) {
+  return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), lanes_below_f(n)));
+}
+
+/* the two halves of a float vector, widened to double (exact) */
+static inline vd vf_cvt_lo(vf v) { return vcvt_f64_f32(vget_low_f32(v)); }
+static inline vd vf_cvt_hi(vf v) { return vcvt_high_f64_f32(v); }
+
+static inline vf vf_load_f32(const float *p) { return vld1q_f32(p); }
+static inline vf vf_loadn_f32(const float *p, size_t n) {
+  float buf[4] = {0};
+  memcpy(buf, p, n * sizeof *p);
+  return vld1q_f32(buf);
+}
+static inline void vf_store_f32(float *p, vf v) { vst1q_f32(p, v); }
+static inline void vf_storen_f32(float *p, vf v, size_t n) {
+  float buf[4];
+  vst1q_f32(buf, v);
+  memcpy(p, buf, n * sizeof *p);
+}
+/* AArch64 has no non-temporal store of one vector register through the
+ * intrinsics (STNP stores pairs): "streaming" stores are plain stores. */
+static inline void vf_stream_f32(float *p, vf v) { vst1q_f32(p, v); }
+
+static inline uint16x4_t f32_to_f16(vf v) { return vreinterpret_u16_f16(vcvt_f16_f32(v)); }
+static inline vf f16_widen(uint16x4_t h) { return vcvt_f32_f16(vreinterpret_f16_u16(h)); }
+static inline vf vf_load_f16(const uint16_t *p) { return f16_widen(vld1_u16(p)); }
+static inline vf vf_loadn_f16(const uint16_t *p, size_t n) {
+  uint16_t buf[4] = {0};
+  memcpy(buf, p, n * sizeof *p);
+  return vf_load_f16(buf);
+}
+static inline void vf_store_f16(uint16_t *p, vf v) { vst1_u16(p, f32_to_f16(v)); }
+static inline void vf_storen_f16(uint16_t *p, vf v, size_t n) {
+  uint16_t buf[4];
+  vf_store_f16(buf, v);
+  memcpy(p, buf, n * sizeof *p);
+}
+static inline void vf_stream_f16(uint16_t *p, vf v) { vf_store_f16(p, v); }
+static inline vf vf_round_f16(vf v) { return f16_widen(f32_to_f16(v)); }
+
+static inline vf bf16_widen(uint16x4_t h) { return vreinterpretq_f32_u32(vshll_n_u16(h, 16)); }
+/* round to nearest even on the dropped 16 bits; NaN keeps its top bits, made quiet */
+static inline uint16x4_t f32_to_bf16(vf v) {
+  uint32x4_t u = vreinterpretq_u32_f32(v);
+  uint32x4_t hi = vshrq_n_u32(u, 16);
+  uint32x4_t lsb = vandq_u32(hi, vdupq_n_u32(1));
+  uint32x4_t r = vshrq_n_u32(vaddq_u32(u, vaddq_u32(lsb, vdupq_n_u32(0x7fff))), 16);
+  uint32x4_t q = vorrq_u32(hi, vdupq_n_u32(0x40));
+  uint32x4_t ordered = vceqq_f32(v, v); /* all ones unless NaN */
+  return vmovn_u32(vbslq_u32(ordered, r, q));
+}
+static inline vf vf_load_bf16(const uint16_t *p) { return bf16_widen(vld1_u16(p)); }
+static inline vf vf_loadn_bf16(const uint16_t *p, size_t n) {
+  uint16_t buf[4] = {0};
+  memcpy(buf, p, n * sizeof *p);
+  return vf_load_bf16(buf);
+}
+static inline void vf_store_bf16(uint16_t *p, vf v) { vst1_u16(p, f32_to_bf16(v)); }
+static inline void vf_storen_bf16(uint16_t *p, vf v, size_t n) {
+  uint16_t buf[4];
+  vf_store_bf16(buf, v);
+  memcpy(p, buf, n * sizeof *p);
+}
+static inline void vf_stream_bf16(uint16_t *p, vf v) { vf_store_bf16(p, v); }
+static inline vf vf_round_bf16(vf v) { return bf16_widen(f32_to_bf16(v)); }
+
+/* ---- double compute ---- */
+static inline vd vd_zero(void) { return vdupq_n_f64(0.0); }
+static inline vd vd_set1(double a) { return vdupq_n_f64(a); }
+static inline vd vd_add(vd a, vd b) { return vaddq_f64(a, b); }
+static inline vd vd_sub(vd a, vd b) { return vsubq_f64(a, b); }
+static inline vd vd_mul(vd a, vd b) { return vmulq_f64(a, b); }
+static inline vd vd_fma(vd a, vd b, vd c) { return vfmaq_f64(c, a, b); }
+static inline vd vd_fnma(vd a, vd b, vd c) { return vfmsq_f64(c, a, b); }
+static inline vd vd_zero_from(vd v, size_t n) {
+  static const uint64_t iota[2] = {0, 1};
+  uint64x2_t keep = vcltq_u64(vld1q_u64(iota), vdupq_n_u64((uint64_t)n));
+  return vreinterpretq_f64_u64(vandq_u64(vreinterpretq_u64_f64(v), keep));
+}
+/* lanes halved within one vector: lane 0 += lane 1 */
+static inline double vd_halve(vd v) { return vgetq_lane_f64(v, 0) + vgetq_lane_f64(v, 1); }
+static inline vd vd_load_f64(const double *p) { return vld1q_f64(p); }
+static inline vd vd_loadn_f64(const double *p, size_t n) {
+  double buf[2] = {0};
+  memcpy(buf, p, n * sizeof *p);
+  return vld1q_f64(buf);
+}
+static inline void vd_store_f64(double *p, vd v) { vst1q_f64(p, v); }
+static inline void vd_storen_f64(double *p, vd v, size_t n) {
+  double buf[2];
+  vst1q_f64(buf, v);
+  memcpy(p, buf, n * sizeof *p);
+}
+static inline void vd_stream_f64(double *p, vd v) { vst1q_f64(p, v); }
+
+/* the "streaming" stores are plain stores (above): DMB ISHST orders them
+ * anyway, as SFENCE does on x86, so the contract is the same */
+static inline void v_store_fence(void) { __asm__ volatile("dmb ishst" ::: "memory"); }
+/* a hint: the line holding p will be read soon; into L2 (PRFM PLDL2KEEP) */
+static inline void v_prefetch(const void *p) { __builtin_prefetch(p, 0, 2); }
+
+#endif
