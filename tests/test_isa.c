@@ -229,6 +229,18 @@ int main(void) {
                     1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0};
       compare(&s, seed);
     }
+  /* the same in bf16 (rows 202 bytes apart: two rows meet inside a streamed
+   * vector at every offset, and their partial vectors are joined), and
+   * pRMSNorm, whose backward splits each row at k */
+  for (int bw = 0; bw < 2; bw++, seed++) {
+    if (tu_emulated()) continue;
+    run_spec h = {RMSNORM_BF16, RMSNORM_F32, 0, bw, 84003, 101, 101, 101,
+                  1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0};
+    compare(&h, seed);
+    run_spec p = {RMSNORM_F32, RMSNORM_F32, 0, bw, 42003, 101, 101, 101,
+                  1, 0, 1, 0, bw, 0, 0, 1e-6, 0.4};
+    compare(&p, seed);
+  }
   /* many rows: more than 64 backward chunks of 64 rows, so the dweight and
    * dbias reduction sums chunks in groups (work.h) */
   for (int dt = 0; dt < 4; dt++)
