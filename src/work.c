@@ -139,6 +139,7 @@ typedef struct grad_job {
   char *dw_groups, *db_groups; /* (ngroups, d) group slots, or NULL */
   char *dw_parts, *db_parts;   /* (ntasks, d) acc chunk partials (multi), or NULL */
   double *total;               /* (d,) the sum over groups (not multi) */
+  int dw_direct, db_direct;    /* the one chunk sums straight into the output */
 } grad_job;
 
 /* sum[j] += part[j] (a chunk's acc partial into its group's doubles) */
@@ -163,8 +164,9 @@ static void chunks_task(void *arg, int t, int n) {
     char *dbs = job->db_groups ? job->db_groups + g * p->group_bytes : NULL;
     size_t c0 = rn_split_begin(p->nchunks, (int)g, (int)p->ngroups);
     size_t c1 = rn_split_begin(p->nchunks, (int)g + 1, (int)p->ngroups);
-    if (dws) memset(dws, 0, p->group_bytes);
-    if (dbs) memset(dbs, 0, p->group_bytes);
+    size_t slot = p->d * (p->multi ? sizeof(double) : p->acc_size);
+    if (dws) memset(dws, 0, slot);
+    if (dbs) memset(dbs, 0, slot);
     /* several chunks: each into the task's partial, then into the group */
     char *dwp = p->multi && dws ? job->dw_parts + (size_t)t * p->part_bytes : dws;
     char *dbp = p->multi && dbs ? job->db_parts + (size_t)t * p->part_bytes : dbs;
@@ -235,8 +237,9 @@ static void reduce_groups(const grad_job *job, const char *groups, void *out, si
 static void reduce_task(void *arg, int t, int n) {
   const grad_job *job = arg;
   size_t j0 = rn_split_begin(job->p->d, t, n), j1 = rn_split_begin(job->p->d, t + 1, n);
-  if (job->p->dweight) reduce_groups(job, job->dw_groups, job->p->dweight, j0, j1);
-  if (job->p->dbias) reduce_groups(job, job->db_groups, job->p->dbias, j0, j1);
+  if (job->p->dweight && !job->dw_direct)
+    reduce_groups(job, job->dw_groups, job->p->dweight, j0, j1);
+  if (job->p->dbias && !job->db_direct) reduce_groups(job, job->db_groups, job->p->dbias, j0, j1);
 }
 
 void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_chunk_fn fn,
@@ -244,7 +247,7 @@ void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_
   char *s = scratch;
   size_t nparts = (p->dweight != NULL) + (p->dbias != NULL);
   size_t groups = p->ngroups * p->group_bytes, parts = (size_t)p->ntasks * p->part_bytes;
-  grad_job job = {p, fn, arg, NULL, NULL, NULL, NULL, NULL};
+  grad_job job = {p, fn, arg, NULL, NULL, NULL, NULL, NULL, 0, 0};
   if (p->dweight) {
     job.dw_groups = s;
     job.dw_parts = s + nparts * groups;
@@ -254,8 +257,20 @@ void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_
     job.db_parts = s + nparts * groups + (p->dweight ? parts : 0);
   }
   if (nparts && !p->multi) job.total = (double *)(void *)(s + nparts * (groups + parts));
+  /* One chunk whose output is its partial (compute type, aligned, not
+   * accumulated into): the kernels sum into the output itself, which spares
+   * a copy of d values at the end (the output is disjoint from the inputs,
+   * rmsnorm_backward's overlap rule). The same bits: reduce_groups would copy
+   * the partial as it is. */
+  if (p->ngroups == 1 && !p->multi && !(p->cfg->flags & RMSNORM_FLAG_ACCUMULATE) &&
+      p->cfg->param_dtype == (rn_acc_is_f64(p->cfg->dtype) ? RMSNORM_F64 : RMSNORM_F32)) {
+    if (p->dweight && rn_aligned(p->dweight, p->acc_size))
+      job.dw_groups = p->dweight, job.dw_direct = 1;
+    if (p->dbias && rn_aligned(p->dbias, p->acc_size))
+      job.db_groups = p->dbias, job.db_direct = 1;
+  }
   rn_run_tasks(ctx, p->split, chunks_task, &job);
-  if (nparts)
+  if (nparts > (size_t)job.dw_direct + (size_t)job.db_direct)
     rn_run_tasks(ctx, rn_split_for(ctx, 0, nparts * p->ngroups * p->group_bytes, p->d),
                  reduce_task, &job);
 }

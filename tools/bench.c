@@ -37,6 +37,7 @@ static const shape default_shapes[] = {{4096, 4096}, {2048, 8192}, {512, 4096}, 
 
 typedef struct options {
   int quick, csv, json, threads, scalar;
+  size_t offset; /* bytes past a 64-byte boundary where every row block starts */
   unsigned dtypes; /* bit per rmsnorm_dtype */
   shape shapes[MAX_SHAPES];
   size_t nshapes;
@@ -124,6 +125,7 @@ static void team_stop(team *t) {
 
 typedef struct buffers {
   void *x, *y, *dy, *dx, *mc_src, *mc_dst;
+  void *base[6]; /* what to free: x, y, dy, dx, mc_src, mc_dst before the offset */
   float *w, *dw, *db, *mean, *rstd, *ln_rstd; /* stats: RMSNorm's, LayerNorm's */
 } buffers;
 
@@ -292,7 +294,7 @@ static void print_result(const options *o, const result *r, int first) {
 static void usage(FILE *to) {
   fprintf(to,
           "usage: rmsnorm bench [--quick] [--csv | --json] [--threads N] [--dtype LIST]\n"
-          "                     [--shape RxD]... [--no-scalar]\n"
+          "                     [--shape RxD]... [--no-scalar] [--offset BYTES]\n"
           "\n"
           "Times RMSNorm and LayerNorm, forward and backward, with 1 thread and with N\n"
           "(default: online CPUs), each against the copy limit of the same bytes and the\n"
@@ -304,6 +306,8 @@ static void usage(FILE *to) {
           "  --dtype LIST   comma-separated from f32,f16,bf16,f64 or all (default f32,bf16,f16)\n"
           "  --shape RxD    a shape to run (repeatable; default: the eight standard shapes)\n"
           "  --no-scalar    skip the scalar reference (no speedup column)\n"
+          "  --offset BYTES start x, y, dy, dx and the copies' buffers BYTES past a\n"
+          "                 64-byte boundary (default 0; malloc gives 16, torch 0)\n"
           "\n"
           "GB/s counts bytes read + written: x and y for forward; x, dy and dx for\n"
           "backward (given the forward's saved statistics, as in training), plus the\n"
@@ -342,14 +346,22 @@ static int parse_options(int argc, char **argv, options *o) {
       o->json = 1;
     } else if (!strcmp(a, "--no-scalar")) {
       o->scalar = 0;
-    } else if (!strcmp(a, "--threads") || !strcmp(a, "--dtype") || !strcmp(a, "--shape")) {
+    } else if (!strcmp(a, "--threads") || !strcmp(a, "--dtype") || !strcmp(a, "--shape") ||
+               !strcmp(a, "--offset")) {
       if (i + 1 >= argc) {
         rn_cli_error("bench: %s needs a value", a);
         return -1;
       }
       const char *v = argv[++i];
       char *end;
-      if (!strcmp(a, "--threads")) {
+      if (!strcmp(a, "--offset")) {
+        long n = strtol(v, &end, 10);
+        if (*end || !*v || n < 0 || n > 4095) {
+          rn_cli_error("bench: --offset must be an integer in [0, 4095], not '%s'", v);
+          return -1;
+        }
+        o->offset = (size_t)n;
+      } else if (!strcmp(a, "--threads")) {
         long n = strtol(v, &end, 10);
         if (*end || n < 1 || n > 1024) {
           rn_cli_error("bench: --threads must be an integer in [1, 1024], not '%s'", v);
@@ -403,9 +415,15 @@ static int alloc_buffers(buffers *b, const options *o) {
   for (size_t i = 0; i < o->nshapes; i++)
     if (o->shapes[i].rows > rows_most) rows_most = o->shapes[i].rows;
   memset(b, 0, sizeof *b);
-  b->x = malloc(bytes), b->y = malloc(bytes), b->dy = malloc(bytes), b->dx = malloc(bytes);
   size_t mc = bytes * 3 / 2 + 8 * dmax + 64; /* the backward's byte count, halved */
-  b->mc_src = malloc(mc), b->mc_dst = malloc(mc);
+  /* 64-byte aligned, then o->offset further: rows start where a caller's
+   * would (malloc's blocks are 16 bytes past a page; torch's are aligned) */
+  void **at[6] = {&b->x, &b->y, &b->dy, &b->dx, &b->mc_src, &b->mc_dst};
+  for (int i = 0; i < 6; i++) {
+    size_t n = (i < 4 ? bytes : mc) + o->offset;
+    b->base[i] = aligned_alloc(64, (n + 63) & ~(size_t)63);
+    *at[i] = b->base[i] ? (char *)b->base[i] + o->offset : NULL;
+  }
   b->w = malloc(dmax * 8), b->dw = malloc(dmax * 8), b->db = malloc(dmax * 8);
   b->mean = malloc(rows_most * 8), b->rstd = malloc(rows_most * 8);
   b->ln_rstd = malloc(rows_most * 8);
@@ -489,8 +507,10 @@ int rn_cli_bench(int argc, char **argv) {
   int nthr = all > 1 ? 2 : 1, total = (int)o.nshapes * ndt * nthr * NUM_OPS, done = 0, first = 1;
 
   if (!o.csv && !o.json)
-    printf("# rmsnorm bench: librmsnorm %s, kernels %s, threads 1 and %d%s\n",
-           rmsnorm_version_string(), rmsnorm_isa_name(isa), all, o.quick ? ", quick" : "");
+    printf("# rmsnorm bench: librmsnorm %s, kernels %s, threads 1 and %d, rows at 64-byte "
+           "boundary + %zu%s\n",
+           rmsnorm_version_string(), rmsnorm_isa_name(isa), all, o.offset,
+           o.quick ? ", quick" : "");
   print_header(&o);
   for (int dt = 0; dt < 4; dt++) {
     if (!((o.dtypes >> dt) & 1)) continue;
@@ -580,7 +600,7 @@ int rn_cli_bench(int argc, char **argv) {
   rmsnorm_context_free(fast[0]);
   rmsnorm_context_free(fast[1]);
   rmsnorm_context_free(scalar);
-  free(b.x), free(b.y), free(b.dy), free(b.dx), free(b.mc_src), free(b.mc_dst);
+  for (int i = 0; i < 6; i++) free(b.base[i]);
   free(b.w), free(b.dw), free(b.db), free(b.mean), free(b.rstd), free(b.ln_rstd);
   return RN_EXIT_OK;
 }
