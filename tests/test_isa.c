@@ -206,7 +206,7 @@ int main(void) {
             s.flags |= (v == 1 && bw) ? RMSNORM_FLAG_ACCUMULATE : 0;
             compare(&s, seed);
           }
-  /* large: threads split rows and chunks; outputs of 16 MiB and more are
+  /* large: threads split rows and chunks; outputs of 1 MiB and more are
    * streamed (fp32: 1100 x 4101 x 4 bytes) */
   for (int dt = 0; dt < 4; dt++)
     for (int ln = 0; ln < 2; ln++)
