@@ -345,6 +345,53 @@ static void test_quant_reciprocal(void) {
   tu_check(ok && top, "quant tiny weight: codes not those of y / s");
 }
 
+/* The kernels' code steps on the floats around every e4m3 and int8 rounding
+ * boundary, every exponent, both signs, infinities and NaN: x = (1, ..., 1)
+ * with eps = 0 gives xhat = 1 exactly, so y = w, and the static s = 1 gives
+ * t = y. Expected: the brute-force nearest e4m3 code, and int8 by rint in
+ * long double. */
+static void test_quant_codes_all_exponents(void) {
+  enum { D = 2 * 256 * 8 * 10 };
+  static const uint32_t low[10] = {0, 1, 0x3ffff, 0x40000, 0x7ffff, 0x80000, 0x80001,
+                                   0xbffff, 0xffffe, 0xfffff};
+  float *x = malloc(D * sizeof(float)), *w = malloc(D * sizeof(float));
+  unsigned char *q = malloc(D);
+  size_t n = 0;
+  for (uint32_t sg = 0; sg < 2; sg++)
+    for (uint32_t e = 0; e < 256; e++)
+      for (uint32_t m3 = 0; m3 < 8; m3++)
+        for (int k = 0; k < 10; k++) {
+          uint32_t u = sg << 31 | e << 23 | m3 << 20 | low[k];
+          memcpy(&w[n], &u, 4);
+          x[n++] = 1.0f;
+        }
+  rmsnorm_config c;
+  rmsnorm_config_init(&c, RMSNORM_F32);
+  c.eps = 0;
+  float one = 1.0f;
+  for (int fp8 = 0; fp8 < 2; fp8++) {
+    rmsnorm_status st = rmsnorm_forward_quant(ctx, &c, 1, D, x, D, w, NULL,
+                                              fp8 ? RMSNORM_Q_FP8_E4M3 : RMSNORM_Q_INT8, &one, q,
+                                              D, NULL, NULL);
+    int bad = 0;
+    for (size_t j = 0; j < D && st == RMSNORM_OK; j++) {
+      int want;
+      if (fp8) {
+        want = e4m3_nearest(w[j]);
+      } else {
+        long double t = isnan(w[j]) ? 0 : fminl(fmaxl(w[j], -128.0L), 127.0L);
+        want = (uint8_t)(int8_t)rintl(t); /* the default mode: to nearest even */
+      }
+      if (q[j] != want && bad++ < 3)
+        tu_check(0, "quant codes %s: t=%a code %#x, want %#x", fp8 ? "e4m3" : "int8", w[j], q[j],
+                 want);
+    }
+    tu_check(st == RMSNORM_OK && bad == 0, "quant codes %s: %d of %d differ", fp8 ? "e4m3" : "int8",
+             bad, D);
+  }
+  free(x), free(w), free(q);
+}
+
 static void test_quant(void) {
   static const size_t ds[] = {1, 3, 8, 17, 64, 130, 4096};
   int v = 0;
@@ -825,6 +872,7 @@ int main(void) {
   test_add();
   test_quant();
   test_quant_reciprocal();
+  test_quant_codes_all_exponents();
   test_qk();
   test_linear();
   /* the cross-ISA comparison runs every set itself: once per suite suffices
