@@ -53,16 +53,17 @@ static inline vi vd_i8_codes(vd t) {
  * - 1128. */
 static inline vi vf_e4m3_codes(vf t) {
   __m256i u = _mm256_castps_si256(t);
-  __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+  __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(u, 31), 7); /* 0x80: no constant */
   __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(t, t, _CMP_UNORD_Q));
   vf a = _mm256_min_ps(vf_abs(t), _mm256_set1_ps(448.0f));
   vf e = _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000)));
   vf big = _mm256_max_ps(_mm256_mul_ps(e, _mm256_set1_ps(0x1p20f)), _mm256_set1_ps(0x1p14f));
   __m256i mb = _mm256_castps_si256(big);
   __m256i k = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, big)), mb);
-  __m256i c = _mm256_add_epi32(k, _mm256_sub_epi32(_mm256_srli_epi32(mb, 20), _mm256_set1_epi32(1128)));
+  __m256i c = _mm256_add_epi32(
+      k, _mm256_sub_epi32(_mm256_srli_epi32(mb, 20), _mm256_set1_epi32(1128)));
   /* NaN: a is 448 (MINPS returns its second operand), code 0x7e; | 1 makes 0x7f */
-  c = _mm256_or_si256(c, _mm256_and_si256(nan, _mm256_set1_epi32(1)));
+  c = _mm256_or_si256(c, _mm256_srli_epi32(nan, 31));
   return _mm256_or_si256(c, sign);
 }
 static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }

@@ -47,11 +47,13 @@ static inline vi vf_e4m3_codes(vf t) {
   __m512i sign = _mm512_srli_epi32(u, 24); /* its 0x80 bit */
   __mmask16 nan = _mm512_cmp_ps_mask(t, t, _CMP_UNORD_Q);
   vf a = _mm512_min_ps(_mm512_abs_ps(t), _mm512_set1_ps(448.0f));
-  vf e = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7f800000)));
+  vf e = _mm512_castsi512_ps(
+      _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7f800000)));
   vf big = _mm512_max_ps(_mm512_mul_ps(e, _mm512_set1_ps(0x1p20f)), _mm512_set1_ps(0x1p14f));
   __m512i mb = _mm512_castps_si512(big);
   __m512i k = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(a, big)), mb);
-  __m512i c = _mm512_add_epi32(k, _mm512_sub_epi32(_mm512_srli_epi32(mb, 20), _mm512_set1_epi32(1128)));
+  __m512i c = _mm512_add_epi32(
+      k, _mm512_sub_epi32(_mm512_srli_epi32(mb, 20), _mm512_set1_epi32(1128)));
   c = _mm512_mask_mov_epi32(c, nan, _mm512_set1_epi32(0x7f));
   return _mm512_ternarylogic_epi32(c, sign, _mm512_set1_epi32(0x80), 0xf8); /* c | (sign & 0x80) */
 }
