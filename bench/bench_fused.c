@@ -3,7 +3,8 @@
  *   add:    rmsnorm_add_forward vs (h += u, threads as many) + rmsnorm_forward
  *   qk:     rmsnorm_qk_norm_forward on Q inside a [T, 3, H, hd] QKV buffer vs
  *           rmsnorm_forward on contiguous (T*H) x hd rows
- *   quant:  rmsnorm_forward_quant (int8, dynamic) vs rmsnorm_forward
+ *   quant:  rmsnorm_forward_quant (int8 and fp8, dynamic) vs rmsnorm_forward,
+ *           interleaved rounds, medians (the others: best of N)
  *   linear: rmsnorm_linear_forward vs rmsnorm_forward + cblas_sgemm
  * usage: bench_fused [add|qk|quant|linear|all] [reps] */
 #define _POSIX_C_SOURCE 200809L
@@ -127,23 +128,50 @@ static void bench_qk(rmsnorm_context *ctx, size_t tokens, size_t heads, size_t h
   free(qkv), free(flat), free(w);
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The 8-bit outputs against the fp32-output forward, timed interleaved in
+ * each round (a shared machine's drift hits all of them alike): median
+ * times, and the median of the rounds' ratios. */
 static void bench_quant(rmsnorm_context *ctx, size_t rows, size_t d) {
   size_t n = rows * d;
   float *x = randf(n), *y = xmalloc(n * sizeof *y), *w = randf(d), *scale = xmalloc(rows * 4);
   signed char *q = xmalloc(n);
+  double *tf = xmalloc((size_t)reps * sizeof(double)), *ti = xmalloc((size_t)reps * sizeof(double));
+  double *te = xmalloc((size_t)reps * sizeof(double)), *ri = xmalloc((size_t)reps * sizeof(double));
+  double *re = xmalloc((size_t)reps * sizeof(double));
   rmsnorm_config cfg;
   rmsnorm_config_init(&cfg, RMSNORM_F32);
   int most = all_threads(ctx);
   for (int threads = 1; threads <= most; threads = threads == most ? most + 1 : most) {
     rmsnorm_context_set_threads(ctx, threads);
-    double tq, tf;
-    BEST(tq, rmsnorm_forward_quant(ctx, &cfg, rows, d, x, d, w, NULL, RMSNORM_Q_INT8, NULL, q, d,
-                                   scale, NULL));
-    BEST(tf, rmsnorm_forward(ctx, &cfg, rows, d, x, d, w, NULL, y, d, NULL));
-    printf("rmsnorm->int8 dynamic f32 %zux%zu threads=%d: %.3f ms; rmsnorm f32 out: %.3f ms\n",
-           rows, d, threads, tq * 1e3, tf * 1e3);
+    for (int r = -1; r < reps; r++) { /* round -1 warms up */
+      double t0 = now();
+      rmsnorm_forward(ctx, &cfg, rows, d, x, d, w, NULL, y, d, NULL);
+      double t1 = now();
+      rmsnorm_forward_quant(ctx, &cfg, rows, d, x, d, w, NULL, RMSNORM_Q_INT8, NULL, q, d, scale,
+                            NULL);
+      double t2 = now();
+      rmsnorm_forward_quant(ctx, &cfg, rows, d, x, d, w, NULL, RMSNORM_Q_FP8_E4M3, NULL, q, d,
+                            scale, NULL);
+      double t3 = now();
+      if (r < 0) continue;
+      tf[r] = t1 - t0, ti[r] = t2 - t1, te[r] = t3 - t2;
+      ri[r] = ti[r] / tf[r], re[r] = te[r] / tf[r];
+    }
+    printf("rmsnorm f32 %zux%zu threads=%d, median of %d interleaved rounds: f32 out %.3f ms; "
+           "int8 dynamic %.3f ms (%.2fx); fp8 e4m3 dynamic %.3f ms (%.2fx)\n",
+           rows, d, threads, reps, median(tf, reps) * 1e3, median(ti, reps) * 1e3,
+           median(ri, reps), median(te, reps) * 1e3, median(re, reps));
   }
-  free(x), free(y), free(w), free(scale), free(q);
+  free(x), free(y), free(w), free(scale), free(q), free(tf), free(ti), free(te), free(ri), free(re);
 }
 
 static void bench_linear(rmsnorm_context *ctx, size_t rows, size_t d, size_t n) {
@@ -180,11 +208,12 @@ static void bench_linear(rmsnorm_context *ctx, size_t rows, size_t d, size_t n) 
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "all";
   if (argc > 2) reps = atoi(argv[2]);
+  if (reps < 1) reps = 1;
   rmsnorm_context *ctx;
   if (rmsnorm_context_create(&ctx) != RMSNORM_OK) return 2;
   rmsnorm_isa isa;
   rmsnorm_context_get_isa(ctx, &isa);
-  printf("kernels: %s, reps: %d (best of)\n", rmsnorm_isa_name(isa), reps);
+  printf("kernels: %s, reps: %d\n", rmsnorm_isa_name(isa), reps);
   int all = !strcmp(what, "all");
   if (all || !strcmp(what, "add")) bench_add(ctx, 4096, 4096);
   if (all || !strcmp(what, "qk")) bench_qk(ctx, 4096, 32, 128);

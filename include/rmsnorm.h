@@ -353,7 +353,8 @@ typedef enum rmsnorm_qtype {
  *            (int8) or 448 (e4m3), the division in the compute type; written
  *            to scale[row] (scale: rows floats, required);
  *   static:  s = *static_scale (finite, > 0; scale must be NULL);
- *   t_j = y_j / s (0 when s = 0), and
+ *   t_j = y_j * inv, inv = 1/s rounded to the compute type once per row
+ *         (for 2^-126 <= s <= 2^126; y_j / s for other s > 0; 0 when s = 0),
  *   int8: q_j = round-half-even(clamp(t_j, -128, 127)), NaN -> 0;
  *   e4m3: q_j = e4m3((float)t_j): round to nearest even, saturate to +-448,
  *         NaN -> 0x7f with t's sign.

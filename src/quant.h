@@ -14,6 +14,18 @@
 #define RN_INT8_QMAX 127.0
 #define RN_E4M3_MAX 448.0
 
+/* How the quantizers get t_j from y_j and the row's scale s (README,
+ * "Quantized output"): RN_QT_MUL, t_j = y_j * inv with inv = 1/s rounded to
+ * the compute type once per row, when 2^-126 <= s <= 2^126 (so that inv is a
+ * normal float); RN_QT_DIV, t_j = y_j / s, for the other s > 0 (a subnormal
+ * s, whose 1/s would overflow float, or one above 2^126, whose 1/s would be
+ * subnormal); RN_QT_ZERO, t_j = 0, when s = 0 (an all-zero row). */
+enum { RN_QT_ZERO = 0, RN_QT_MUL = 1, RN_QT_DIV = 2 };
+static inline int rn_quant_t_mode(float s) {
+  if (!(s > 0)) return RN_QT_ZERO;
+  return s >= 0x1p-126f && s <= 0x1p126f ? RN_QT_MUL : RN_QT_DIV;
+}
+
 /* int8 code of t (float compute): NaN -> 0, clamp to [-128, 127], round to
  * nearest even. */
 static inline int8_t rn_i8_code_f32(float t) {

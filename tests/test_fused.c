@@ -281,6 +281,117 @@ static void quant_case(rmsnorm_dtype dt, rmsnorm_dtype pdt, size_t rows, size_t 
   tu_free(&x), tu_free(&w), tu_free(&b);
 }
 
+/* The spec's t = y * inv, inv = 1/s rounded to float once per row, where it
+ * differs from y / s (README, "Quantized output"). x = (2, 2, 2, 2) with
+ * eps = 0 gives r = 1/2 and xhat = 1 exactly, so y = w. With the static
+ * s = 0.1f (0.100000001490116...), inv rounds to exactly 10, and
+ *   y = -0x1.84ccccp+3 (-12.1499996185...): y * 10 = -121.499996185... rounds
+ *     in float to -121.5 (its ulp there is 2^-16), code -122 (half to even);
+ *     y / s = -121.49999437... would round to -121.49999237, code -121;
+ *   y = 0x1.8cccccp+0 (1.5499999523...): y * 10 = 15.499999523... is the
+ *     midpoint of two floats and rounds to the even 15.5: int8 16, and e4m3
+ *     the tie of 15 and 16, to the even code 16; y / s gives 15.499999, 15.
+ * A subnormal s (1e-40: 1/s overflows float) and a tiny weight (s of
+ * ~1e-41) keep the division: y = 0 is code 0 (not the NaN of 0 * inf), and
+ * the codes are those of y / s, not saturated. */
+static void test_quant_reciprocal(void) {
+  for (int fp8 = 0; fp8 < 2; fp8++) {
+    float x[4] = {2, 2, 2, 2}, w[4] = {-0x1.84ccccp+3f, 0x1.84ccccp+3f, 0x1.8cccccp+0f, 1.0f};
+    float s = 0.1f, t_want[4] = {-121.5f, 121.5f, 15.5f, 10.0f};
+    unsigned char q[4];
+    rmsnorm_config c;
+    rmsnorm_config_init(&c, RMSNORM_F32);
+    c.eps = 0;
+    rmsnorm_status st = rmsnorm_forward_quant(ctx, &c, 1, 4, x, 4, w, NULL,
+                                              fp8 ? RMSNORM_Q_FP8_E4M3 : RMSNORM_Q_INT8, &s, q, 4,
+                                              NULL, NULL);
+    tu_check(st == RMSNORM_OK, "quant reciprocal: status %s", rmsnorm_status_name(st));
+    static const int i8_want[4] = {-122, 122, 16, 10};
+    for (int j = 0; j < 4; j++) {
+      int want = fp8 ? e4m3_nearest(t_want[j]) : (uint8_t)(int8_t)i8_want[j];
+      tu_check(q[j] == want, "quant reciprocal %s: y=%a code %#x, want %#x",
+               fp8 ? "e4m3" : "int8", w[j], q[j], want);
+    }
+    /* a subnormal static scale: zeros stay 0, the rest saturate */
+    float xz[4] = {1, 0, -3, 0}, tiny = 1e-40f;
+    st = rmsnorm_forward_quant(ctx, &c, 1, 4, xz, 4, NULL, NULL,
+                               fp8 ? RMSNORM_Q_FP8_E4M3 : RMSNORM_Q_INT8, &tiny, q, 4, NULL, NULL);
+    int sat = fp8 ? 0x7e : 127, nsat = fp8 ? 0xfe : 0x80;
+    tu_check(st == RMSNORM_OK && q[0] == sat && q[1] == 0 && q[2] == nsat && q[3] == 0,
+             "quant subnormal scale %s: codes %#x %#x %#x %#x", fp8 ? "e4m3" : "int8", q[0], q[1],
+             q[2], q[3]);
+  }
+  /* a tiny weight: the dynamic s is subnormal; codes within half a step of
+   * y / s (y from rmsnorm_forward, which is the same y in float) */
+  enum { D = 64 };
+  float x[D], w[D], y[D], s = -1;
+  unsigned char q[D];
+  /* (fixed values: drawing from the shared generator would move the later cases' data) */
+  for (int j = 0; j < D; j++)
+    x[j] = (float)(j * 37 % 29 - 14) / 7.0f, w[j] = j % 9 == 4 ? 0.0f : 3e-39f;
+  rmsnorm_config c;
+  rmsnorm_config_init(&c, RMSNORM_F32);
+  tu_check(rmsnorm_forward(ctx, &c, 1, D, x, D, w, NULL, y, D, NULL) == RMSNORM_OK &&
+               rmsnorm_forward_quant(ctx, &c, 1, D, x, D, w, NULL, RMSNORM_Q_INT8, NULL, q, D, &s,
+                                     NULL) == RMSNORM_OK,
+           "quant tiny weight: status");
+  tu_check(s > 0 && s < FLT_MIN, "quant tiny weight: scale %g not subnormal", s);
+  int ok = 1, top = 0;
+  for (int j = 0; j < D; j++) {
+    long double t = (long double)y[j] / s;
+    ok &= fabsl((long double)(int8_t)q[j] - t) <= 0.5L + 1e-4L; /* + the rounding of y / s in float */
+    top |= abs((int8_t)q[j]) == 127;
+  }
+  tu_check(ok && top, "quant tiny weight: codes not those of y / s");
+}
+
+/* The kernels' code steps on the floats around every e4m3 and int8 rounding
+ * boundary, every exponent, both signs, infinities and NaN: x = (1, ..., 1)
+ * with eps = 0 gives xhat = 1 exactly, so y = w, and the static s = 1 gives
+ * t = y. Expected: the brute-force nearest e4m3 code, and int8 by rint in
+ * long double. */
+static void test_quant_codes_all_exponents(void) {
+  enum { D = 2 * 256 * 8 * 10 };
+  static const uint32_t low[10] = {0, 1, 0x3ffff, 0x40000, 0x7ffff, 0x80000, 0x80001,
+                                   0xbffff, 0xffffe, 0xfffff};
+  float *x = malloc(D * sizeof(float)), *w = malloc(D * sizeof(float));
+  unsigned char *q = malloc(D);
+  size_t n = 0;
+  for (uint32_t sg = 0; sg < 2; sg++)
+    for (uint32_t e = 0; e < 256; e++)
+      for (uint32_t m3 = 0; m3 < 8; m3++)
+        for (int k = 0; k < 10; k++) {
+          uint32_t u = sg << 31 | e << 23 | m3 << 20 | low[k];
+          memcpy(&w[n], &u, 4);
+          x[n++] = 1.0f;
+        }
+  rmsnorm_config c;
+  rmsnorm_config_init(&c, RMSNORM_F32);
+  c.eps = 0;
+  float one = 1.0f;
+  for (int fp8 = 0; fp8 < 2; fp8++) {
+    rmsnorm_status st = rmsnorm_forward_quant(ctx, &c, 1, D, x, D, w, NULL,
+                                              fp8 ? RMSNORM_Q_FP8_E4M3 : RMSNORM_Q_INT8, &one, q,
+                                              D, NULL, NULL);
+    int bad = 0;
+    for (size_t j = 0; j < D && st == RMSNORM_OK; j++) {
+      int want;
+      if (fp8) {
+        want = e4m3_nearest(w[j]);
+      } else {
+        long double t = isnan(w[j]) ? 0 : fminl(fmaxl(w[j], -128.0L), 127.0L);
+        want = (uint8_t)(int8_t)rintl(t); /* the default mode: to nearest even */
+      }
+      if (q[j] != want && bad++ < 3)
+        tu_check(0, "quant codes %s: t=%a code %#x, want %#x", fp8 ? "e4m3" : "int8", w[j], q[j],
+                 want);
+    }
+    tu_check(st == RMSNORM_OK && bad == 0, "quant codes %s: %d of %d differ", fp8 ? "e4m3" : "int8",
+             bad, D);
+  }
+  free(x), free(w), free(q);
+}
+
 static void test_quant(void) {
   static const size_t ds[] = {1, 3, 8, 17, 64, 130, 4096};
   int v = 0;
@@ -760,6 +871,8 @@ int main(void) {
   test_e4m3_rounding();
   test_add();
   test_quant();
+  test_quant_reciprocal();
+  test_quant_codes_all_exponents();
   test_qk();
   test_linear();
   /* the cross-ISA comparison runs every set itself: once per suite suffices

@@ -845,14 +845,15 @@ PyMethodDef methods[] = {
      "scale=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
      "RMSNorm with an int8 output and a symmetric scale (rmsnorm_forward_quant), y\n"
      "being rms_norm's value in the compute type: scale None: s = max|y| / 127 per\n"
-     "row (float32); else s = scale (finite, > 0); q = round_half_even(clip(y / s,\n"
-     "-128, 127)), NaN -> 0. Returns (q, s): q int8 of the input's shape, s float32\n"
+     "row (float32); else s = scale (finite, > 0); q = round_half_even(clip(y * inv,\n"
+     "-128, 127)), NaN -> 0, inv = 1/s rounded to float32 once per row (y / s\n"
+     "where s < 2**-126 or s > 2**126). Returns (q, s): q int8 of the input's shape, s float32\n"
      "of shape (*leading, 1, ..., 1) or a 0-d array. Dequantize with q * s."},
     {"rms_norm_fp8", FAST(rms_norm_fp8),
      "rms_norm_fp8($module, input, normalized_shape, weight=None, eps=None, *, bias=None, "
      "scale=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
      "RMSNorm with an fp8 E4M3 (OCP FN, max 448) output, as rms_norm_int8 with\n"
-     "s = max|y| / 448 and q = e4m3(y / s) rounded to nearest even, saturated to\n"
+     "s = max|y| / 448 and q = e4m3(y * inv) rounded to nearest even, saturated to\n"
      "+-448; q is an ml_dtypes.float8_e4m3fn array."},
     {"set_num_threads", py_set_num_threads, METH_O,
      "set_num_threads($module, threads, /)\n--\n\n"

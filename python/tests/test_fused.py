@@ -220,7 +220,10 @@ def quant_oracle(x, w, eps, qmax, static=None):
         s = (np.abs(y).max(axis=-1, keepdims=True) / qmax).astype(np.float32)
     else:
         s = np.float32(static)
-    t = np.where(s == 0, 0.0, y / np.where(s == 0, 1, s).astype(np.float64))
+    # t = y * inv with inv = 1/s rounded to float32 once per row (README); the product
+    # of two float32 values is exact in float64, its rounding to float32 is the library's
+    inv = (1.0 / np.where(s == 0, 1, s).astype(np.float64)).astype(np.float32)
+    t = np.where(s == 0, 0.0, (y * inv.astype(np.float64)).astype(np.float32).astype(np.float64))
     return t, s
 
 

@@ -45,20 +45,25 @@ static inline vi vd_i8_codes(vd t) {
   return _mm256_inserti128_si256(_mm256_setzero_si256(), _mm256_cvtpd_epi32(t), 0);
 }
 
-/* e4m3 codes, as rn_e4m3_code */
+/* e4m3 codes, as rn_e4m3_code, the rounding done by a float addition: with
+ * a = min(|t|, 448) and e its exponent, M = 2^(max(e, -6) + 20) has its last
+ * place where e4m3 has its (2^(e-3); 2^-9 below 2^-6), so a + M rounds a to
+ * e4m3 to nearest even, and the last bits of a + M count its steps k above M:
+ * the code is k + 8 (max(e, -6) + 6) = bits(a + M) - bits(M) + bits(M)/2^20
+ * - 1128. */
 static inline vi vf_e4m3_codes(vf t) {
   __m256i u = _mm256_castps_si256(t);
-  __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+  __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(u, 31), 7); /* 0x80: no constant */
   __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(t, t, _CMP_UNORD_Q));
   vf a = _mm256_min_ps(vf_abs(t), _mm256_set1_ps(448.0f));
-  __m256i m = _mm256_sub_epi32(_mm256_castps_si256(a), _mm256_set1_epi32(120 << 23));
-  m = _mm256_add_epi32(m, _mm256_add_epi32(_mm256_set1_epi32(0x7ffff),
-                                           _mm256_and_si256(_mm256_srli_epi32(m, 20),
-                                                            _mm256_set1_epi32(1))));
-  __m256i c = _mm256_srli_epi32(m, 20);
-  __m256i sub = _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(0x1p-6f), _CMP_LT_OQ));
-  c = _mm256_blendv_epi8(c, _mm256_cvtps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(512.0f))), sub);
-  c = _mm256_blendv_epi8(c, _mm256_set1_epi32(0x7f), nan);
+  vf e = _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000)));
+  vf big = _mm256_max_ps(_mm256_mul_ps(e, _mm256_set1_ps(0x1p20f)), _mm256_set1_ps(0x1p14f));
+  __m256i mb = _mm256_castps_si256(big);
+  __m256i k = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, big)), mb);
+  __m256i c = _mm256_add_epi32(
+      k, _mm256_sub_epi32(_mm256_srli_epi32(mb, 20), _mm256_set1_epi32(1128)));
+  /* NaN: a is 448 (MINPS returns its second operand), code 0x7e; | 1 makes 0x7f */
+  c = _mm256_or_si256(c, _mm256_srli_epi32(nan, 31));
   return _mm256_or_si256(c, sign);
 }
 static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
@@ -85,6 +90,24 @@ static inline void vi_stream_bytes(void *p, vi c, size_t n) {
     _mm_stream_si64((long long *)p, _mm_cvtsi128_si64(_mm256_castsi256_si128(b)));
   else
     _mm_stream_si32((int *)p, _mm_cvtsi128_si32(_mm256_castsi256_si128(b)));
+}
+
+/* the low bytes of 2 x n codes (c0's, then c1's) to p, non-temporally; p is
+ * aligned to 2n. n = 8 (float codes): packed with saturation, which leaves
+ * them as they are (uns: codes in [0, 255], else in [-128, 127]), and
+ * stored at once; else as two vi_stream_bytes. */
+static inline void vi_stream_bytes2(void *p, vi c0, vi c1, size_t n, int uns) {
+  if (n != 8) {
+    vi_stream_bytes(p, c0, n);
+    vi_stream_bytes((char *)p + n, c1, n);
+    return;
+  }
+  /* per 128-bit lane: words c0[0..3] c1[0..3] | c0[4..7] c1[4..7], then bytes */
+  __m256i h = uns ? _mm256_packus_epi32(c0, c1) : _mm256_packs_epi32(c0, c1);
+  __m256i b = uns ? _mm256_packus_epi16(h, h) : _mm256_packs_epi16(h, h);
+  /* dwords 0, 4, 1, 5: c0[0..3] c0[4..7] c1[0..3] c1[4..7] */
+  b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+  _mm_stream_si128((__m128i *)p, _mm256_castsi256_si128(b));
 }
 
 #endif

@@ -23,9 +23,10 @@ static inline vf vd_to_vf(vd v) {
                                              _mm256_castps_pd(_mm512_cvtpd_ps(v)), 0));
 }
 
-/* int8 codes: NaN -> 0, clamp to [-128, 127], round to nearest even */
+/* int8 codes: NaN -> 0 (a fix-up of the NaN classes to +0), clamp to
+ * [-128, 127], round to nearest even */
 static inline vi vf_i8_codes(vf t) {
-  t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t);
+  t = _mm512_fixupimm_ps(t, t, _mm512_set1_epi32(0x88), 0);
   t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
   return _mm512_cvtps_epi32(t);
 }
@@ -35,21 +36,26 @@ static inline vi vd_i8_codes(vd t) {
   return _mm512_inserti64x4(_mm512_setzero_si512(), _mm512_cvtpd_epi32(t), 0);
 }
 
-/* e4m3 codes, as rn_e4m3_code */
+/* e4m3 codes, as rn_e4m3_code, the rounding done by a float addition: with
+ * a = min(|t|, 448) and e its exponent, M = 2^(max(e, -6) + 20) has its last
+ * place where e4m3 has its (2^(e-3); 2^-9 below 2^-6), so a + M rounds a to
+ * e4m3 to nearest even, and the last bits of a + M count its steps k above M:
+ * the code is k + 8 (max(e, -6) + 6) = bits(a + M) - bits(M) + bits(M)/2^20
+ * - 1128. */
 static inline vi vf_e4m3_codes(vf t) {
   __m512i u = _mm512_castps_si512(t);
-  __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
+  __m512i sign = _mm512_srli_epi32(u, 24); /* its 0x80 bit */
   __mmask16 nan = _mm512_cmp_ps_mask(t, t, _CMP_UNORD_Q);
   vf a = _mm512_min_ps(_mm512_abs_ps(t), _mm512_set1_ps(448.0f));
-  __m512i m = _mm512_sub_epi32(_mm512_castps_si512(a), _mm512_set1_epi32(120 << 23));
-  m = _mm512_add_epi32(m, _mm512_add_epi32(_mm512_set1_epi32(0x7ffff),
-                                           _mm512_and_si512(_mm512_srli_epi32(m, 20),
-                                                            _mm512_set1_epi32(1))));
-  __m512i c = _mm512_srli_epi32(m, 20);
-  __mmask16 sub = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p-6f), _CMP_LT_OQ);
-  c = _mm512_mask_mov_epi32(c, sub, _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(512.0f))));
+  vf e = _mm512_castsi512_ps(
+      _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7f800000)));
+  vf big = _mm512_max_ps(_mm512_mul_ps(e, _mm512_set1_ps(0x1p20f)), _mm512_set1_ps(0x1p14f));
+  __m512i mb = _mm512_castps_si512(big);
+  __m512i k = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(a, big)), mb);
+  __m512i c = _mm512_add_epi32(
+      k, _mm512_sub_epi32(_mm512_srli_epi32(mb, 20), _mm512_set1_epi32(1128)));
   c = _mm512_mask_mov_epi32(c, nan, _mm512_set1_epi32(0x7f));
-  return _mm512_or_si512(c, sign);
+  return _mm512_ternarylogic_epi32(c, sign, _mm512_set1_epi32(0x80), 0xf8); /* c | (sign & 0x80) */
 }
 static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
 
@@ -67,6 +73,14 @@ static inline void vi_stream_bytes(void *p, vi c, size_t n) {
     _mm_stream_si64((long long *)p, _mm_cvtsi128_si64(b));
   else
     _mm_stream_si32((int *)p, _mm_cvtsi128_si32(b));
+}
+
+/* the low bytes of 2 x n codes (c0's, then c1's) to p, non-temporally; p is
+ * aligned to 2n (uns: the codes are in [0, 255]; unused here) */
+static inline void vi_stream_bytes2(void *p, vi c0, vi c1, size_t n, int uns) {
+  (void)uns;
+  vi_stream_bytes(p, c0, n);
+  vi_stream_bytes((char *)p + n, c1, n);
 }
 
 #endif

@@ -69,4 +69,12 @@ static inline void vi_stream_bytes(void *p, vi c, size_t n) {
   memcpy(p, &bytes, n);
 }
 
+/* the low bytes of 2 x n codes (c0's, then c1's) to p, non-temporally; p is
+ * aligned to 2n (uns: the codes are in [0, 255]; unused here) */
+static inline void vi_stream_bytes2(void *p, vi c0, vi c1, size_t n, int uns) {
+  (void)uns;
+  vi_stream_bytes(p, c0, n);
+  vi_stream_bytes((char *)p + n, c1, n);
+}
+
 #endif
