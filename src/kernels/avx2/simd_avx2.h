@@ -73,6 +73,16 @@ static inline void vf_stream_f16(uint16_t *p, vf v) {
   _mm_stream_si128((__m128i *)(void *)p, f32_to_f16(v));
 }
 static inline vf vf_round_f16(vf v) { return _mm256_cvtph_ps(f32_to_f16(v)); }
+/* Two vectors, 16 outputs (a's, then b's), in one 32-byte store: half the
+ * loop's bookkeeping per output (p aligned to 32 bytes when streamed). */
+#define VF_F16_PAIRS 1
+static inline __m256i f32x2_to_f16(vf a, vf b) { return _mm256_set_m128i(f32_to_f16(b), f32_to_f16(a)); }
+static inline void vf_store2_f16(uint16_t *p, vf a, vf b) {
+  _mm256_storeu_si256((__m256i *)(void *)p, f32x2_to_f16(a, b));
+}
+static inline void vf_stream2_f16(uint16_t *p, vf a, vf b) {
+  _mm256_stream_si256((__m256i *)(void *)p, f32x2_to_f16(a, b));
+}
 
 static inline vf bf16_widen(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
