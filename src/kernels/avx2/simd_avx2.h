@@ -73,6 +73,16 @@ static inline void vf_stream_f16(uint16_t *p, vf v) {
   _mm_stream_si128((__m128i *)(void *)p, f32_to_f16(v));
 }
 static inline vf vf_round_f16(vf v) { return _mm256_cvtph_ps(f32_to_f16(v)); }
+/* Two vectors, 16 outputs (a's, then b's), in one 32-byte store: half the
+ * loop's bookkeeping per output (p aligned to 32 bytes when streamed). */
+#define VF_F16_PAIRS 1
+static inline __m256i f32x2_to_f16(vf a, vf b) { return _mm256_set_m128i(f32_to_f16(b), f32_to_f16(a)); }
+static inline void vf_store2_f16(uint16_t *p, vf a, vf b) {
+  _mm256_storeu_si256((__m256i *)(void *)p, f32x2_to_f16(a, b));
+}
+static inline void vf_stream2_f16(uint16_t *p, vf a, vf b) {
+  _mm256_stream_si256((__m256i *)(void *)p, f32x2_to_f16(a, b));
+}
 
 static inline vf bf16_widen(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -108,6 +118,29 @@ static inline void vf_stream_bf16(uint16_t *p, vf v) {
   _mm_stream_si128((__m128i *)(void *)p, f32_to_bf16(v));
 }
 static inline vf vf_round_bf16(vf v) { return bf16_widen(f32_to_bf16(v)); }
+#define VF_BF16_PAIRS 1
+/* Two vectors, 16 outputs (a's, then b's): the rounding above without its
+ * NaN blend, and one pack for both. A NaN lane in either (rare; one compare
+ * finds it) sends both through f32_to_bf16, so the bits are the same. */
+static inline __m256i bf16_rne_low(vf v) { /* round to nearest even, in the low 16 bits */
+  __m256i u = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+}
+static inline __m256i f32x2_to_bf16(vf a, vf b) {
+  __m256 nan = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
+  if (__builtin_expect(!_mm256_testz_ps(nan, nan), 0))
+    return _mm256_set_m128i(f32_to_bf16(b), f32_to_bf16(a));
+  /* packed: a0-3 b0-3 | a4-7 b4-7; the quadword permute puts a before b */
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_rne_low(a), bf16_rne_low(b)), 0xd8);
+}
+static inline void vf_store2_bf16(uint16_t *p, vf a, vf b) {
+  _mm256_storeu_si256((__m256i *)(void *)p, f32x2_to_bf16(a, b));
+}
+/* p aligned to 32 bytes */
+static inline void vf_stream2_bf16(uint16_t *p, vf a, vf b) {
+  _mm256_stream_si256((__m256i *)(void *)p, f32x2_to_bf16(a, b));
+}
 
 /* ---- double compute ---- */
 static inline vd vd_zero(void) { return _mm256_setzero_pd(); }
