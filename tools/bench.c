@@ -211,7 +211,9 @@ typedef struct timed {
 
 /* Medians of several items measured in rounds, each round running every item
  * in order: the bandwidth of a shared VM drifts over seconds, and this way a
- * drift hits every item alike, so their ratios hold. Each timed call follows
+ * drift hits every item alike, so their ratios hold; the order rotates by one
+ * item a round, so no item always follows the same one (a 2-thread copy's
+ * write-back, say, or another op's cache footprint). Each timed call follows
  * an untimed one of the same item, so cache-resident shapes are timed warm.
  * Rounds fill about `budget` seconds, within [lo, hi]. */
 static void interleaved_medians(timed *items, int n, double budget, int lo, int hi) {
@@ -225,7 +227,9 @@ static void interleaved_medians(timed *items, int n, double budget, int lo, int 
     return;
   }
   for (int r = 0; r < rounds; r++)
-    for (int i = 0; i < n; i++) {
+    for (int q = 0; q < n; q++) {
+      int i = (q + r) % n; /* each round starts one item later: every item
+                            * follows every other equally often */
       items[i].fn(items[i].arg);
       double a = now();
       items[i].fn(items[i].arg);
