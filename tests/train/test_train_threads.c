@@ -2,8 +2,9 @@
  * threads: for each norm, a few AdamW steps of the float model from the same
  * seed and batches, compared loss by loss and parameter by parameter. The
  * model is big enough that both thread pools really work: the test checks
- * that the model's pool ran tasks on its worker, that librmsnorm started its
- * own worker thread (Linux: /proc/self/task), and that OpenBLAS ran
+ * that the model's pool ran tasks on its worker (and started it: Linux's
+ * /proc/self/task; librmsnorm's own worker, which its cost model may leave
+ * asleep on a loaded machine, is reported, not required), and that OpenBLAS ran
  * single-threaded inside the tasks (its results could otherwise depend on
  * its own thread count). */
 #include <dirent.h>
@@ -116,15 +117,17 @@ int main(void) {
     tu_check(one.worker_tasks == 0 && two.worker_tasks > 0,
           "%s: worker tasks %ld (1 thread), %ld (2 threads): want 0 and > 0",
           train_norm_name(norm), one.worker_tasks, two.worker_tasks);
-    /* 2 threads: one more than at the start for the model's pool, and one
-     * more for librmsnorm's (which none does not call; `layer`, the first
-     * norm that does, starts it) */
-    int more = norm == TRAIN_NORM_NONE ? 1 : 2;
+    /* 2 threads: one more than at the start for the model's pool. librmsnorm's
+     * own worker (one more again) is not required: its cost model wakes it
+     * only when a call pays for the wake-up, which it estimates from the
+     * wake-ups it has seen, so on a loaded machine (a sanitizer build beside
+     * another test) it may rightly keep every call of a model on one thread.
+     * Its count is printed below. */
     if (start_threads > 0)
-      tu_check(two.threads_alive >= start_threads + more,
-            "%s: %d threads at the start, %d with a 2-thread model: want %d more (a pool did "
-            "not start)",
-            train_norm_name(norm), start_threads, two.threads_alive, more);
+      tu_check(two.threads_alive >= start_threads + 1,
+            "%s: %d threads at the start, %d with a 2-thread model: want 1 more (the model's "
+            "pool did not start)",
+            train_norm_name(norm), start_threads, two.threads_alive);
     printf("%-5s: losses %.6f %.6f %.6f, %d parameters: same bits with 1 and 2 threads "
            "(process threads: %d at the start, %d and %d with the models; worker tasks %ld)\n",
            train_norm_name(norm), two.loss[0], two.loss[1], two.loss[2], n1, start_threads,
