@@ -37,6 +37,7 @@ typedef struct worker {
   job *job;  /* the job it is assigned to, or NULL (pool lock) */
   int state; /* IDLE, ASSIGNED (claimed, not yet running), RUNNING */
   int stop;
+  int fresh; /* started for the job it holds: its start is not a wake-up */
 } worker;
 
 static struct {
@@ -90,7 +91,8 @@ static void *worker_main(void *p) {
     job *j = w->job;
     w->state = RUNNING;
     double t = now_s();
-    observe_wake(t - j->start, t);
+    if (!w->fresh) observe_wake(t - j->start, t);
+    w->fresh = 0;
     pthread_mutex_unlock(&pool.lock);
     run_tasks(j);
     pthread_mutex_lock(&pool.lock);
@@ -112,6 +114,7 @@ static void grow(int want) {
       pool.can_grow = 0;
       return;
     }
+    w->fresh = 1;
     if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
       pthread_cond_destroy(&w->wake);
       free(w);
@@ -154,7 +157,7 @@ void rn_parallel_run(int nthreads, int ntasks, rn_task_fn fn, void *arg) {
       worker *w = pool.w[i];
       if (w->job == &j && w->state == ASSIGNED) {
         double t = now_s();
-        observe_wake(t - j.start, t);
+        if (!w->fresh) observe_wake(t - j.start, t);
         w->state = IDLE;
         w->job = NULL;
         j.active--;

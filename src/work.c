@@ -29,8 +29,11 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_wei
  *   a byte of traffic costs CACHE_PS while a thread's share fits in its L2,
  *     DRAM_PS beyond (one thread's streaming rate), and the whole call never
  *     goes faster than MEM_PS a byte (the copy limit on every core);
- *   waking a worker costs WAKE_PS before it runs a task (the best case: the
- *     median is milliseconds when another process holds the other core), or
+ *   waking a worker costs WAKE_PS before it runs a task (a condition
+ *     variable's wake-up took 17-30 us median, 47-69 us at p90, on an idle
+ *     2-vCPU EPYC VM, and a split 512x576 bf16 forward lost about 30 us to
+ *     it; the median is milliseconds when another process holds the other
+ *     core), or
  *     the pool's running estimate of recent wake-ups when that is more
  *     (rn_parallel_wake_estimate), so a loaded machine splits less.
  * The backward moves more per byte (about 2.5x the forward's in cache), so
@@ -41,7 +44,7 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_wei
 #define CACHE_PS 22ull       /* 45 GB/s */
 #define DRAM_PS 55ull        /* 18 GB/s */
 #define MEM_PS 35ull         /* 29 GB/s, all threads together */
-#define WAKE_PS 25000000ull  /* 25 us */
+#define WAKE_PS 40000000ull  /* 40 us */
 #define CACHE_SHARE ((size_t)1 << 20) /* a thread's bytes that count as in cache */
 #define GAIN_NUM 3           /* n threads must take <= 3/4 of one thread's time */
 #define GAIN_DEN 4
