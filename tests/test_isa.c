@@ -12,6 +12,7 @@ typedef struct run_spec {
   int weight, bias, dw, db, saved, inplace;
   unsigned flags;
   double eps, partial;
+  int aligned; /* x, dy and the output on 64-byte boundaries (else malloc's) */
 } run_spec;
 
 /* Runs one op on ctx with fixed inputs (seeded); returns the output bytes
@@ -20,8 +21,9 @@ static unsigned char *run_once(rmsnorm_context *ctx, const run_spec *s, uint64_t
                                size_t *nbytes, rmsnorm_status *st) {
   tu_seed(seed);
   size_t rows = s->rows, d = s->d, es = rn_dtype_size(s->dt), as = rn_acc_size(s->dt);
-  tu_tensor x = tu_alloc(s->dt, rows, d, s->ld_in), dy = tu_alloc(s->dt, rows, d, s->ld_in);
-  tu_tensor out = tu_alloc(s->dt, rows, d, s->ld_out);
+  tu_tensor (*alloc)(rmsnorm_dtype, size_t, size_t, size_t) = s->aligned ? tu_alloc_aligned : tu_alloc;
+  tu_tensor x = alloc(s->dt, rows, d, s->ld_in), dy = alloc(s->dt, rows, d, s->ld_in);
+  tu_tensor out = alloc(s->dt, rows, d, s->ld_out);
   /* large tensors: uniform values, far cheaper to draw than normal ones */
   for (size_t i = 0; i < rows; i++)
     for (size_t j = 0; j < d; j++) {
@@ -198,7 +200,7 @@ int main(void) {
             if (tu_emulated() && d > 129 && v != (int)(si % 4)) continue;
             run_spec s = {(rmsnorm_dtype)dt, v & 1 ? RMSNORM_F32 : (rmsnorm_dtype)dt, ln, bw,
                           5, d, d + (v >= 2 ? 3 : 0), d + (v == 1 ? 1 : 0),
-                          v != 3, v & 1, v != 2, v != 1, v & 2, v == 3, 0, 1e-5, 1.0};
+                          v != 3, v & 1, v != 2, v != 1, v & 2, v == 3, 0, 1e-5, 1.0, 0};
             if (!ln) {
               s.flags |= v == 1 ? RMSNORM_FLAG_EPS_OUTSIDE : 0;
               s.partial = v == 2 ? 0.4 : 1.0;
@@ -221,16 +223,34 @@ int main(void) {
          * (still split across threads) */
         if (tu_emulated() && !(dt == RMSNORM_F32 && !ln && !bw)) rows = 70;
         run_spec s = {(rmsnorm_dtype)dt, RMSNORM_F32, ln, bw, rows, d, d, d + 1,
-                      1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0};
+                      1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0, 0};
         compare(&s, seed);
       }
+  /* the RMSNorm forward on rows that start on 64-byte lines (torch's
+   * layout; malloc's blocks above start 16 bytes past one) and hold whole
+   * lane groups, past the streaming threshold: no partial vectors, streamed
+   * pairs from each row's start; row 2 through the rescue path between
+   * streamed rows; d = 1088 and 4096, every dtype and option */
+  for (int dt = 0; dt < 4; dt++)
+    for (int v = 0; v < 4; v++, seed++) {
+      if (tu_emulated() && (dt != RMSNORM_F32 || v)) continue; /* emulated: one */
+      size_t d = v % 2 ? 4096 : 1088, es = dt == RMSNORM_F64 ? 8 : dt == RMSNORM_F32 ? 4 : 2;
+      size_t rows = ((size_t)1 << 20) / (d * es) + 5 + (size_t)v;
+      unsigned flags = v == 1 ? RMSNORM_FLAG_EPS_OUTSIDE
+                       : v == 2 ? RMSNORM_FLAG_WEIGHT_OFFSET
+                       : v == 3 && es == 2 ? RMSNORM_FLAG_ROUND_BEFORE_WEIGHT : 0;
+      run_spec s = {(rmsnorm_dtype)dt, v & 1 ? RMSNORM_F32 : (rmsnorm_dtype)dt, 0, 0, rows, d,
+                    d + (v == 3 ? 7 : 0), d, v != 3, v == 1 || v == 2, 0, 0, 0, 0, flags, 1e-6,
+                    1.0, 1};
+      compare(&s, seed);
+    }
   /* many short rows past the streaming threshold (fp32: 42003 x 101 x 4
    * bytes): row groups, and the prefetch of the next group */
   for (int ln = 0; ln < 2; ln++)
     for (int bw = 0; bw < 2; bw++, seed++) {
       if (tu_emulated() && (ln || bw)) continue; /* emulated: the RMSNorm forward */
       run_spec s = {RMSNORM_F32, RMSNORM_F32, ln, bw, 42003, 101, 101, 101,
-                    1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0};
+                    1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0, 0};
       compare(&s, seed);
     }
   /* the same in bf16 (rows 202 bytes apart: two rows meet inside a streamed
@@ -239,10 +259,10 @@ int main(void) {
   for (int bw = 0; bw < 2; bw++, seed++) {
     if (tu_emulated()) continue;
     run_spec h = {RMSNORM_BF16, RMSNORM_F32, 0, bw, 84003, 101, 101, 101,
-                  1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0};
+                  1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0, 0};
     compare(&h, seed);
     run_spec p = {RMSNORM_F32, RMSNORM_F32, 0, bw, 42003, 101, 101, 101,
-                  1, 0, 1, 0, bw, 0, 0, 1e-6, 0.4};
+                  1, 0, 1, 0, bw, 0, 0, 1e-6, 0.4, 0};
     compare(&p, seed);
   }
   /* many rows: more than 64 backward chunks of 64 rows, so the dweight and
@@ -252,7 +272,7 @@ int main(void) {
       if (tu_emulated() && (dt == RMSNORM_F16 || dt == RMSNORM_F64)) continue;
       run_spec s = {(rmsnorm_dtype)dt, dt % 2 ? RMSNORM_F32 : (rmsnorm_dtype)dt, ln, 1, 5000, 33,
                     35, 33, 1, 1, 1, 1, dt & 2, 0, dt == 1 ? RMSNORM_FLAG_ACCUMULATE : 0, 1e-5,
-                    1.0};
+                    1.0, 0};
       compare(&s, seed);
     }
   /* one long row, and two: split across threads by columns (at least 1 MiB
@@ -264,7 +284,7 @@ int main(void) {
         /* emulated: fp32, and the bf16 backward (the others take the same split) */
         if (tu_emulated() && dt != RMSNORM_F32 && !(dt == RMSNORM_BF16 && ln && bw)) continue;
         run_spec s = {(rmsnorm_dtype)dt, RMSNORM_F32, ln, bw, 1 + (size_t)bw, d, d, d + 1,
-                      1, 1, 1, 1, bw, 0, 0, 1e-6, ln ? 1.0 : 0.7};
+                      1, 1, 1, 1, bw, 0, 0, 1e-6, ln ? 1.0 : 0.7, 0};
         compare(&s, seed);
       }
   compare_bf16_edges(6);
