@@ -21,9 +21,9 @@ static unsigned char *run_once(rmsnorm_context *ctx, const run_spec *s, uint64_t
                                size_t *nbytes, rmsnorm_status *st) {
   tu_seed(seed);
   size_t rows = s->rows, d = s->d, es = rn_dtype_size(s->dt), as = rn_acc_size(s->dt);
-  tu_tensor (*alloc)(rmsnorm_dtype, size_t, size_t, size_t) = s->aligned ? tu_alloc_aligned : tu_alloc;
-  tu_tensor x = alloc(s->dt, rows, d, s->ld_in), dy = alloc(s->dt, rows, d, s->ld_in);
-  tu_tensor out = alloc(s->dt, rows, d, s->ld_out);
+  tu_tensor x = tu_alloc_at(s->dt, rows, d, s->ld_in, s->aligned);
+  tu_tensor dy = tu_alloc_at(s->dt, rows, d, s->ld_in, s->aligned);
+  tu_tensor out = tu_alloc_at(s->dt, rows, d, s->ld_out, s->aligned);
   /* large tensors: uniform values, far cheaper to draw than normal ones */
   for (size_t i = 0; i < rows; i++)
     for (size_t j = 0; j < d; j++) {

@@ -67,10 +67,13 @@ typedef struct tu_tensor {
   size_t bytes;
 } tu_tensor;
 
-static inline tu_tensor tu_alloc(rmsnorm_dtype dt, size_t rows, size_t d, size_t ld) {
+/* aligned: the data on a 64-byte boundary (as torch allocates), where
+ * malloc's large blocks start 16 bytes past one. */
+static inline tu_tensor tu_alloc_at(rmsnorm_dtype dt, size_t rows, size_t d, size_t ld,
+                                    int aligned) {
   tu_tensor t = {dt, rows, d, ld, NULL, 0};
   t.bytes = ((rows ? rows - 1 : 0) * ld + d) * rn_dtype_size(dt);
-  t.data = malloc(t.bytes ? t.bytes : 1);
+  t.data = aligned ? aligned_alloc(64, (t.bytes / 64 + 1) * 64) : malloc(t.bytes ? t.bytes : 1);
   if (!t.data) {
     fprintf(stderr, "out of memory\n");
     exit(2);
@@ -79,18 +82,8 @@ static inline tu_tensor tu_alloc(rmsnorm_dtype dt, size_t rows, size_t d, size_t
   return t;
 }
 
-/* tu_alloc with the data on a 64-byte boundary (as torch allocates), where
- * malloc's large blocks start 16 bytes past one. */
-static inline tu_tensor tu_alloc_aligned(rmsnorm_dtype dt, size_t rows, size_t d, size_t ld) {
-  tu_tensor t = {dt, rows, d, ld, NULL, 0};
-  t.bytes = ((rows ? rows - 1 : 0) * ld + d) * rn_dtype_size(dt);
-  t.data = aligned_alloc(64, (t.bytes + 63) / 64 * 64 + 64);
-  if (!t.data) {
-    fprintf(stderr, "out of memory\n");
-    exit(2);
-  }
-  memset(t.data, 0x7f, t.bytes);
-  return t;
+static inline tu_tensor tu_alloc(rmsnorm_dtype dt, size_t rows, size_t d, size_t ld) {
+  return tu_alloc_at(dt, rows, d, ld, 0);
 }
 
 static inline void tu_free(tu_tensor *t) {
