@@ -2198,6 +2198,50 @@ static void test_info_help_version(void) {
         "linear --help options");
 }
 
+/* `rmsnorm bench` (quick, two small shapes, one odd): every op at 1 and 2
+ * threads, a positive time and % of a copy limit that names its copy. */
+static void test_bench(void) {
+  int rc = RUN("bench", "--quick", "--csv", "--no-scalar", "--dtype", "f32", "--threads", "2",
+               "--shape", "64x128", "--shape", "3x1000", "--offset", "16");
+  tu_check(rc == 0 && err_text[0] == '\0', "bench: exit %d %s", rc, err_text);
+  tu_check(!strncmp(out_text, "op,dtype,rows,d,threads,median_us,", 34), "bench header: %.80s",
+           out_text);
+  int lines = 0;
+  for (char *line = strchr(out_text, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+    char buf[256], *f[12];
+    size_t len = strcspn(line + 1, "\n"), nf = 0;
+    snprintf(buf, sizeof buf, "%.*s", (int)len, line + 1);
+    for (char *c = buf; nf < 12; c++) { /* the 12 fields; empty ones too */
+      f[nf++] = c;
+      c += strcspn(c, ",");
+      if (!*c) break;
+      *c = '\0';
+    }
+    tu_check(nf == 12, "bench line has %zu fields: %s", nf, line + 1);
+    if (nf != 12) break;
+    lines++;
+    int threads = atoi(f[4]), lim_threads = 0;
+    double us = atof(f[5]), gbps = atof(f[6]), limit = atof(f[7]), pct = atof(f[8]);
+    char *slash = strchr(f[11], '/');
+    if (slash) *slash = '\0', lim_threads = atoi(slash + 1);
+    tu_check(strstr("rms_forward rms_backward ln_forward ln_backward", f[0]) && !strcmp(f[1], "f32"),
+             "bench op %s %s", f[0], f[1]);
+    tu_check((!strcmp(f[2], "64") && !strcmp(f[3], "128")) || (!strcmp(f[2], "3") && !strcmp(f[3], "1000")),
+             "bench shape %sx%s", f[2], f[3]);
+    tu_check(threads == 1 || threads == 2, "bench threads %d", threads);
+    tu_check(us > 0 && gbps > 0 && limit > 0 && pct > 0 && pct < 10000, "bench numbers %s %s %s %s",
+             f[5], f[6], f[7], f[8]);
+    tu_check(!strcmp(f[11], "memcpy") || !strcmp(f[11], "nt-avx2") || !strcmp(f[11], "nt-avx512"),
+             "bench limit kind %s", f[11]);
+    tu_check(lim_threads >= 1 && lim_threads <= threads, "bench limit on %d threads for %d",
+             lim_threads, threads);
+  }
+  tu_check(lines == 2 * 4 * 2, "bench: %d result lines, want 16", lines);
+  rc = RUN("bench", "--shape", "0x5");
+  tu_check(rc == 2 && strstr(err_text, "bench: --shape") != NULL, "bench --shape 0x5: %d %s", rc,
+           err_text);
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 static void remove_tree(const char *path) {
@@ -2258,6 +2302,7 @@ int main(int argc, char **argv) {
   test_odd_offsets();
   test_demo();
   test_info_help_version();
+  test_bench();
 
   if (chdir("/") != 0) die("chdir");
   if (tu_failures == 0)
