@@ -129,7 +129,7 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
                        rn_param_as_acc(cfg, weight, 1, d, scratch),
                        rn_param_as_acc(cfg, bias, 0, d, scratch + wcopy),
                        cfg->eps, cfg->flags, mean, rstd,
-                       y != x && rn_stream_ok(y, es, rows * d * es)};
+                       rn_stream_ok(y != x, y, es, rows * d * es)};
   const rn_kernel_set *k = rn_context_kernels(ctx);
   if (split_rows(ctx, rows, d, es)) {
     cols_job job = {k, cfg->dtype, &a, NULL, 0, d, {0}, NULL, NULL};
@@ -235,7 +235,7 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                         x, ldx, dy, lddy, dx, lddx,
                         rn_param_as_acc(cfg, weight, 1, d, scratch),
                         cfg->eps, cfg->flags, mean, rstd,
-                        dx != dy && dx != x && rn_stream_ok(dx, es, rows * d * es)};
+                        rn_stream_ok(dx != dy && dx != x, dx, es, rows * d * es)};
   backward_job job = {ctx, rn_context_kernels(ctx), &a, {0, 0, 0}};
   if (split) job.split = rn_split_for(ctx, 1, d * 3 * es, d / 64);
   rn_grad_run(ctx, &plan, scratch + wcopy, backward_chunk, &job);

@@ -98,7 +98,7 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
                               rn_param_as_acc(cfg, weight, 1, d, scratch),
                               rn_param_as_acc(cfg, bias, 0, d, scratch + wcopy),
                               cfg->eps, cfg->flags, NULL, rstd,
-                              y != u && rn_stream_ok(y, es, rows * d * es)};
+                              rn_stream_ok(y != u, y, es, rows * d * es)};
   job.rows = rows;
   job.block = block_rows(d, es);
   rn_run_tasks(ctx, rn_split_for(ctx, rows, rows * d * 4 * es, rows), add_fwd_task, &job);
@@ -191,7 +191,7 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
                                h, ldh, dy, lddy, dh, lddh,
                                rn_param_as_acc(cfg, weight, 1, d, scratch),
                                cfg->eps, cfg->flags, NULL, rstd,
-                               !dres && dh != dy && rn_stream_ok(dh, es, rows * d * es)};
+                               rn_stream_ok(!dres && dh != dy, dh, es, rows * d * es)};
   job.dres = dres;
   job.lddres = lddres;
   job.lddh = lddh;
@@ -381,7 +381,7 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
                                rn_param_as_acc(cfg, weight, 1, head_dim, scratch),
                                rn_param_as_acc(cfg, bias, 0, head_dim, scratch + wcopy),
                                cfg->eps, cfg->flags, NULL, rstd,
-                               job.g.flat && y != x && rn_stream_ok(y, es, rows * head_dim * es)};
+                               rn_stream_ok(job.g.flat && y != x, y, es, rows * head_dim * es)};
   rn_run_tasks(ctx, rn_split_for(ctx, rows, rows * head_dim * 2 * es, tokens), qk_fwd_task,
                &job);
   rn_context_unlock(ctx);
@@ -473,8 +473,8 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
                                 x, ldx_head, dy, lddy_head, dx, lddx_head,
                                 rn_param_as_acc(cfg, weight, 1, head_dim, scratch),
                                 cfg->eps, cfg->flags, NULL, rstd,
-                                job.g.flat && dx != dy && dx != x &&
-                                    rn_stream_ok(dx, es, rows * head_dim * es)};
+                                rn_stream_ok(job.g.flat && dx != dy && dx != x, dx, es,
+                                             rows * head_dim * es)};
   rn_grad_run(ctx, &plan, scratch + wcopy, qk_bwd_chunk, &job);
   rn_context_unlock(ctx);
   return RMSNORM_OK;

@@ -50,7 +50,8 @@ typedef struct rn_forward_args {
   void *mean;          /* mean: (rows,) acc, LayerNorm only, or NULL */
   void *rstd;          /* rstd: (rows,) acc, or NULL */
   int stream;          /* y is large, not x, and aligned to its element size: kernels
-                          may store past the caches */
+                          may store past the caches (rn_stream_ok: 1, or 2 when
+                          DRAM-sized) */
 } rn_forward_args;
 
 /* Backward over rows [row_begin, row_end), adding this block's dweight/dbias
@@ -70,7 +71,8 @@ typedef struct rn_backward_args {
   unsigned flags;
   const void *mean;    /* saved stats (rows,) acc; used only when both are present */
   const void *rstd;    /*   (RMSNorm: rstd alone) */
-  int stream;          /* dx is large and aliases nothing: may store past the caches */
+  int stream;          /* dx is large and aliases nothing: may store past the caches
+                          (rn_stream_ok: 1, or 2 when DRAM-sized) */
 } rn_backward_args;
 
 typedef void (*rn_forward_fn)(const rn_forward_args *a, size_t row_begin, size_t row_end);

@@ -227,7 +227,7 @@ rmsnorm_status rmsnorm_shard_forward(rmsnorm_context *ctx, const rmsnorm_config 
                {RN_RMSNORM, cfg->dtype, width, sh.k_local, x, ldx, y, ldy,
                 rn_param_as_acc(cfg, weight, 1, width, scratch),
                 rn_param_as_acc(cfg, bias, 0, width, scratch + wcopy), cfg->eps, cfg->flags,
-                NULL, NULL, y != x && rn_stream_ok(y, es, rows * width * es)},
+                NULL, NULL, rn_stream_ok(y != x, y, es, rows * width * es)},
                stats, rstd};
   run_rows(ctx, rows, rows * width * 2 * es, fwd_fn, &j);
   rn_context_unlock(ctx);
@@ -368,7 +368,7 @@ rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx, const rmsnorm_config
   bwd_job j = {rn_context_kernels(ctx), cfg, &sh,
                {RN_RMSNORM, cfg->dtype, width, sh.k_local, x, ldx, dy, lddy, dx, lddx,
                 rn_param_as_acc(cfg, weight, 1, width, scratch), cfg->eps, cfg->flags, NULL,
-                NULL, dx != dy && dx != x && rn_stream_ok(dx, es, rows * width * es)},
+                NULL, rn_stream_ok(dx != dy && dx != x, dx, es, rows * width * es)},
                stats, dots};
   rn_grad_run(ctx, &plan, scratch + wcopy, bwd_chunk, &j);
   rn_context_unlock(ctx);

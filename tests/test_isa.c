@@ -212,13 +212,17 @@ int main(void) {
           }
   /* large: threads split rows and chunks; outputs of 1 MiB and more are
    * streamed (fp32: 1100 x 4101 x 4 bytes; the fp16/bf16 forward: 2050 x
-   * 4101 x 2, its output rows 8204 bytes apart, so at every 4-byte alignment) */
+   * 4101 x 2, its output rows 8204 bytes apart, so at every 4-byte alignment),
+   * from 4 MiB with the repeated prefetches (fp32; fp64: 600 x 1000 x 8) */
   for (int dt = 0; dt < 4; dt++)
     for (int ln = 0; ln < 2; ln++)
       for (int bw = 0; bw < 2; bw++, seed++) {
         size_t d = dt == RMSNORM_F64 ? 1000 : 4096 + 5;
         int half = dt == RMSNORM_F16 || dt == RMSNORM_BF16;
-        size_t rows = dt == RMSNORM_F32 && ln == bw ? 1100 : half && !bw ? 2050 : 300;
+        size_t rows = dt == RMSNORM_F32 && ln == bw ? 1100
+                      : dt == RMSNORM_F64 && ln == bw ? 600
+                      : half && !bw                   ? 2050
+                                                      : 300;
         /* emulated: streamed once (fp32 RMSNorm forward), the rest on fewer rows
          * (still split across threads) */
         if (tu_emulated() && !(dt == RMSNORM_F32 && !ln && !bw)) rows = 70;
@@ -230,12 +234,13 @@ int main(void) {
    * layout; malloc's blocks above start 16 bytes past one) and hold whole
    * lane groups, past the streaming threshold: no partial vectors, streamed
    * pairs from each row's start; row 2 through the rescue path between
-   * streamed rows; d = 1088 and 4096, every dtype and option */
+   * streamed rows; d = 1088 and 4096, every dtype and option; fp32 and fp64
+   * past 4 MiB, where their prefetches repeat */
   for (int dt = 0; dt < 4; dt++)
     for (int v = 0; v < 4; v++, seed++) {
       if (tu_emulated() && (dt != RMSNORM_F32 || v)) continue; /* emulated: one */
       size_t d = v % 2 ? 4096 : 1088, es = dt == RMSNORM_F64 ? 8 : dt == RMSNORM_F32 ? 4 : 2;
-      size_t rows = ((size_t)1 << 20) / (d * es) + 5 + (size_t)v;
+      size_t rows = ((size_t)(es >= 4 ? 4 : 1) << 20) / (d * es) + 5 + (size_t)v;
       unsigned flags = v == 1 ? RMSNORM_FLAG_EPS_OUTSIDE
                        : v == 2 ? RMSNORM_FLAG_WEIGHT_OFFSET
                        : v == 3 && es == 2 ? RMSNORM_FLAG_ROUND_BEFORE_WEIGHT : 0;

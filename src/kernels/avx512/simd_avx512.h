@@ -156,15 +156,11 @@ static inline void vd_stream_f64(double *p, vd v) { _mm512_stream_pd(p, v); }
 
 static inline void v_store_fence(void) { _mm_sfence(); }
 /* a hint: the line holding p will be read soon; into L2 (prefetcht1), not L1,
- * where it would evict the row being worked on. Issued four times, once per
- * 16 bytes of the 64-byte vector it goes with: four per line (norm_simd.inc
- * says why). (_mm_prefetch inside an inline function was dropped by GCC 12,
- * hence the builtin.) */
-static inline void v_prefetch(const void *p) {
-  __builtin_prefetch(p, 0, 2);
-  __builtin_prefetch(p, 0, 2);
-  __builtin_prefetch(p, 0, 2);
-  __builtin_prefetch(p, 0, 2);
-}
+ * where it would evict the row being worked on. (_mm_prefetch inside an
+ * inline function was dropped by GCC 12, hence the builtin.) */
+static inline void v_prefetch(const void *p) { __builtin_prefetch(p, 0, 2); }
+/* prefetches per 64-byte vector from DRAM-sized inputs: four a line
+ * (norm_simd.inc, V_PREFETCH) */
+#define V_PREFETCH_REPEAT 4
 
 #endif
