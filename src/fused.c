@@ -98,7 +98,9 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
                               rn_param_as_acc(cfg, weight, 1, d, scratch),
                               rn_param_as_acc(cfg, bias, 0, d, scratch + wcopy),
                               cfg->eps, cfg->flags, NULL, rstd,
-                              rn_stream_ok(y != u, y, es, rows * d * es)};
+                              /* streamed, but not as DRAM-sized (2): the add has
+                               * just brought the block's h into the caches */
+                              rn_stream_ok(y != u, y, es, rows * d * es) != 0};
   job.rows = rows;
   job.block = block_rows(d, es);
   rn_run_tasks(ctx, rn_split_for(ctx, rows, rows * d * 4 * es, rows), add_fwd_task, &job);
