@@ -23,9 +23,10 @@
 #define RN_STREAM_BYTES ((size_t)1 << 20)
 
 /* From this many bytes of output (and as many of input) the rows come from
- * DRAM, and the kernels prefetch each line several times (V_PREFETCH_REPEAT).
- * Measured on a Zen 4 VM, fp32: the repeats made 512x4096 (8 MiB) 0-20%
- * faster and 512x576 (1.2 MB, from L2/L3) 10-20% slower. */
+ * DRAM, and the fp32/fp64 kernels prefetch each line several times
+ * (V_PREFETCH_REPEAT). Measured on a Zen 4 VM, fp32, % of the copy: the
+ * repeats moved 512x576 (1.2 MB, from L2/L3) 10-20% down; 512x4096 (8 MiB)
+ * from -10% to +66% (the backward on two threads), 4096x4096 up 5-25%. */
 #define RN_DRAM_BYTES ((size_t)4 << 20)
 
 /* Whether outputs of `bytes` at p (elements of es bytes) are worth streaming
