@@ -45,25 +45,20 @@ static inline vi vd_i8_codes(vd t) {
   return _mm256_inserti128_si256(_mm256_setzero_si256(), _mm256_cvtpd_epi32(t), 0);
 }
 
-/* e4m3 codes, as rn_e4m3_code, the rounding done by a float addition: with
- * a = min(|t|, 448) and e its exponent, M = 2^(max(e, -6) + 20) has its last
- * place where e4m3 has its (2^(e-3); 2^-9 below 2^-6), so a + M rounds a to
- * e4m3 to nearest even, and the last bits of a + M count its steps k above M:
- * the code is k + 8 (max(e, -6) + 6) = bits(a + M) - bits(M) + bits(M)/2^20
- * - 1128. */
+/* e4m3 codes, as rn_e4m3_code, in the steps of quant_avx512.h's (the
+ * rounding by a float addition, M formed on the integer bits, a NaN made
+ * 0x7f by an unsigned min); checked equal to the former form on all 2^32
+ * floats. */
 static inline vi vf_e4m3_codes(vf t) {
-  __m256i u = _mm256_castps_si256(t);
-  __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(u, 31), 7); /* 0x80: no constant */
-  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(t, t, _CMP_UNORD_Q));
-  vf a = _mm256_min_ps(vf_abs(t), _mm256_set1_ps(448.0f));
-  vf e = _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000)));
-  vf big = _mm256_max_ps(_mm256_mul_ps(e, _mm256_set1_ps(0x1p20f)), _mm256_set1_ps(0x1p14f));
-  __m256i mb = _mm256_castps_si256(big);
-  __m256i k = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, big)), mb);
+  vf a = _mm256_min_ps(_mm256_set1_ps(448.0f), vf_abs(t));
+  __m256i ea = _mm256_and_si256(_mm256_castps_si256(a), _mm256_set1_epi32(0x7f800000));
+  __m256i mb = _mm256_max_epi32(_mm256_add_epi32(ea, _mm256_set1_epi32(20 << 23)),
+                                _mm256_set1_epi32(141 << 23));
+  __m256i k = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(mb))), mb);
   __m256i c = _mm256_add_epi32(
       k, _mm256_sub_epi32(_mm256_srli_epi32(mb, 20), _mm256_set1_epi32(1128)));
-  /* NaN: a is 448 (MINPS returns its second operand), code 0x7e; | 1 makes 0x7f */
-  c = _mm256_or_si256(c, _mm256_srli_epi32(nan, 31));
+  c = _mm256_min_epu32(c, _mm256_set1_epi32(0x7f));
+  __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(t), 31), 7); /* 0x80 */
   return _mm256_or_si256(c, sign);
 }
 static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
@@ -108,6 +103,21 @@ static inline void vi_stream_bytes2(void *p, vi c0, vi c1, size_t n, int uns) {
   /* dwords 0, 4, 1, 5: c0[0..3] c0[4..7] c1[0..3] c1[4..7] */
   b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
   _mm_stream_si128((__m128i *)p, _mm256_castsi256_si128(b));
+}
+
+/* the low bytes of 4 x VF_W codes (c0's, c1's, c2's, c3's) to p, one
+ * 32-byte store (non-temporal when `stream`, p then aligned to 32); packed
+ * as in vi_stream_bytes2, per 128-bit lane c0 c1 c2 c3's dwords, then put
+ * back in order */
+static inline void vi_store_bytes4(void *p, vi c0, vi c1, vi c2, vi c3, int uns, int stream) {
+  __m256i h0 = uns ? _mm256_packus_epi32(c0, c1) : _mm256_packs_epi32(c0, c1);
+  __m256i h1 = uns ? _mm256_packus_epi32(c2, c3) : _mm256_packs_epi32(c2, c3);
+  __m256i b = uns ? _mm256_packus_epi16(h0, h1) : _mm256_packs_epi16(h0, h1);
+  b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  if (stream)
+    _mm256_stream_si256((__m256i *)p, b);
+  else
+    _mm256_storeu_si256((__m256i *)p, b);
 }
 
 #endif

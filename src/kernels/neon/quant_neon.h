@@ -77,4 +77,15 @@ static inline void vi_stream_bytes2(void *p, vi c0, vi c1, size_t n, int uns) {
   vi_stream_bytes((char *)p + n, c1, n);
 }
 
+/* the low bytes of 4 x 4 codes (c0's, c1's, c2's, c3's) to p, one 16-byte
+ * store (uns and stream: unused here; narrowing keeps the low byte) */
+static inline void vi_store_bytes4(void *p, vi c0, vi c1, vi c2, vi c3, int uns, int stream) {
+  (void)uns, (void)stream;
+  uint16x8_t h0 = vcombine_u16(vmovn_u32(vreinterpretq_u32_s32(c0)),
+                               vmovn_u32(vreinterpretq_u32_s32(c1)));
+  uint16x8_t h1 = vcombine_u16(vmovn_u32(vreinterpretq_u32_s32(c2)),
+                               vmovn_u32(vreinterpretq_u32_s32(c3)));
+  vst1q_u8((uint8_t *)p, vcombine_u8(vmovn_u16(h0), vmovn_u16(h1)));
+}
+
 #endif
