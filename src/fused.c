@@ -262,7 +262,10 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
                                  rn_param_as_acc(cfg, weight, 1, d, scratch),
                                  rn_param_as_acc(cfg, bias, 0, d, scratch + wcopy),
                                  cfg->eps, cfg->flags, NULL, rstd,
-                                 rows * d * es >= RN_DRAM_BYTES ? 2 : rows * d * es >= RN_STREAM_BYTES}; /* large: prefetch */
+                                 /* large: prefetch (2: DRAM-sized, repeated) */
+                                 rows * d * es >= RN_DRAM_BYTES     ? 2
+                                 : rows * d * es >= RN_STREAM_BYTES ? 1
+                                                                    : 0};
   job.args.fp8 = qtype == RMSNORM_Q_FP8_E4M3;
   job.args.q = q;
   job.args.ldq = ldq;

@@ -97,7 +97,8 @@ typedef struct rn_add_args {
  * fp8 e4m3 (formulas in ref/fused_ref.inc). */
 typedef struct rn_quant_args {
   rn_forward_args f;   /* the norm (RMSNorm only); f.y, f.mean unused; f.stream:
-                          the input is large (kernels prefetch ahead) */
+                          the input is large (kernels prefetch ahead; 2:
+                          DRAM-sized, as rn_stream_ok) */
   int fp8;             /* 0: int8, 1: fp8 e4m3 (OCP "FN": max 448, NaN 0x7f) */
   void *q;             /* q: (rows, ldq) bytes */
   size_t ldq;
