@@ -262,10 +262,10 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
                                  rn_param_as_acc(cfg, weight, 1, d, scratch),
                                  rn_param_as_acc(cfg, bias, 0, d, scratch + wcopy),
                                  cfg->eps, cfg->flags, NULL, rstd,
-                                 /* large: prefetch (2: DRAM-sized, repeated) */
-                                 rows * d * es >= RN_DRAM_BYTES     ? 2
-                                 : rows * d * es >= RN_STREAM_BYTES ? 1
-                                                                    : 0};
+                                 /* rn_stream_ok's tiers on the input's size (bytes:
+                                  * no alignment to meet); kernels prefetch from 1,
+                                  * repeatedly from 2 (DRAM-sized) */
+                                 rn_stream_ok(1, q, 1, rows * d * es)};
   job.args.fp8 = qtype == RMSNORM_Q_FP8_E4M3;
   job.args.q = q;
   job.args.ldq = ldq;
