@@ -4,14 +4,20 @@
  * op), and the autograd kernels. The fake (meta) kernels are in Python
  * (rmsnorm/_torch_fake.py), used only when tracing.
  *
- * Autograd. Each differentiable op has an Autograd kernel: without a graph to
- * record it goes straight to the CPU kernel; with one it runs a
- * torch::autograd::Function whose backward calls the op's backward op through
- * the dispatcher. A backward op is itself differentiable: when it is called
- * with grad mode on and an input that requires grad (create_graph=True, as in
- * gradient penalties and gradgradcheck), it differentiates a composition of
- * aten ops that computes the forward (autograd of it, with create_graph), so
- * gradients of any order exist; otherwise it runs the library's backward. */
+ * Autograd. Each differentiable op has an Autograd kernel: it runs the CPU
+ * kernel below autograd and, when a gradient is needed, records a Node whose
+ * apply calls the op's backward op through the dispatcher (as torch's own
+ * generated kernels do, so functorch transforms work too); when an argument
+ * carries a forward-mode tangent, it gives the output the op's JVP. A backward
+ * op is itself differentiable: when it is called with grad mode on and an
+ * input that requires grad (create_graph=True, as in gradient penalties and
+ * gradgradcheck) or carries a tangent, it computes the library's backward
+ * formula with aten ops, which autograd differentiates again, so gradients of
+ * any order exist; otherwise it runs the library's backward.
+ *
+ * The ops that write in place (out=, inplace=True) take no part in autograd;
+ * their ADInplaceOrView kernels bump the written tensors' version counters in
+ * every mode (inference mode included), as torch's own in-place ops do. */
 #include <torch/library.h>
 
 #include <ATen/EmptyTensor.h>
@@ -19,19 +25,27 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros_like.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include "core.hpp"
 #include "runtime.h"
@@ -41,8 +55,6 @@ namespace rnops {
 namespace {
 
 using rncore::Dims;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 /* ---- tensors as core.hpp sees them ---------------------------------------------------- */
 
@@ -609,7 +621,7 @@ Tensor3 backward_composite(rncore::Norm kind, const Tensor &dy, const Tensor &x,
   return Tensor3(dx, dw, db);
 }
 
-bool grad_needed(std::initializer_list<const Tensor *> ts) {
+bool grad_needed(c10::ArrayRef<const Tensor *> ts) {
   if (!c10::GradMode::is_enabled()) return false;
   for (const Tensor *t : ts)
     if (t->defined() && t->requires_grad()) return true;
@@ -622,283 +634,392 @@ OptTensor opt_of(const Tensor &t) { return t.defined() ? OptTensor(t) : std::nul
 /* ---- autograd: forward ops ---------------------------------------------------------------- */
 
 using Guard = at::AutoDispatchBelowADInplaceOrView;
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
 
-bool needs(AutogradContext *ctx, int64_t edge) { return edge >= 0 && ctx->needs_input_grad(edge); }
+/* Reverse mode. Each differentiable op records a Node of its own, as torch's generated
+ * kernels do (not a torch::autograd::Function, which functorch transforms refuse): its
+ * next edges are the op's tensor arguments in schema order (an absent weight or bias keeps
+ * an empty slot), and its apply calls the op's backward op through the dispatcher. */
+/* Nodes are held by std::shared_ptr up to some torch 2.x and by c10::intrusive_ptr after. */
+using NodePtr = decltype(torch::autograd::Edge::function);
+constexpr bool kSharedNodes = std::is_same_v<NodePtr, std::shared_ptr<Node>>;
+template <class N>
+using Ptr = std::conditional_t<kSharedNodes, std::shared_ptr<N>, c10::intrusive_ptr<N>>;
 
-/* What a backward needs besides tensors, kept in ctx->saved_data: the number of normalized
- * dims, the keyword options, and the edge indices (for needs_input_grad) of the weight and
- * the bias: edges are the defined tensor arguments in order, here `first` always-present
- * ones, then the weight and the bias when given. */
-struct Saved {
+template <class N>
+Ptr<N> make_node(torch::autograd::edge_list edges) {
+  Ptr<N> n;
+  if constexpr (kSharedNodes)
+    n = std::make_shared<N>();
+  else
+    n = c10::make_intrusive<N>();
+  n->set_next_edges(std::move(edges));
+  return n;
+}
+
+/* Makes `node` the grad_fn of the differentiable outputs, in order (its inputs). */
+void set_history(const NodePtr &node, std::initializer_list<const Tensor *> outs) {
+  for (const Tensor *t : outs) {
+    uint32_t nr = node->add_input_metadata(*t);
+    torch::autograd::impl::set_gradient_edge(*t, torch::autograd::Edge(node, nr));
+  }
+}
+
+/* What every norm Node keeps besides tensors: the number of normalized dims and the
+ * keyword options. */
+struct NormNode : Node {
   int64_t k = 0;
   OptDouble eps;
   bool offset = false, eps_outside = false;
   double partial = 1.0;
-  int64_t weight_edge = -1, bias_edge = -1;
+  SavedVariable s[5];  // the saved tensors, by the op's own order
 
-  Saved() = default;
-  Saved(int first, const OptTensor &weight, const OptTensor &bias, std::size_t k_, OptDouble eps_,
-        bool offset_, bool eps_outside_ = false, double partial_ = 1.0)
-      : k(static_cast<int64_t>(k_)), eps(eps_), offset(offset_), eps_outside(eps_outside_),
-        partial(partial_) {
-    int64_t e = first;
-    if (weight.has_value() && weight->defined()) weight_edge = e++;
-    if (bias.has_value() && bias->defined()) bias_edge = e;
+  void options(std::size_t k_, OptDouble eps_, bool offset_, bool eps_outside_ = false,
+               double partial_ = 1.0) {
+    k = static_cast<int64_t>(k_);
+    eps = eps_;
+    offset = offset_;
+    eps_outside = eps_outside_;
+    partial = partial_;
   }
-
-  void put(AutogradContext *ctx) const {
-    auto &d = ctx->saved_data;
-    d["k"] = k;
-    d["eps"] = eps ? c10::IValue(*eps) : c10::IValue();
-    d["flags"] = c10::IValue(std::vector<bool>{offset, eps_outside});
-    d["partial"] = partial;
-    d["edges"] = std::vector<int64_t>{weight_edge, bias_edge};
+  /* inputs are saved as inputs, outputs (mean, rstd, new_residual) as outputs */
+  void save(std::initializer_list<std::pair<Tensor, bool>> ts) {
+    int i = 0;
+    for (const auto &[t, is_output] : ts) s[i++] = SavedVariable(t, is_output);
   }
-
-  static Saved get(AutogradContext *ctx) {
-    auto &d = ctx->saved_data;
-    Saved s;
-    s.k = d["k"].toInt();
-    if (!d["eps"].isNone()) s.eps = d["eps"].toDouble();
-    auto flags = d["flags"].toBoolList();
-    s.offset = flags[0];
-    s.eps_outside = flags[1];
-    s.partial = d["partial"].toDouble();
-    auto edges = d["edges"].toIntVector();
-    s.weight_edge = edges[0];
-    s.bias_edge = edges[1];
-    return s;
+  Tensor get(int i) { return s[i].unpack(getptr()); }
+  void release_variables() override {
+    for (SavedVariable &v : s) v.reset_data();
   }
-
-  /* output_mask of the backward op: (the input's gradient, weight's, bias's) */
-  std::array<bool, 3> mask(AutogradContext *ctx, bool input) const {
-    return {input, needs(ctx, weight_edge), needs(ctx, bias_edge)};
-  }
-
+  bool needs(std::size_t edge) const { return task_should_compute_output(edge); }
   /* the normalized_shape of t: its last k dims */
   c10::SymIntArrayRef ns(const Tensor &t) const {
     return t.sym_sizes().slice(static_cast<std::size_t>(t.dim() - k));
   }
 };
 
-/* RMSNorm: forward(input, normalized_shape, weight, eps, bias, offset, eps_outside, partial,
- * round_before_weight) -> (y, rstd). */
-struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
-  static variable_list forward(AutogradContext *ctx, const Tensor &input, c10::SymIntArrayRef ns,
-                               const OptTensor &weight, OptDouble eps, const OptTensor &bias,
-                               bool offset, bool eps_outside, double partial, bool rbw) {
-    RN_OP(fwd, RmsNormForwardSig, "rmsnorm::rms_norm_forward", "");
-    Guard guard;
-    auto [y, rstd] = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
-    ctx->save_for_backward({input, value(weight), value(bias), rstd});
-    Saved(1, weight, bias, ns.size(), eps, offset, eps_outside, partial).put(ctx);
-    ctx->mark_non_differentiable({rstd});
-    return {y, rstd};
-  }
+/* Forward mode (torch.autograd.forward_ad, torch.func.jvp/jacfwd). When an argument carries a
+ * tangent (at level 0, as torch's generated kernels read it; functorch maps its levels onto
+ * it), the output's tangent is the op's JVP, computed with aten ops from the primal values so
+ * that it is differentiable in turn.
+ *
+ * RMSNorm of a row x of d elements, its statistic over the first k:
+ *   m = (1/k) sum_{j<k} x_j^2,  r = (m + eps)^(-1/2)   (eps outside: r = 1/(sqrt(m) + eps)),
+ *   xhat = x r,  y = xhat * W + b  with W = w (or 1 + w).
+ * For tangents t, tw, tb of x, w, b, with s = mean_{j<k}(x_j t_j) (so dm = 2 s):
+ *   dr = -r^3 s   (eps outside: dr = -r^2 s / sqrt(m), taken as 0 where m = 0, as the
+ *                  backward does),
+ *   dxhat = t r + x dr,   dy = dxhat * W + xhat * tw + tb.
+ * LayerNorm: c = x - mean(x), v = mean(c^2), r = (v + eps)^(-1/2), xhat = c r; then
+ *   dc = t - mean(t), dr = -r^3 mean(c dc), dxhat = dc r + c dr, and dy as above.
+ * Rounding (to the storage dtype, and before the weight) is taken as the identity, as in
+ * the backward. */
+bool has_tangent(const Tensor &t) { return t.defined() && t._fw_grad(0).defined(); }
 
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+bool any_tangent(c10::ArrayRef<const Tensor *> ts) {
+  for (const Tensor *t : ts)
+    if (has_tangent(*t)) return true;
+  return false;
+}
+
+Tensor primal(const Tensor &t) { return has_tangent(t) ? t._fw_primal(0) : t; }
+Tensor tangent(const Tensor &t) { return has_tangent(t) ? Tensor(t._fw_grad(0)) : Tensor(); }
+
+/* dxhat of the rows of x (viewed as (*, d) over its last nk dims) for the tangent tx, and
+ * xhat itself; both in x's compute type. */
+std::pair<Tensor, Tensor> xhat_tangent(rncore::Norm kind, const Tensor &x, const Tensor &tx,
+                                       int64_t nk, double eps, bool eps_outside, double partial) {
+  NormRows n = norm_rows(kind, x, nk, eps, eps_outside, partial);
+  if (!tx.defined()) return {n.xhat, Tensor()};
+  Tensor t = tx.to(opmath(x)).reshape_symint(n.rows.sym_sizes());
+  if (kind == rncore::LAYER) {
+    Tensor c = n.rows - n.rows.mean(-1, true);
+    Tensor dc = t - t.mean(-1, true);
+    Tensor dr = -n.r.pow(3) * (c * dc).mean(-1, true);
+    return {n.xhat, dc * n.r + c * dr};
+  }
+  auto head = [&](const Tensor &v) { return n.k == n.d ? v : v.narrow(-1, 0, n.k); };
+  Tensor s = (head(n.rows) * head(t)).mean(-1, true);
+  Tensor dr;
+  if (eps_outside) {
+    Tensor pos = n.rho > 0;
+    dr = at::where(pos, -n.r.square() * s / at::where(pos, n.rho, at::ones_like(n.rho)),
+                   at::zeros_like(s));
+  } else {
+    dr = -n.r.pow(3) * s;
+  }
+  return {n.xhat, t * n.r + n.rows * dr};
+}
+
+/* dy = dxhat * W + xhat * tw + tb over rows, or undefined when every term is zero. */
+Tensor affine_tangent(const Tensor &xhat, const Tensor &dxhat, const Tensor &w, const Tensor &tw,
+                      const Tensor &tb, bool offset) {
+  at::ScalarType t = xhat.scalar_type();
+  Tensor dy;
+  auto add = [&](Tensor v) { dy = dy.defined() ? dy + v : v; };
+  if (dxhat.defined()) add(w.defined() ? dxhat * (offset ? w.to(t) + 1 : w.to(t)).reshape(-1) : dxhat);
+  if (tw.defined()) add(xhat * tw.to(t).reshape(-1));
+  if (tb.defined()) add(tb.to(t).reshape(-1).expand_as(xhat));
+  return dy;
+}
+
+/* Gives y the tangent dy (rows of y's compute type), in y's shape and dtype. */
+void set_tangent(const Tensor &y, const Tensor &dy) {
+  if (!dy.defined()) return;
+  y._set_fw_grad(dy.reshape_symint(y.sym_sizes()).to(y.scalar_type()), 0, false);
+}
+
+/* y's tangent for the norm of x over its last nk dims (input, weight, bias as given). */
+void norm_tangent(const Tensor &y, rncore::Norm kind, const Tensor &x, const Tensor &tx,
+                  int64_t nk, const Tensor &w, const Tensor &b, OptDouble eps, bool offset,
+                  bool eps_outside, double partial) {
+  Tensor xp = primal(x), wp = primal(w);
+  auto [xhat, dxhat] = xhat_tangent(kind, xp, tx, nk, eps_value(eps, xp), eps_outside, partial);
+  set_tangent(y, affine_tangent(xhat, dxhat, wp, tangent(w), tangent(b), offset));
+}
+
+/* RMSNorm: (y, rstd) with its Node when a gradient is needed and its tangent when an
+ * argument has one; `with_rstd` picks the op that also returns rstd. */
+struct RmsNormNode : NormNode {  // saved: input, weight, bias, rstd
+  std::string name() const override { return "RmsNormBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
     RN_OP(bwd, RmsNormBackwardSig, "rmsnorm::rms_norm_backward", "");
-    auto s = ctx->get_saved_variables();
-    const Tensor &x = s[0];
-    Saved o = Saved::get(ctx);
+    Tensor x = get(0);
     // the backward treats rounding before the weight as the identity
-    auto [dx, dw, db] = bwd.call(grads[0], x, o.ns(x), opt_of(s[1]), opt_of(s[3]), o.eps,
-                                 o.mask(ctx, ctx->needs_input_grad(0)), opt_of(s[2]), o.offset,
-                                 o.eps_outside, o.partial);
-    return {dx, Tensor(), dw, Tensor(), db, Tensor(), Tensor(), Tensor(), Tensor()};
+    auto [dx, dw, db] = bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(3)), eps,
+                                 {needs(0), needs(1), needs(2)}, opt_of(get(2)), offset,
+                                 eps_outside, partial);
+    return {dx, dw, db};
   }
 };
+
+Tensor2 rms_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                    OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
+                    double partial, bool rbw, bool with_rstd) {
+  Tensor w = value(weight), b = value(bias), y, rstd;
+  Ptr<RmsNormNode> node;
+  if (grad_needed({&input, &w, &b}))
+    node = make_node<RmsNormNode>(torch::autograd::collect_next_edges(input, w, b));
+  {
+    Guard guard;
+    if (node || with_rstd) {
+      RN_OP(fwd, RmsNormForwardSig, "rmsnorm::rms_norm_forward", "");
+      std::tie(y, rstd) = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+    } else {
+      RN_OP(fwd, RmsNormSig, "rmsnorm::rms_norm", "");
+      y = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+    }
+  }
+  if (node) {
+    set_history(node, {&y});
+    node->save({{input, false}, {w, false}, {b, false}, {rstd, true}});
+    node->options(ns.size(), eps, offset, eps_outside, partial);
+  }
+  if (any_tangent({&input, &w, &b}))
+    norm_tangent(y, rncore::RMS, input, tangent(input), static_cast<int64_t>(ns.size()), w, b, eps,
+                 offset, eps_outside, partial);
+  return Tensor2(y, rstd);
+}
 
 Tensor rms_norm_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
                          OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
                          double partial, bool rbw) {
-  Tensor w = value(weight), b = value(bias);
-  if (grad_needed({&input, &w, &b}))
-    return RmsNormFn::apply(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw)[0];
-  RN_OP(fwd, RmsNormSig, "rmsnorm::rms_norm", "");
-  Guard guard;
-  return fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+  return std::get<0>(
+      rms_norm_ad(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw, false));
 }
 
 Tensor2 rms_norm_forward_autograd(const Tensor &input, c10::SymIntArrayRef ns,
                                   const OptTensor &weight, OptDouble eps, const OptTensor &bias,
                                   bool offset, bool eps_outside, double partial, bool rbw) {
-  Tensor w = value(weight), b = value(bias);
-  if (grad_needed({&input, &w, &b})) {
-    auto r = RmsNormFn::apply(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
-    return Tensor2(r[0], r[1]);
-  }
-  RN_OP(fwd, RmsNormForwardSig, "rmsnorm::rms_norm_forward", "");
-  Guard guard;
-  return fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+  return rms_norm_ad(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw, true);
 }
 
-/* LayerNorm: forward(input, normalized_shape, weight, bias, eps, offset, round_before_weight)
- * -> (y, mean, rstd). */
-struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
-  static variable_list forward(AutogradContext *ctx, const Tensor &input, c10::SymIntArrayRef ns,
-                               const OptTensor &weight, const OptTensor &bias, OptDouble eps,
-                               bool offset, bool rbw) {
-    RN_OP(fwd, LayerNormForwardSig, "rmsnorm::layer_norm_forward", "");
-    Guard guard;
-    auto [y, mean, rstd] = fwd.call(input, ns, weight, bias, eps, offset, rbw);
-    ctx->save_for_backward({input, value(weight), value(bias), mean, rstd});
-    Saved(1, weight, bias, ns.size(), eps, offset).put(ctx);
-    ctx->mark_non_differentiable({mean, rstd});
-    return {y, mean, rstd};
-  }
-
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+/* LayerNorm: (y, mean, rstd); mean and rstd have no gradient. */
+struct LayerNormNode : NormNode {  // saved: input, weight, bias, mean, rstd
+  std::string name() const override { return "LayerNormBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
     RN_OP(bwd, LayerNormBackwardSig, "rmsnorm::layer_norm_backward", "");
-    auto s = ctx->get_saved_variables();
-    const Tensor &x = s[0];
-    Saved o = Saved::get(ctx);
-    auto [dx, dw, db] = bwd.call(grads[0], x, o.ns(x), opt_of(s[1]), opt_of(s[2]), opt_of(s[3]),
-                                 opt_of(s[4]), o.eps, o.mask(ctx, ctx->needs_input_grad(0)),
-                                 o.offset);
-    return {dx, Tensor(), dw, db, Tensor(), Tensor(), Tensor()};
+    Tensor x = get(0);
+    auto [dx, dw, db] = bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(2)),
+                                 opt_of(get(3)), opt_of(get(4)), eps,
+                                 {needs(0), needs(1), needs(2)}, offset);
+    return {dx, dw, db};
   }
 };
 
+Tensor3 layer_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
+                      const OptTensor &bias, OptDouble eps, bool offset, bool rbw,
+                      bool with_stats) {
+  Tensor w = value(weight), b = value(bias), y, mean, rstd;
+  Ptr<LayerNormNode> node;
+  if (grad_needed({&input, &w, &b}))
+    node = make_node<LayerNormNode>(torch::autograd::collect_next_edges(input, w, b));
+  {
+    Guard guard;
+    if (node || with_stats) {
+      RN_OP(fwd, LayerNormForwardSig, "rmsnorm::layer_norm_forward", "");
+      std::tie(y, mean, rstd) = fwd.call(input, ns, weight, bias, eps, offset, rbw);
+    } else {
+      RN_OP(fwd, LayerNormSig, "rmsnorm::layer_norm", "");
+      y = fwd.call(input, ns, weight, bias, eps, offset, rbw);
+    }
+  }
+  if (node) {
+    set_history(node, {&y});
+    node->save({{input, false}, {w, false}, {b, false}, {mean, true}, {rstd, true}});
+    node->options(ns.size(), eps, offset);
+  }
+  if (any_tangent({&input, &w, &b}))
+    norm_tangent(y, rncore::LAYER, input, tangent(input), static_cast<int64_t>(ns.size()), w, b,
+                 eps, offset, false, 1.0);
+  return Tensor3(y, mean, rstd);
+}
+
 Tensor layer_norm_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
                            const OptTensor &bias, OptDouble eps, bool offset, bool rbw) {
-  Tensor w = value(weight), b = value(bias);
-  if (grad_needed({&input, &w, &b}))
-    return LayerNormFn::apply(input, ns, weight, bias, eps, offset, rbw)[0];
-  RN_OP(fwd, LayerNormSig, "rmsnorm::layer_norm", "");
-  Guard guard;
-  return fwd.call(input, ns, weight, bias, eps, offset, rbw);
+  return std::get<0>(layer_norm_ad(input, ns, weight, bias, eps, offset, rbw, false));
 }
 
 Tensor3 layer_norm_forward_autograd(const Tensor &input, c10::SymIntArrayRef ns,
                                     const OptTensor &weight, const OptTensor &bias, OptDouble eps,
                                     bool offset, bool rbw) {
-  Tensor w = value(weight), b = value(bias);
-  if (grad_needed({&input, &w, &b})) {
-    auto r = LayerNormFn::apply(input, ns, weight, bias, eps, offset, rbw);
-    return Tensor3(r[0], r[1], r[2]);
-  }
-  RN_OP(fwd, LayerNormForwardSig, "rmsnorm::layer_norm_forward", "");
-  Guard guard;
-  return fwd.call(input, ns, weight, bias, eps, offset, rbw);
+  return layer_norm_ad(input, ns, weight, bias, eps, offset, rbw, true);
 }
 
-/* Residual add + RMSNorm: forward(input, residual, normalized_shape, weight, eps, bias, offset,
- * eps_outside, partial) -> (y, new_residual). Both input and residual get the gradient
- * dres + the norm's backward at new_residual. */
-struct FusedAddFn : torch::autograd::Function<FusedAddFn> {
-  static variable_list forward(AutogradContext *ctx, const Tensor &input, const Tensor &residual,
-                               c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps,
-                               const OptTensor &bias, bool offset, bool eps_outside, double partial) {
-    RN_OP(fwd, FusedAddSig, "rmsnorm::fused_add_rms_norm", "");
-    Guard guard;
-    auto [y, h] = fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
-    ctx->save_for_backward({h, value(weight), value(bias)});
-    Saved(2, weight, bias, ns.size(), eps, offset, eps_outside, partial).put(ctx);
-    ctx->set_materialize_grads(false);  // an unused new_residual passes no gradient at all
-    return {y, h};
-  }
-
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+/* Residual add + RMSNorm: (y, new_residual h = input + residual). Both input and residual
+ * get the gradient dres + the norm's backward at h; an unused output passes none. */
+struct FusedAddNode : NormNode {  // saved: h (an output), weight, bias
+  std::string name() const override { return "FusedAddRmsNormBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
+    if (!grads[0].defined() && !grads[1].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
     RN_OP(bwd, FusedAddBackwardSig, "rmsnorm::fused_add_rms_norm_backward", "");
-    auto s = ctx->get_saved_variables();
-    const Tensor &h = s[0];
-    Saved o = Saved::get(ctx);
-    bool need_x = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
+    Tensor h = get(0);
+    bool need_x = needs(0) || needs(1);
     Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(h);
-    auto [dh, dw, db] = bwd.call(dy, opt_of(grads[1]), h, o.ns(h), opt_of(s[1]), o.eps,
-                                 o.mask(ctx, need_x), opt_of(s[2]), o.offset, o.eps_outside,
-                                 o.partial);
+    auto [dh, dw, db] = bwd.call(dy, opt_of(grads[1]), h, ns(h), opt_of(get(1)), eps,
+                                 {need_x, needs(2), needs(3)}, opt_of(get(2)), offset, eps_outside,
+                                 partial);
     // one gradient, given to both: the same values, not one tensor
-    Tensor du = ctx->needs_input_grad(0) && ctx->needs_input_grad(1) ? dh.clone() : dh;
-    return {du, dh, Tensor(), dw, Tensor(), db, Tensor(), Tensor(), Tensor()};
+    Tensor du = needs(0) && needs(1) ? dh.clone() : dh;
+    return {needs(0) ? du : Tensor(), needs(1) ? dh : Tensor(), dw, db};
   }
 };
 
 Tensor2 fused_add_autograd(const Tensor &input, const Tensor &residual, c10::SymIntArrayRef ns,
                            const OptTensor &weight, OptDouble eps, const OptTensor &bias,
                            bool offset, bool eps_outside, double partial) {
-  Tensor w = value(weight), b = value(bias);
-  if (grad_needed({&input, &residual, &w, &b})) {
-    auto r = FusedAddFn::apply(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
-    return Tensor2(r[0], r[1]);
+  Tensor w = value(weight), b = value(bias), y, h;
+  Ptr<FusedAddNode> node;
+  if (grad_needed({&input, &residual, &w, &b}))
+    node = make_node<FusedAddNode>(torch::autograd::collect_next_edges(input, residual, w, b));
+  {
+    RN_OP(fwd, FusedAddSig, "rmsnorm::fused_add_rms_norm", "");
+    Guard guard;
+    std::tie(y, h) = fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
   }
-  RN_OP(fwd, FusedAddSig, "rmsnorm::fused_add_rms_norm", "");
-  Guard guard;
-  return fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
+  if (node) set_history(node, {&y, &h});
+  if (any_tangent({&input, &residual, &w, &b})) {
+    // th = t_input + t_residual: h's tangent, and the norm's input tangent
+    Tensor ti = tangent(input), tr = tangent(residual);
+    Tensor th = ti.defined() && tr.defined() ? ti + tr : ti.defined() ? ti : tr;
+    if (th.defined()) th = th.to(h.scalar_type());
+    norm_tangent(y, rncore::RMS, h, th, static_cast<int64_t>(ns.size()), w, b, eps, offset,
+                 eps_outside, partial);
+    if (th.defined()) h._set_fw_grad(th, 0, false);
+  }
+  if (node) {  // h saved with its tangent, for forward-over-reverse
+    node->save({{h, true}, {w, false}, {b, false}});
+    node->options(ns.size(), eps, offset, eps_outside, partial);
+  }
+  return Tensor2(y, h);
 }
 
-/* QK-norm: forward(input, weight, eps, bias, offset, eps_outside, partial) -> y. */
-struct QkNormFn : torch::autograd::Function<QkNormFn> {
-  static variable_list forward(AutogradContext *ctx, const Tensor &input, const OptTensor &weight,
-                               OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
-                               double partial) {
-    RN_OP(fwd, QkNormSig, "rmsnorm::qk_norm", "");
-    Guard guard;
-    Tensor y = fwd.call(input, weight, eps, bias, offset, eps_outside, partial);
-    ctx->save_for_backward({input, value(weight), value(bias)});
-    Saved(1, weight, bias, 1, eps, offset, eps_outside, partial).put(ctx);
-    return {y};
-  }
-
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+/* QK-norm: y = the RMSNorm of every head (input's last dim). */
+struct QkNormNode : NormNode {  // saved: input, weight, bias
+  std::string name() const override { return "QkNormBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
     RN_OP(bwd, QkNormBackwardSig, "rmsnorm::qk_norm_backward", "");
-    auto s = ctx->get_saved_variables();
-    Saved o = Saved::get(ctx);
-    auto [dx, dw, db] = bwd.call(grads[0], s[0], opt_of(s[1]), o.eps,
-                                 o.mask(ctx, ctx->needs_input_grad(0)), opt_of(s[2]), o.offset,
-                                 o.eps_outside, o.partial);
-    return {dx, dw, Tensor(), db, Tensor(), Tensor(), Tensor()};
+    auto [dx, dw, db] = bwd.call(grads[0], get(0), opt_of(get(1)), eps,
+                                 {needs(0), needs(1), needs(2)}, opt_of(get(2)), offset,
+                                 eps_outside, partial);
+    return {dx, dw, db};
   }
 };
 
 Tensor qk_norm_autograd(const Tensor &input, const OptTensor &weight, OptDouble eps,
                         const OptTensor &bias, bool offset, bool eps_outside, double partial) {
-  Tensor w = value(weight), b = value(bias);
+  Tensor w = value(weight), b = value(bias), y;
+  Ptr<QkNormNode> node;
   if (grad_needed({&input, &w, &b}))
-    return QkNormFn::apply(input, weight, eps, bias, offset, eps_outside, partial)[0];
-  RN_OP(fwd, QkNormSig, "rmsnorm::qk_norm", "");
-  Guard guard;
-  return fwd.call(input, weight, eps, bias, offset, eps_outside, partial);
+    node = make_node<QkNormNode>(torch::autograd::collect_next_edges(input, w, b));
+  {
+    RN_OP(fwd, QkNormSig, "rmsnorm::qk_norm", "");
+    Guard guard;
+    y = fwd.call(input, weight, eps, bias, offset, eps_outside, partial);
+  }
+  if (node) {
+    set_history(node, {&y});
+    node->save({{input, false}, {w, false}, {b, false}});
+    node->options(1, eps, offset, eps_outside, partial);
+  }
+  if (any_tangent({&input, &w, &b}))
+    norm_tangent(y, rncore::RMS, input, tangent(input), 1, w, b, eps, offset, eps_outside, partial);
+  return y;
 }
 
-/* RMSNorm + linear: forward(input, weight_matrix, norm_weight, eps, bias, offset, eps_outside,
- * partial) -> z. */
-struct LinearFn : torch::autograd::Function<LinearFn> {
-  static variable_list forward(AutogradContext *ctx, const Tensor &input, const Tensor &w,
-                               const OptTensor &g, OptDouble eps, const OptTensor &bias, bool offset,
-                               bool eps_outside, double partial) {
-    RN_OP(fwd, LinearSig, "rmsnorm::rms_norm_linear", "");
-    Guard guard;
-    Tensor z = fwd.call(input, w, g, eps, bias, offset, eps_outside, partial);
-    ctx->save_for_backward({input, w, value(g), value(bias)});
-    Saved(2, g, bias, 1, eps, offset, eps_outside, partial).put(ctx);
-    return {z};
-  }
-
-  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+/* RMSNorm + linear: z = (xhat * G) W + bias, G = g (or 1 + g). Its tangent is
+ * dz = dY W + Y tW + tbias with Y = xhat * G and dY = dxhat * G + xhat * tg. */
+struct LinearNode : NormNode {  // saved: input, weight_matrix, norm_weight, bias
+  std::string name() const override { return "RmsNormLinearBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
     RN_OP(bwd, LinearBackwardSig, "rmsnorm::rms_norm_linear_backward", "");
-    auto s = ctx->get_saved_variables();
-    Saved o = Saved::get(ctx);
-    auto [dx, dw, dg, db] = bwd.call(grads[0], s[0], s[1], opt_of(s[2]), o.eps, opt_of(s[3]),
-                                     o.offset,
-                                     std::array<bool, 4>{ctx->needs_input_grad(0),
-                                                         ctx->needs_input_grad(1),
-                                                         needs(ctx, o.weight_edge),
-                                                         needs(ctx, o.bias_edge)},
-                                     o.eps_outside, o.partial);
-    return {dx, dw, dg, Tensor(), db, Tensor(), Tensor(), Tensor()};
+    auto [dx, dw, dg, db] = bwd.call(grads[0], get(0), get(1), opt_of(get(2)), eps,
+                                     opt_of(get(3)), offset,
+                                     {needs(0), needs(1), needs(2), needs(3)}, eps_outside,
+                                     partial);
+    return {dx, dw, dg, db};
   }
 };
 
 Tensor linear_autograd(const Tensor &input, const Tensor &w, const OptTensor &g, OptDouble eps,
                        const OptTensor &bias, bool offset, bool eps_outside, double partial) {
-  Tensor gg = value(g), b = value(bias);
+  Tensor gg = value(g), b = value(bias), z;
+  Ptr<LinearNode> node;
   if (grad_needed({&input, &w, &gg, &b}))
-    return LinearFn::apply(input, w, g, eps, bias, offset, eps_outside, partial)[0];
-  RN_OP(fwd, LinearSig, "rmsnorm::rms_norm_linear", "");
-  Guard guard;
-  return fwd.call(input, w, g, eps, bias, offset, eps_outside, partial);
+    node = make_node<LinearNode>(torch::autograd::collect_next_edges(input, w, gg, b));
+  {
+    RN_OP(fwd, LinearSig, "rmsnorm::rms_norm_linear", "");
+    Guard guard;
+    z = fwd.call(input, w, g, eps, bias, offset, eps_outside, partial);
+  }
+  if (node) {
+    set_history(node, {&z});
+    node->save({{input, false}, {w, false}, {gg, false}, {b, false}});
+    node->options(1, eps, offset, eps_outside, partial);
+  }
+  if (any_tangent({&input, &w, &gg, &b})) {
+    Tensor xp = primal(input), wp = primal(w), gp = primal(gg);
+    at::ScalarType t = opmath(xp);
+    auto [xhat, dxhat] = xhat_tangent(rncore::RMS, xp, tangent(input), 1, eps_value(eps, xp),
+                                      eps_outside, partial);
+    Tensor Y = gp.defined() ? xhat * (offset ? gp.to(t) + 1 : gp.to(t)) : xhat;  // (rows, d)
+    Tensor dY = affine_tangent(xhat, dxhat, gp, tangent(gg), Tensor(), offset);
+    Tensor dz;
+    auto add = [&](Tensor v) { dz = dz.defined() ? dz + v : v; };
+    if (dY.defined()) add(at::matmul(dY, wp.to(t)));
+    if (has_tangent(w)) add(at::matmul(Y, tangent(w).to(t)));
+    if (has_tangent(b)) {
+      Tensor tb = tangent(b).to(t);
+      dz = dz.defined() ? dz + tb : tb.expand_symint(z.sym_sizes());
+    }
+    set_tangent(z, dz);
+  }
+  return z;
 }
 
 /* ---- autograd: backward ops (differentiable through the aten composition) ------------- */
@@ -908,7 +1029,7 @@ Tensor3 rms_norm_backward_autograd(const Tensor &dy, const Tensor &input, c10::S
                                    std::array<bool, 3> mask, const OptTensor &bias, bool offset,
                                    bool eps_outside, double partial) {
   Tensor w = value(weight), b = value(bias);
-  if (!grad_needed({&dy, &input, &w, &b})) {
+  if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
     RN_OP(bwd, RmsNormBackwardSig, "rmsnorm::rms_norm_backward", "");
     Guard guard;
     return bwd.call(dy, input, ns, weight, rstd, eps, mask, bias, offset, eps_outside, partial);
@@ -922,7 +1043,7 @@ Tensor3 layer_norm_backward_autograd(const Tensor &dy, const Tensor &input, c10:
                                      const OptTensor &mean, const OptTensor &rstd, OptDouble eps,
                                      std::array<bool, 3> mask, bool offset) {
   Tensor w = value(weight), b = value(bias);
-  if (!grad_needed({&dy, &input, &w, &b})) {
+  if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
     RN_OP(bwd, LayerNormBackwardSig, "rmsnorm::layer_norm_backward", "");
     Guard guard;
     return bwd.call(dy, input, ns, weight, bias, mean, rstd, eps, mask, offset);
@@ -936,7 +1057,7 @@ Tensor3 fused_add_backward_autograd(const Tensor &dy, const OptTensor &dres, con
                                     std::array<bool, 3> mask, const OptTensor &bias, bool offset,
                                     bool eps_outside, double partial) {
   Tensor w = value(weight), b = value(bias), r = value(dres);
-  if (!grad_needed({&dy, &r, &h, &w, &b})) {
+  if (!grad_needed({&dy, &r, &h, &w, &b}) && !any_tangent({&dy, &r, &h, &w, &b})) {
     RN_OP(bwd, FusedAddBackwardSig, "rmsnorm::fused_add_rms_norm_backward", "");
     Guard guard;
     return bwd.call(dy, dres, h, ns, weight, eps, mask, bias, offset, eps_outside, partial);
@@ -951,7 +1072,7 @@ Tensor3 qk_norm_backward_autograd(const Tensor &dy, const Tensor &input, const O
                                   OptDouble eps, std::array<bool, 3> mask, const OptTensor &bias,
                                   bool offset, bool eps_outside, double partial) {
   Tensor w = value(weight), b = value(bias);
-  if (!grad_needed({&dy, &input, &w, &b})) {
+  if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
     RN_OP(bwd, QkNormBackwardSig, "rmsnorm::qk_norm_backward", "");
     Guard guard;
     return bwd.call(dy, input, weight, eps, mask, bias, offset, eps_outside, partial);
@@ -967,7 +1088,7 @@ Tensor4 linear_backward_autograd(const Tensor &dz, const Tensor &input, const Te
                                  bool offset, std::array<bool, 4> mask, bool eps_outside,
                                  double partial) {
   Tensor gg = value(g), b = value(bias);
-  if (!grad_needed({&dz, &input, &w, &gg, &b})) {
+  if (!grad_needed({&dz, &input, &w, &gg, &b}) && !any_tangent({&dz, &input, &w, &gg, &b})) {
     RN_OP(bwd, LinearBackwardSig, "rmsnorm::rms_norm_linear_backward", "");
     Guard guard;
     return bwd.call(dz, input, w, g, eps, bias, offset, mask, eps_outside, partial);
@@ -989,67 +1110,72 @@ Tensor4 linear_backward_autograd(const Tensor &dz, const Tensor &input, const Te
   return Tensor4(dx, dW, dg, db);
 }
 
-/* ---- autograd: the others ------------------------------------------------------------------- */
+/* ---- autograd: the ops that write in place ---------------------------------------------- */
 
-/* Ops that write into their arguments do not take part in autograd; they bump
- * the written tensors' version counters, as any in-place op. */
-void refuse_grad(const char *op, std::initializer_list<const Tensor *> ts) {
-  TORCH_CHECK_VALUE(!grad_needed(ts), "rmsnorm::", op,
+/* They take no part in autograd, in reverse or forward mode: refused when a gradient would
+ * be needed or an argument carries a tangent. */
+void refuse_autograd(const std::string &op, c10::ArrayRef<const Tensor *> ts) {
+  TORCH_CHECK_VALUE(!grad_needed(ts) && !any_tangent(ts), op,
                     ": writing in place (out=, inplace=True) does not take part in autograd; call "
-                    "it under torch.no_grad() or with tensors that do not require grad");
+                    "it under torch.no_grad() or with tensors that do not require grad (nor carry "
+                    "forward-mode tangents)");
 }
 
-void rms_norm_out_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                           OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
-                           double partial, bool rbw, const Tensor &out) {
-  Tensor w = value(weight), b = value(bias);
-  refuse_grad("rms_norm.out", {&input, &w, &b, &out});
-  {
-    RN_OP(fwd, RmsNormOutSig, "rmsnorm::rms_norm", "out");
-    Guard guard;
-    fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw, out);
-  }
-  torch::autograd::impl::bump_version(out);
+void collect(std::vector<const Tensor *> &, ...) {}
+void collect(std::vector<const Tensor *> &v, const Tensor &t) { v.push_back(&t); }
+void collect(std::vector<const Tensor *> &v, const OptTensor &t) {
+  if (t && t->defined()) v.push_back(&*t);
 }
 
-void layer_norm_out_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                             const OptTensor &bias, OptDouble eps, bool offset, bool rbw,
-                             const Tensor &out) {
-  Tensor w = value(weight), b = value(bias);
-  refuse_grad("layer_norm.out", {&input, &w, &b, &out});
-  {
-    RN_OP(fwd, LayerNormOutSig, "rmsnorm::layer_norm", "out");
-    Guard guard;
-    fwd.call(input, ns, weight, bias, eps, offset, rbw, out);
-  }
-  torch::autograd::impl::bump_version(out);
-}
+/* An op `name.overload` that writes its arguments at positions `Written`: its Autograd
+ * kernel refuses autograd and goes on below it; its ADInplaceOrView kernel (reached in every
+ * mode, also inside inference mode for tensors made outside it) refuses, as torch does, to
+ * write an inference tensor outside inference mode, then writes and bumps the written
+ * tensors' version counters, so a backward that saved one of them raises instead of using
+ * the new values. */
+template <class Sig, const char *Name, const char *Overload, std::size_t... Written>
+struct InPlace;
+template <class... A, const char *Name, const char *Overload, std::size_t... Written>
+struct InPlace<void(A...), Name, Overload, Written...> {
+  static std::string op() { return *Overload ? std::string(Name) + "." + Overload : Name; }
 
-void fused_add_inplace_autograd(const Tensor &input, const Tensor &residual, c10::SymIntArrayRef ns,
-                                const OptTensor &weight, OptDouble eps, const OptTensor &bias,
-                                bool offset, bool eps_outside, double partial) {
-  Tensor w = value(weight), b = value(bias);
-  refuse_grad("fused_add_rms_norm_inplace", {&input, &residual, &w, &b});
-  {
-    RN_OP(fwd, FusedAddInplaceSig, "rmsnorm::fused_add_rms_norm_inplace", "");
-    Guard guard;
-    fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
+  static void autograd(A... a) {
+    std::vector<const Tensor *> ts;
+    (collect(ts, a), ...);
+    refuse_autograd(op(), ts);
+    RN_OP(fn, void(A...), Name, Overload);
+    at::AutoDispatchBelowAutograd guard;
+    fn.call(a...);
   }
-  torch::autograd::impl::bump_version(input);
-  torch::autograd::impl::bump_version(residual);
-}
 
-void qk_norm_inplace_autograd(const Tensor &input, const OptTensor &weight, OptDouble eps,
-                              const OptTensor &bias, bool offset, bool eps_outside, double partial) {
-  Tensor w = value(weight), b = value(bias);
-  refuse_grad("qk_norm_inplace", {&input, &w, &b});
-  {
-    RN_OP(fwd, QkNormInplaceSig, "rmsnorm::qk_norm_inplace", "");
-    Guard guard;
-    fwd.call(input, weight, eps, bias, offset, eps_outside, partial);
+  static void inplace_or_view(A... a) {
+    auto args = std::forward_as_tuple(a...);
+    bool inference_write = (std::get<Written>(args).is_inference() || ...);
+    TORCH_CHECK(!inference_write || c10::InferenceMode::is_enabled(), op(),
+                ": cannot write an inference tensor (made under torch.inference_mode()) outside "
+                "inference mode; clone it first, as for torch's own in-place ops");
+    {
+      RN_OP(fn, void(A...), Name, Overload);
+      Guard guard;
+      fn.call(a...);
+    }
+    (torch::autograd::impl::bump_version(std::get<Written>(args)), ...);
   }
-  torch::autograd::impl::bump_version(input);
-}
+};
+
+constexpr char kRmsNorm[] = "rmsnorm::rms_norm";
+constexpr char kLayerNorm[] = "rmsnorm::layer_norm";
+constexpr char kFusedAddInplace[] = "rmsnorm::fused_add_rms_norm_inplace";
+constexpr char kQkNormInplace[] = "rmsnorm::qk_norm_inplace";
+constexpr char kOut[] = "out";
+constexpr char kNoOverload[] = "";
+
+using RmsNormOut = InPlace<RmsNormOutSig, kRmsNorm, kOut, 9>;
+using LayerNormOut = InPlace<LayerNormOutSig, kLayerNorm, kOut, 7>;
+using FusedAddInplace = InPlace<FusedAddInplaceSig, kFusedAddInplace, kNoOverload, 0, 1>;
+using QkNormInplace = InPlace<QkNormInplaceSig, kQkNormInplace, kNoOverload, 0>;
+
+/* ---- autograd: ops without a gradient ------------------------------------------------------- */
 
 /* Ops without a gradient: the kernel below autograd, recording nothing. The 8-bit outputs
  * have none; the shard steps record none themselves (rmsnorm.torch.distributed's
@@ -1189,18 +1315,18 @@ TORCH_LIBRARY_IMPL(rmsnorm, MkldnnCPU, m) { RN_KERNELS(m); }
 
 TORCH_LIBRARY_IMPL(rmsnorm, Autograd, m) {
   m.impl("rms_norm", rnops::rms_norm_autograd);
-  m.impl("rms_norm.out", rnops::rms_norm_out_autograd);
+  m.impl("rms_norm.out", rnops::RmsNormOut::autograd);
   m.impl("rms_norm_forward", rnops::rms_norm_forward_autograd);
   m.impl("rms_norm_backward", rnops::rms_norm_backward_autograd);
   m.impl("layer_norm", rnops::layer_norm_autograd);
-  m.impl("layer_norm.out", rnops::layer_norm_out_autograd);
+  m.impl("layer_norm.out", rnops::LayerNormOut::autograd);
   m.impl("layer_norm_forward", rnops::layer_norm_forward_autograd);
   m.impl("layer_norm_backward", rnops::layer_norm_backward_autograd);
   m.impl("fused_add_rms_norm", rnops::fused_add_autograd);
-  m.impl("fused_add_rms_norm_inplace", rnops::fused_add_inplace_autograd);
+  m.impl("fused_add_rms_norm_inplace", rnops::FusedAddInplace::autograd);
   m.impl("fused_add_rms_norm_backward", rnops::fused_add_backward_autograd);
   m.impl("qk_norm", rnops::qk_norm_autograd);
-  m.impl("qk_norm_inplace", rnops::qk_norm_inplace_autograd);
+  m.impl("qk_norm_inplace", rnops::QkNormInplace::autograd);
   m.impl("qk_norm_backward", rnops::qk_norm_backward_autograd);
   m.impl("rms_norm_int8", rnops::NoGrad<rnops::QuantSig>::kernel<rnops::kInt8>);
   m.impl("rms_norm_fp8", rnops::NoGrad<rnops::QuantSig>::kernel<rnops::kFp8>);
@@ -1213,4 +1339,11 @@ TORCH_LIBRARY_IMPL(rmsnorm, Autograd, m) {
          rnops::NoGrad<rnops::ShardDotsSig>::kernel<rnops::kShardDots>);
   m.impl("rms_norm_shard_backward",
          rnops::NoGrad<rnops::ShardBackwardSig>::kernel<rnops::kShardBackward>);
+}
+
+TORCH_LIBRARY_IMPL(rmsnorm, ADInplaceOrView, m) {
+  m.impl("rms_norm.out", rnops::RmsNormOut::inplace_or_view);
+  m.impl("layer_norm.out", rnops::LayerNormOut::inplace_or_view);
+  m.impl("fused_add_rms_norm_inplace", rnops::FusedAddInplace::inplace_or_view);
+  m.impl("qk_norm_inplace", rnops::QkNormInplace::inplace_or_view);
 }

@@ -305,6 +305,14 @@ def rms_norm_fp8(input: torch.Tensor, normalized_shape: _Shape,
 # ---- modules ---------------------------------------------------------------------------
 
 
+def _param(module: nn.Module, name: str) -> Optional[torch.Tensor]:
+    """module.<name> for the modules' forward: one dict read for a registered parameter
+    (instead of Module.__getattr__), else the attribute itself, which is what a
+    parametrization (a property) or torch.func.functional_call puts in its place."""
+    p = module._parameters
+    return p[name] if name in p else getattr(module, name)
+
+
 def _shape_tuple(normalized_shape: _Shape) -> tuple:
     if isinstance(normalized_shape, numbers.Integral):
         normalized_shape = (normalized_shape,)
@@ -355,8 +363,11 @@ class RMSNorm(_AffineNorm):
         self._init_affine(normalized_shape, eps, elementwise_affine, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        p = self._parameters  # (one dict read instead of two Module.__getattr__ calls)
-        return rms_norm(x, self.normalized_shape, p["weight"], self.eps, bias=p["bias"])
+        if torch.jit.is_scripting():  # TorchScript compiles this branch only
+            return torch.ops.rmsnorm.rms_norm(x, list(self.normalized_shape), self.weight,
+                                              self.eps, bias=self.bias)
+        return rms_norm(x, self.normalized_shape, _param(self, "weight"), self.eps,
+                        bias=_param(self, "bias"))
 
 
 class LayerNorm(_AffineNorm):
@@ -370,8 +381,11 @@ class LayerNorm(_AffineNorm):
         self._init_affine(normalized_shape, eps, elementwise_affine, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        p = self._parameters
-        return layer_norm(x, self.normalized_shape, p["weight"], p["bias"], self.eps)
+        if torch.jit.is_scripting():
+            return torch.ops.rmsnorm.layer_norm(x, list(self.normalized_shape), self.weight,
+                                                self.bias, self.eps)
+        return layer_norm(x, self.normalized_shape, _param(self, "weight"), _param(self, "bias"),
+                          self.eps)
 
 
 class LlamaRMSNorm(nn.Module):
@@ -391,8 +405,20 @@ class LlamaRMSNorm(nn.Module):
         self.variance_epsilon = eps
         self.exact_hf = exact_hf
 
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        weight = self._parameters["weight"]
+        if torch.jit.is_scripting():
+            weight = self.weight
+            if self.exact_hf:
+                return hf_rms_norm(hidden_states, weight, self.variance_epsilon)
+            if weight.dtype == hidden_states.dtype:
+                return torch.ops.rmsnorm.rms_norm(hidden_states, weight.shape, weight,
+                                                  self.variance_epsilon, round_before_weight=True)
+            return weight * torch.ops.rmsnorm.rms_norm(hidden_states, weight.shape, None,
+                                                       self.variance_epsilon)
+        weight = _param(self, "weight")
         if self.exact_hf:
             return hf_rms_norm(hidden_states, weight, self.variance_epsilon)
         if weight.dtype == hidden_states.dtype:
@@ -426,8 +452,14 @@ class GemmaRMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
 
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self._parameters["weight"]
+        if torch.jit.is_scripting():
+            weight = self.weight
+            return torch.ops.rmsnorm.rms_norm(x, weight.shape, weight, self.eps, offset=True)
+        weight = _param(self, "weight")
         return rms_norm(x, weight.shape, weight, self.eps, offset=True)
 
     def extra_repr(self) -> str:
