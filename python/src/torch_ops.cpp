@@ -658,6 +658,14 @@ Ptr<N> make_node(torch::autograd::edge_list edges) {
   return n;
 }
 
+/* A node of type N when grad mode is on and one of the op's tensor arguments (all of them,
+ * in schema order, absent ones undefined) requires grad; else none. */
+template <class N, class... T>
+Ptr<N> node_if_needed(const T &...ts) {
+  if (!grad_needed({&ts...})) return Ptr<N>();
+  return make_node<N>(torch::autograd::collect_next_edges(ts...));
+}
+
 /* Makes `node` the grad_fn of the differentiable outputs, in order (its inputs). */
 void set_history(const NodePtr &node, std::initializer_list<const Tensor *> outs) {
   for (const Tensor *t : outs) {
@@ -799,9 +807,7 @@ Tensor2 rms_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor
                     OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
                     double partial, bool rbw, bool with_rstd) {
   Tensor w = value(weight), b = value(bias), y, rstd;
-  Ptr<RmsNormNode> node;
-  if (grad_needed({&input, &w, &b}))
-    node = make_node<RmsNormNode>(torch::autograd::collect_next_edges(input, w, b));
+  auto node = node_if_needed<RmsNormNode>(input, w, b);
   {
     Guard guard;
     if (node || with_rstd) {
@@ -854,9 +860,7 @@ Tensor3 layer_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTens
                       const OptTensor &bias, OptDouble eps, bool offset, bool rbw,
                       bool with_stats) {
   Tensor w = value(weight), b = value(bias), y, mean, rstd;
-  Ptr<LayerNormNode> node;
-  if (grad_needed({&input, &w, &b}))
-    node = make_node<LayerNormNode>(torch::autograd::collect_next_edges(input, w, b));
+  auto node = node_if_needed<LayerNormNode>(input, w, b);
   {
     Guard guard;
     if (node || with_stats) {
@@ -912,9 +916,7 @@ Tensor2 fused_add_autograd(const Tensor &input, const Tensor &residual, c10::Sym
                            const OptTensor &weight, OptDouble eps, const OptTensor &bias,
                            bool offset, bool eps_outside, double partial) {
   Tensor w = value(weight), b = value(bias), y, h;
-  Ptr<FusedAddNode> node;
-  if (grad_needed({&input, &residual, &w, &b}))
-    node = make_node<FusedAddNode>(torch::autograd::collect_next_edges(input, residual, w, b));
+  auto node = node_if_needed<FusedAddNode>(input, residual, w, b);
   {
     RN_OP(fwd, FusedAddSig, "rmsnorm::fused_add_rms_norm", "");
     Guard guard;
@@ -953,9 +955,7 @@ struct QkNormNode : NormNode {  // saved: input, weight, bias
 Tensor qk_norm_autograd(const Tensor &input, const OptTensor &weight, OptDouble eps,
                         const OptTensor &bias, bool offset, bool eps_outside, double partial) {
   Tensor w = value(weight), b = value(bias), y;
-  Ptr<QkNormNode> node;
-  if (grad_needed({&input, &w, &b}))
-    node = make_node<QkNormNode>(torch::autograd::collect_next_edges(input, w, b));
+  auto node = node_if_needed<QkNormNode>(input, w, b);
   {
     RN_OP(fwd, QkNormSig, "rmsnorm::qk_norm", "");
     Guard guard;
@@ -989,9 +989,7 @@ struct LinearNode : NormNode {  // saved: input, weight_matrix, norm_weight, bia
 Tensor linear_autograd(const Tensor &input, const Tensor &w, const OptTensor &g, OptDouble eps,
                        const OptTensor &bias, bool offset, bool eps_outside, double partial) {
   Tensor gg = value(g), b = value(bias), z;
-  Ptr<LinearNode> node;
-  if (grad_needed({&input, &w, &gg, &b}))
-    node = make_node<LinearNode>(torch::autograd::collect_next_edges(input, w, gg, b));
+  auto node = node_if_needed<LinearNode>(input, w, gg, b);
   {
     RN_OP(fwd, LinearSig, "rmsnorm::rms_norm_linear", "");
     Guard guard;
