@@ -1,8 +1,9 @@
 # mk/python.mk - the Python package in python/. `make test-python` creates .venv
-# when missing, installs what the tests need from PyPI when missing, builds and
-# installs the package through the project's CMake when its sources changed
-# (stamp files), then runs pytest. `make bench-python` runs the benchmark (and installs
-# its peers, python/requirements-bench.txt, when missing).
+# when missing, installs what the tests need from PyPI when missing, installs the
+# package with the README's command when its sources changed (stamp files),
+# compiles the torch module into its cache, then runs pytest. `make bench-python`
+# runs the benchmark (and installs its peers, python/requirements-bench.txt, when
+# missing).
 
 # This fragment is included before the top Makefile's first rule: keep `all`
 # the default goal (restored at the end of the file).
@@ -20,6 +21,9 @@ PY_PKG_STAMP := $(VENV)/.rmsnorm-package.stamp
 PY_PKG_SOURCES := $(shell find python/rmsnorm python/src python/CMakeLists.txt \
   python/pyproject.toml CMakeLists.txt cmake include src -type f ! -name '*.pyc' 2>/dev/null)
 PIP := $(VENV_PY) -m pip --disable-pip-version-check
+# The torch module's cache (compiled on first import), inside the build folder so
+# that clean-python clears it.
+PY_RUN := RMSNORM_BUILD_CACHE=$(abspath python/build/torch-cache) $(VENV_PY)
 TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
@@ -41,17 +45,19 @@ $(PY_DEPS_STAMP): $(PY_REQUIREMENTS) | $(VENV_PY)
 	$(PIP) install --progress-bar off -r $(PY_REQUIREMENTS)
 	touch $@
 
-# The build folder python/build/ is kept, so a change rebuilds incrementally. The
-# torch ops are required here (torch is in .venv): a failure to build them fails.
+# The README's command (pip builds in isolation, fetching scikit-build-core and
+# numpy). The build folder python/build/ is kept, so a change rebuilds incrementally.
 $(PY_PKG_STAMP): $(PY_DEPS_STAMP) $(PY_PKG_SOURCES)
-	$(PIP) install --progress-bar off --no-build-isolation --no-deps \
-	  -Ccmake.define.RMSNORM_PYTHON_TORCH=ON -Cbuild.verbose=false ./python
+	$(PIP) install --progress-bar off ./python
 	touch $@
 
 python-install: $(PY_PKG_STAMP)
 
+# The torch module is compiled (once per torch and package; its warnings shown)
+# before pytest, so that no test waits for it and a compile error stops here.
 test-python: $(PY_PKG_STAMP)
-	$(VENV_PY) -m pytest python/tests $(PYTEST_ARGS)
+	$(PY_RUN) -m rmsnorm._torch_build
+	$(PY_RUN) -m pytest python/tests $(PYTEST_ARGS)
 
 # The benchmark's peers beyond the tests' (onnxruntime, and onnx to build its model).
 $(PY_BENCH_STAMP): $(PY_BENCH_REQUIREMENTS) $(PY_DEPS_STAMP)
@@ -59,7 +65,7 @@ $(PY_BENCH_STAMP): $(PY_BENCH_REQUIREMENTS) $(PY_DEPS_STAMP)
 	touch $@
 
 bench-python: $(PY_PKG_STAMP) $(PY_BENCH_STAMP)
-	$(VENV_PY) -m rmsnorm.bench $(BENCH_ARGS)
+	$(PY_RUN) -m rmsnorm.bench $(BENCH_ARGS)
 
 clean-python:
 	rm -rf python/build $(PY_PKG_STAMP)

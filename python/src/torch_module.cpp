@@ -377,11 +377,5 @@ PyMODINIT_FUNC PyInit__torch(void) {
   g_symint_type = PyObject_GetAttrString(torch, "SymInt");  // kept for the process
   Py_DECREF(torch);
   if (!g_symint_type) return nullptr;
-  PyObject *m = PyModule_Create(&module_def);
-  if (!m) return nullptr;
-  if (PyModule_AddStringConstant(m, "TORCH_VERSION", RMSNORM_TORCH_VERSION) < 0) {
-    Py_DECREF(m);
-    return nullptr;
-  }
-  return m;
+  return PyModule_Create(&module_def);
 }

@@ -2,7 +2,8 @@
 
 Importing it registers the ops of namespace ``rmsnorm`` with torch.library
 (``torch.ops.rmsnorm.rms_norm``, ``.rms_norm_backward``, ``.layer_norm``, ...;
-compiled in rmsnorm._torch, with fake kernels for tracing in
+compiled in rmsnorm._torch, which the first import compiles against the
+running torch into a per-user cache; fake kernels for tracing in
 rmsnorm._torch_fake), so they work under autograd (gradients of any order),
 torch.compile(fullgraph=True), torch.export, fake and meta tensors. The
 functions here (rms_norm, layer_norm, fused_add_rms_norm, qk_norm,
@@ -26,20 +27,11 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import nn
 
-try:
-    from .. import _torch as _C
-except ImportError as err:  # pragma: no cover - depends on how the package was built
-    raise ImportError(
-        f"rmsnorm.torch: the compiled module rmsnorm._torch cannot be loaded ({err}). It is "
-        "built only when torch is importable while the package builds: install torch first, "
-        "then the package with `pip install --no-build-isolation ./python`."
-    ) from None
+# Compiled on first import against this torch, then taken from the cache
+# (rmsnorm/_torch_build.py); ImportError saying why when that cannot be done.
+from .._torch_build import load as _load_compiled
 
-if _C.TORCH_VERSION != torch.__version__:  # pragma: no cover
-    raise ImportError(
-        f"rmsnorm.torch was built against torch {_C.TORCH_VERSION}, but torch {torch.__version__} "
-        "is installed: torch's C++ interface changes between versions. Rebuild the package "
-        "(`pip install --no-build-isolation ./python`).")
+_C = _load_compiled()
 
 from .. import _torch_fake  # noqa: E402,F401  (the fake kernels)
 
