@@ -359,12 +359,16 @@ void normalized_shape(PyObject *o, NormShape *out) {
     out->n = 1;
     return;
   }
-  Ref seq(PySequence_Fast(o, ""));
+  // the items held by a tuple (a list's copied, any other sequence's listed):
+  // an item's __index__ may change or empty the list, which must not free
+  // the items read after it
+  Ref seq = PyTuple_Check(o) ? Ref::borrow(o)
+                             : Ref(PyList_Check(o) ? PyList_AsTuple(o) : PySequence_Tuple(o));
   if (!seq.get()) bad();
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
+  Py_ssize_t n = PyTuple_GET_SIZE(seq.get());
   if (n > NPY_MAXDIMS) bad();
   for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *item = PySequence_Fast_GET_ITEM(seq.get(), i);
+    PyObject *item = PyTuple_GET_ITEM(seq.get(), i);
     if (!PyIndex_Check(item)) bad();
     Py_ssize_t v = PyNumber_AsSsize_t(item, PyExc_OverflowError);
     if (v == -1 && PyErr_Occurred()) bad();

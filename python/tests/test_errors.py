@@ -2,6 +2,9 @@
 what was wrong, from the Python checks and from the library's status codes."""
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -74,6 +77,65 @@ def test_backward_argument_checks():
         rmsnorm.rms_norm_backward(X, X, 8, rstd=np.ones(3, np.float32))
     with pytest.raises(ValueError, match="both mean and rstd"):
         rmsnorm.layer_norm_backward(X, X, 8, rstd=np.ones(2, np.float32))
+
+
+# A normalized_shape list whose items' __index__ changes the list while it is read: the
+# call reads the shape the list had when it began and the interpreter lives on. Run in a
+# child process: reading items through a pointer into the list's storage would crash it
+# (an emptied list) or read the objects made since in freed memory (a wrong shape).
+_CHANGING_SHAPE = """
+import sys
+import numpy as np
+front, how, container = sys.argv[1:]
+if front == "numpy":
+    import rmsnorm as api
+    x = np.arange(1, 25, dtype=np.float32).reshape(2, 3, 4)
+else:
+    import torch
+    import rmsnorm.torch as api
+    x = torch.arange(1, 25, dtype=torch.float32).reshape(2, 3, 4)
+
+
+class Shape(list):
+    pass
+
+
+class Dim:
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        if how == "clear":  # frees the other items: the list held their only reference
+            shape.clear()
+        else:  # moves the list's item array
+            shape.extend(Dim(1) for _ in range(10000))
+        # new objects of the sizes just freed, kept: a stale read finds one of them
+        kept.extend([Dim(5), Dim(5)] for _ in range(1000))
+        return self.v
+
+
+kept = []
+shape = (Shape if container == "subclass" else list)([Dim(3), Dim(4)])
+y = api.rms_norm(x, shape)
+want = api.rms_norm(x, (3, 4))
+assert (y == want).all() and tuple(y.shape) == (2, 3, 4)
+del y, want, shape, kept
+import gc
+gc.collect()
+print("same result")
+"""
+
+
+@pytest.mark.parametrize("front", ["numpy", "torch"])
+@pytest.mark.parametrize("how", ["clear", "grow"])
+@pytest.mark.parametrize("container", ["list", "subclass"])
+def test_normalized_shape_changed_by_index(front, how, container):
+    if front == "torch":
+        pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", _CHANGING_SHAPE, front, how, container], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "same result", (r.returncode, r.stderr[-2000:])
 
 
 # ---- torch ------------------------------------------------------------------------------
@@ -201,3 +263,4 @@ def test_torch_patch_refuses_gpu_models(rt):
     m = torch.nn.Sequential(torch.nn.RMSNorm(8, device="meta"))
     with pytest.raises(TypeError, match="parameters on meta"):
         rt.patch(m)
+
