@@ -849,7 +849,8 @@ PyMethodDef methods[] = {
      "scale=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
      "RMSNorm with an int8 output and a symmetric scale (rmsnorm_forward_quant), y\n"
      "being rms_norm's value in the compute type: scale None: s = max|y| / 127 per\n"
-     "row (float32); else s = scale (finite, > 0); q = round_half_even(clip(y * inv,\n"
+     "row (float32); else s = float32(scale) (finite, > 0, neither 0 nor inf as a\n"
+     "float32: ValueError otherwise); q = round_half_even(clip(y * inv,\n"
      "-128, 127)), NaN -> 0, inv = 1/s rounded to float32 once per row (y / s\n"
      "where s < 2**-126 or s > 2**126). Returns (q, s): q int8 of the input's shape, s float32\n"
      "of shape (*leading, 1, ..., 1) or a 0-d array. Dequantize with q * s."},

@@ -79,6 +79,41 @@ def test_backward_argument_checks():
         rmsnorm.layer_norm_backward(X, X, 8, rstd=np.ones(2, np.float32))
 
 
+# A static quantization scale that float32 cannot hold is refused before it is narrowed,
+# with a message that names it: (value, message).
+BAD_SCALES = [
+    (1e-50, r"scale 1e-50 would round to 0 in float32, whose smallest positive value is 1e-45 "),
+    (2.0**-150, r"scale 7\.006492321624085e-46 would round to 0 in float32"),  # a tie: to 0
+    (1e50, r"scale 1e\+50 would overflow float32, whose largest value is 3\.4028235e\+38 "),
+    (3.4028235677973366e38, r"scale 3\.4028235677973366e\+38 would overflow"),  # a tie: to inf
+    (-1.0, r"scale must be a finite number > 0, got -1 "),
+    (0.0, r"scale must be a finite number > 0, got 0 "),
+    (-0.0, r"scale must be a finite number > 0, got -0 "),
+    (math.nan, r"scale must be a finite number > 0, got nan "),
+    (math.inf, r"scale must be a finite number > 0, got inf "),
+    (-math.inf, r"scale must be a finite number > 0, got -inf "),
+]
+# The extremes float32 holds are taken, rounded to float32 as numpy rounds them.
+GOOD_SCALES = [1e-45, 7.006492321624087e-46, 1e-40, 1.1754943508222875e-38,
+               3.4028234663852886e38, 3.4028235677973362e38]
+
+
+@pytest.mark.parametrize("scale, message", BAD_SCALES, ids=[repr(v) for v, _ in BAD_SCALES])
+def test_bad_static_scale(scale, message):
+    for fn in (rmsnorm.rms_norm_int8, rmsnorm.rms_norm_fp8):
+        for x, d in ((X, 8), (X[:, :0], 0)):  # also with nothing to quantize
+            with pytest.raises(rmsnorm.ArgumentError, match=message) as info:
+                fn(x, d, scale=scale)
+            assert info.value.name == "RMSNORM_ERROR_BAD_ARGUMENT"
+            assert "dweight" not in str(info.value)
+
+
+@pytest.mark.parametrize("scale", GOOD_SCALES)
+def test_extreme_static_scale(scale):
+    q, s = rmsnorm.rms_norm_int8(X, 8, scale=scale)
+    assert s.dtype == np.float32 and float(s) == float(np.float32(scale)) and float(s) > 0
+
+
 # A normalized_shape list whose items' __index__ changes the list while it is read: the
 # call reads the shape the list had when it began and the interpreter lives on. Run in a
 # child process: reading items through a pointer into the list's storage would crash it
@@ -264,3 +299,24 @@ def test_torch_patch_refuses_gpu_models(rt):
     with pytest.raises(TypeError, match="parameters on meta"):
         rt.patch(m)
 
+
+@pytest.mark.parametrize("scale, message", BAD_SCALES, ids=[repr(v) for v, _ in BAD_SCALES])
+def test_torch_bad_static_scale(rt, scale, message):
+    import torch
+
+    x = torch.ones(2, 8)
+    for fn in (rt.rms_norm_int8, rt.rms_norm_fp8):
+        for t, d in ((x, 8), (x[:, :0], 0)):
+            with pytest.raises(ValueError, match=message) as info:
+                fn(t, d, scale=scale)
+            assert "dweight" not in str(info.value)
+    with pytest.raises(ValueError, match=message):
+        torch.ops.rmsnorm.rms_norm_int8(x, [8], scale=scale)
+
+
+@pytest.mark.parametrize("scale", GOOD_SCALES)
+def test_torch_extreme_static_scale(rt, scale):
+    import torch
+
+    q, s = rt.rms_norm_int8(torch.ones(2, 8), 8, scale=scale)
+    assert s.dtype == torch.float32 and float(s) == float(np.float32(scale)) and float(s) > 0
