@@ -107,15 +107,21 @@ typedef struct rmsnorm_config {
 /* Opaque context: owns scratch memory (so calls do not allocate once warm),
  * the kernel set and the thread limit of the calls made with it.
  * A context may be shared between threads; calls on one context serialize.
- * Use one context per thread for concurrent calls. Worker threads belong to
- * one pool per process, shared by all contexts: a call runs on its own
- * thread plus the workers idle when it starts (up to its context's limit),
- * so concurrent calls share the cores instead of oversubscribing them. The
- * pool exists while at least one context does; freeing the last context
- * joins its threads. After fork() the child may use every context it
- * inherited: the library's pthread_atfork handlers wait for calls in flight
- * on other threads to finish before the fork, and the child starts new
- * workers when it first needs them. */
+ * Use one context per thread for concurrent calls. Freeing is the exception:
+ * rmsnorm_context_free neither takes the context's lock nor waits for calls,
+ * so the program must order it after every call on the context has returned
+ * (join the threads that use it, or their own lock or signal), and start no
+ * call after it. Waiting could not make a racing free safe: a thread that
+ * has the pointer but has not yet entered the call would use freed memory
+ * all the same.
+ * Worker threads belong to one pool per process, shared by all contexts: a
+ * call runs on its own thread plus the workers idle when it starts (up to
+ * its context's limit), so concurrent calls share the cores instead of
+ * oversubscribing them. The pool exists while at least one context does;
+ * freeing the last context joins its threads. After fork() the child may
+ * use every context it inherited: the library's pthread_atfork handlers
+ * wait for calls in flight on other threads to finish before the fork, and
+ * the child starts new workers when it first needs them. */
 typedef struct rmsnorm_context rmsnorm_context;
 
 /* @return the version as RMSNORM_VERSION_NUMBER of the library in use. */
@@ -134,7 +140,12 @@ RMSNORM_API const char *rmsnorm_status_name(rmsnorm_status status);
  * RMSNORM_ERROR_NULL_POINTER (ctx NULL), RMSNORM_ERROR_OUT_OF_MEMORY. */
 RMSNORM_API rmsnorm_status rmsnorm_context_create(rmsnorm_context **ctx);
 /* Frees a context and its scratch (and the pool's threads with the last
- * context); NULL is accepted. No call may be running on it. */
+ * context); NULL is accepted. It does not wait for calls on ctx: every call
+ * on it, from any thread, must have returned before the free begins (the
+ * program orders the two, e.g. by joining the calling thread), and none may
+ * begin after; a free that races with a call on ctx is undefined behaviour.
+ * Creating and freeing other contexts, calls on them, and fork() may run on
+ * other threads meanwhile. */
 RMSNORM_API void rmsnorm_context_free(rmsnorm_context *ctx);
 
 /* Gives the context's scratch memory back to the system; the next call that

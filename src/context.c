@@ -85,6 +85,9 @@ rmsnorm_status rmsnorm_context_create(rmsnorm_context **ctx) {
   return RMSNORM_OK;
 }
 
+/* Neither locks ctx nor waits for its calls: the caller has ordered them all
+ * before the free (rmsnorm.h). Taken out of the registry under its lock, ctx
+ * is out of fork_prepare's reach before its mutex is destroyed. */
 void rmsnorm_context_free(rmsnorm_context *ctx) {
   if (!ctx) return;
   pthread_mutex_lock(&registry_lock);

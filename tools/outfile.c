@@ -218,6 +218,31 @@ static int add_direct(out_set *s, out_entry *e, char *err, size_t errlen) {
   return s->n - 1;
 }
 
+/* The longest name a file in folder dir may have (NAME_MAX: 255 bytes on
+ * the usual file systems). */
+static size_t folder_name_max(const char *dir) {
+  long m = pathconf(dir, _PC_NAME_MAX);
+#ifdef NAME_MAX
+  if (m <= 0) m = NAME_MAX;
+#else
+  if (m <= 0) m = 255;
+#endif
+  return (size_t)m;
+}
+
+/* How many bytes of the target's name `base` (len bytes) its temporary
+ * ".BASE.XXXXXX" keeps: all of them when that fits in name_max, else as
+ * many as fit, cut before a UTF-8 character rather than inside one (file
+ * systems that hold names as UTF-8 refuse a broken one). mkstemp makes the
+ * name unique either way. */
+static size_t temp_keep(const char *base, size_t len, size_t name_max) {
+  static const size_t extra = sizeof ".." - 1 + sizeof "XXXXXX" - 1;
+  if (len + extra <= name_max) return len;
+  size_t keep = name_max > extra ? name_max - extra : 0;
+  while (keep > 0 && ((unsigned char)base[keep] & 0xc0) == 0x80) keep--;
+  return keep;
+}
+
 int out_add(out_set *s, const char *path, char *err, size_t errlen) {
   if (s->n >= OUT_MAX) return fail(err, errlen, "too many outputs");
   out_entry *e = &s->e[s->n]; /* not yet counted: the handlers ignore it */
@@ -273,7 +298,10 @@ int out_add(out_set *s, const char *path, char *err, size_t errlen) {
         !strcmp(ob ? ob + 1 : o->target, base))
       return fail(err, errlen, "is named by two outputs");
   }
-  int n = snprintf(e->tmp, sizeof e->tmp, "%s/.%s.XXXXXX", dir, base);
+  size_t name_max = folder_name_max(dir), keep = strlen(base);
+  if (keep > name_max) return fail(err, errlen, "cannot write: %s", strerror(ENAMETOOLONG));
+  keep = temp_keep(base, keep, name_max);
+  int n = snprintf(e->tmp, sizeof e->tmp, "%s/.%.*s.XXXXXX", dir, (int)keep, base);
   if (n < 0 || (size_t)n >= sizeof e->tmp) return fail(err, errlen, "file name too long");
   e->dir_dev = st.st_dev;
   e->dir_ino = st.st_ino;

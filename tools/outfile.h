@@ -1,6 +1,7 @@
 /* outfile.h - all-or-nothing output, and the signals that would break it.
  * Every output of a command is written to a temporary file beside its target
- * (".NAME.XXXXXX"), flushed to disk, and the temporaries are renamed into
+ * (".NAME.XXXXXX", NAME cut short where the whole would be longer than a
+ * file name may be), flushed to disk, and the temporaries are renamed into
  * place only once all of them are complete: the others first, the first one
  * added (the command's main result) last, each folder flushed after its
  * renames. On failure, and on any signal that can be caught, the temporaries

@@ -30,11 +30,16 @@
 #define RMSNORM_PY_CORE_HPP
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -866,6 +871,47 @@ struct Quant {
   typename B::Array q, scale;
 };
 
+/* v as Python's repr writes a float (numpy's for a float32): the fewest
+ * digits that read back as v ("1e-50", "0.02", "-1", "nan", "inf"). */
+template <class T>
+inline std::string number_text(T v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  for (int digits = 1; digits <= 17; digits++) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
+    T back;
+    if constexpr (std::is_same_v<T, float>) back = std::strtof(buf, nullptr);
+    else back = std::strtod(buf, nullptr);
+    if (back == v) break;
+  }
+  return buf;
+}
+
+/* A static quantization scale as the float32 the library takes, checked
+ * before it is narrowed: finite and > 0, and neither so small that it
+ * rounds to 0 nor so large that it rounds to inf (the library would see
+ * only 0 or inf and could not say which argument was wrong). */
+inline float static_scale(double v) {
+  auto bad = [](std::string why) {
+    throw Error{Kind::Value,
+                "rmsnorm_forward_quant: scale " + why + " (" +
+                    rmsnorm_status_name(RMSNORM_ERROR_BAD_ARGUMENT) + ")",
+                static_cast<int>(RMSNORM_ERROR_BAD_ARGUMENT)};
+  };
+  if (!(std::isfinite(v) && v > 0)) bad("must be a finite number > 0, got " + number_text(v));
+  // from FLT_MAX + half its ulp up, rounding to nearest gives inf
+  const double overflow = 0x1.ffffffp+127;
+  if (v >= overflow)
+    bad(number_text(v) + " would overflow float32, whose largest value is " +
+        number_text(FLT_MAX));
+  float s = static_cast<float>(v);
+  if (s == 0.0f)
+    bad(number_text(v) + " would round to 0 in float32, whose smallest positive value is " +
+        number_text(std::numeric_limits<float>::denorm_min()));
+  return s;
+}
+
 /* (q, scale): int8 or fp8 E4M3 codes (rmsnorm_forward_quant). scale none:
  * dynamic, one float32 per row, shape (*leading, 1, ..., 1); else that static
  * scale, given back as a 0-d float32 array. */
@@ -882,15 +928,13 @@ Quant<B> forward_quant(B &b, rmsnorm_qtype qtype, const typename B::Array &x, Di
   std::size_t k = norm.size();
   Rows<B> xr = as_rows(b, x, k);
   Quant<B> r;
-  float s = scale ? static_cast<float>(*scale) : 0.0f;
+  float s = scale ? static_scale(*scale) : 0.0f;
   r.q = b.empty_quant(shape, qtype);
   r.scale = scale ? b.scalar_f32(s) : b.empty(stats_shape(shape, k), RMSNORM_F32);
   rmsnorm_config cfg = config(dt, p.param_dtype, o);
   if (xr.d == 0) {
-    // nothing to quantize, but the configuration and a static scale are checked
+    // nothing to quantize; the configuration is checked (a static scale was above)
     if (!scale) r.scale = b.full(stats_shape(shape, k), RMSNORM_F32, 0.0);
-    if (scale && !(std::isfinite(s) && s > 0))
-      check(RMSNORM_ERROR_BAD_ARGUMENT, "rmsnorm_forward_quant");
     return r;
   }
   rmsnorm_context *ctx = b.context();

@@ -359,12 +359,16 @@ void normalized_shape(PyObject *o, NormShape *out) {
     out->n = 1;
     return;
   }
-  Ref seq(PySequence_Fast(o, ""));
+  // the items held by a tuple (a list's copied, any other sequence's listed):
+  // an item's __index__ may change or empty the list, which must not free
+  // the items read after it
+  Ref seq = PyTuple_Check(o) ? Ref::borrow(o)
+                             : Ref(PyList_Check(o) ? PyList_AsTuple(o) : PySequence_Tuple(o));
   if (!seq.get()) bad();
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
+  Py_ssize_t n = PyTuple_GET_SIZE(seq.get());
   if (n > NPY_MAXDIMS) bad();
   for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *item = PySequence_Fast_GET_ITEM(seq.get(), i);
+    PyObject *item = PyTuple_GET_ITEM(seq.get(), i);
     if (!PyIndex_Check(item)) bad();
     Py_ssize_t v = PyNumber_AsSsize_t(item, PyExc_OverflowError);
     if (v == -1 && PyErr_Occurred()) bad();
@@ -845,7 +849,8 @@ PyMethodDef methods[] = {
      "scale=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
      "RMSNorm with an int8 output and a symmetric scale (rmsnorm_forward_quant), y\n"
      "being rms_norm's value in the compute type: scale None: s = max|y| / 127 per\n"
-     "row (float32); else s = scale (finite, > 0); q = round_half_even(clip(y * inv,\n"
+     "row (float32); else s = float32(scale) (finite, > 0, neither 0 nor inf as a\n"
+     "float32: ValueError otherwise); q = round_half_even(clip(y * inv,\n"
      "-128, 127)), NaN -> 0, inv = 1/s rounded to float32 once per row (y / s\n"
      "where s < 2**-126 or s > 2**126). Returns (q, s): q int8 of the input's shape, s float32\n"
      "of shape (*leading, 1, ..., 1) or a 0-d array. Dequantize with q * s."},

@@ -13,6 +13,7 @@
 
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/object_ptr.h>
 
 #include <c10/util/SmallVector.h>
 
@@ -69,9 +70,19 @@ void shape(PyObject *o, Shape *out) {
   TORCH_CHECK_TYPE(PyTuple_Check(o) || PyList_Check(o),
                    "normalized_shape must be an int or a sequence of ints, got ",
                    Py_TYPE(o)->tp_name);
-  PyObject **items = PySequence_Fast_ITEMS(o);
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
-  for (Py_ssize_t i = 0; i < n; i++) out->emplace_back(shape_item(items[i], o));
+  // the items held by a tuple (a list's copied): an item's __index__ may
+  // change or empty the list, which must not free the items read after it
+  THPObjectPtr items;
+  if (PyList_Check(o)) {
+    items = PyList_AsTuple(o);
+    if (!items) throw python_error();
+  } else {
+    Py_INCREF(o);
+    items = o;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(items.get());
+  for (Py_ssize_t i = 0; i < n; i++)
+    out->emplace_back(shape_item(PyTuple_GET_ITEM(items.get(), i), o));
 }
 
 double number(PyObject *o, const char *name) {

@@ -2,6 +2,9 @@
 what was wrong, from the Python checks and from the library's status codes."""
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -74,6 +77,100 @@ def test_backward_argument_checks():
         rmsnorm.rms_norm_backward(X, X, 8, rstd=np.ones(3, np.float32))
     with pytest.raises(ValueError, match="both mean and rstd"):
         rmsnorm.layer_norm_backward(X, X, 8, rstd=np.ones(2, np.float32))
+
+
+# A static quantization scale that float32 cannot hold is refused before it is narrowed,
+# with a message that names it: (value, message).
+BAD_SCALES = [
+    (1e-50, r"scale 1e-50 would round to 0 in float32, whose smallest positive value is 1e-45 "),
+    (2.0**-150, r"scale 7\.006492321624085e-46 would round to 0 in float32"),  # a tie: to 0
+    (1e50, r"scale 1e\+50 would overflow float32, whose largest value is 3\.4028235e\+38 "),
+    (3.4028235677973366e38, r"scale 3\.4028235677973366e\+38 would overflow"),  # a tie: to inf
+    (-1.0, r"scale must be a finite number > 0, got -1 "),
+    (0.0, r"scale must be a finite number > 0, got 0 "),
+    (-0.0, r"scale must be a finite number > 0, got -0 "),
+    (math.nan, r"scale must be a finite number > 0, got nan "),
+    (math.inf, r"scale must be a finite number > 0, got inf "),
+    (-math.inf, r"scale must be a finite number > 0, got -inf "),
+]
+# The extremes float32 holds are taken, rounded to float32 as numpy rounds them.
+GOOD_SCALES = [1e-45, 7.006492321624087e-46, 1e-40, 1.1754943508222875e-38,
+               3.4028234663852886e38, 3.4028235677973362e38]
+
+
+@pytest.mark.parametrize("scale, message", BAD_SCALES, ids=[repr(v) for v, _ in BAD_SCALES])
+def test_bad_static_scale(scale, message):
+    for fn in (rmsnorm.rms_norm_int8, rmsnorm.rms_norm_fp8):
+        for x, d in ((X, 8), (X[:, :0], 0)):  # also with nothing to quantize
+            with pytest.raises(rmsnorm.ArgumentError, match=message) as info:
+                fn(x, d, scale=scale)
+            assert info.value.name == "RMSNORM_ERROR_BAD_ARGUMENT"
+            assert "dweight" not in str(info.value)
+
+
+@pytest.mark.parametrize("scale", GOOD_SCALES)
+def test_extreme_static_scale(scale):
+    q, s = rmsnorm.rms_norm_int8(X, 8, scale=scale)
+    assert s.dtype == np.float32 and float(s) == float(np.float32(scale)) and float(s) > 0
+
+
+# A normalized_shape list whose items' __index__ changes the list while it is read: the
+# call reads the shape the list had when it began and the interpreter lives on. Run in a
+# child process: reading items through a pointer into the list's storage would crash it
+# (an emptied list) or read the objects made since in freed memory (a wrong shape).
+_CHANGING_SHAPE = """
+import sys
+import numpy as np
+front, how, container = sys.argv[1:]
+if front == "numpy":
+    import rmsnorm as api
+    x = np.arange(1, 25, dtype=np.float32).reshape(2, 3, 4)
+else:
+    import torch
+    import rmsnorm.torch as api
+    x = torch.arange(1, 25, dtype=torch.float32).reshape(2, 3, 4)
+
+
+class Shape(list):
+    pass
+
+
+class Dim:
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        if how == "clear":  # frees the other items: the list held their only reference
+            shape.clear()
+        else:  # moves the list's item array
+            shape.extend(Dim(1) for _ in range(10000))
+        # new objects of the sizes just freed, kept: a stale read finds one of them
+        kept.extend([Dim(5), Dim(5)] for _ in range(1000))
+        return self.v
+
+
+kept = []
+shape = (Shape if container == "subclass" else list)([Dim(3), Dim(4)])
+y = api.rms_norm(x, shape)
+want = api.rms_norm(x, (3, 4))
+assert (y == want).all() and tuple(y.shape) == (2, 3, 4)
+del y, want, shape, kept
+import gc
+gc.collect()
+print("same result")
+"""
+
+
+@pytest.mark.parametrize("front", ["numpy", "torch"])
+@pytest.mark.parametrize("how", ["clear", "grow"])
+@pytest.mark.parametrize("container", ["list", "subclass"])
+def test_normalized_shape_changed_by_index(front, how, container):
+    if front == "torch":
+        pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", _CHANGING_SHAPE, front, how, container], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "same result", (r.returncode, r.stderr[-2000:])
 
 
 # ---- torch ------------------------------------------------------------------------------
@@ -201,3 +298,25 @@ def test_torch_patch_refuses_gpu_models(rt):
     m = torch.nn.Sequential(torch.nn.RMSNorm(8, device="meta"))
     with pytest.raises(TypeError, match="parameters on meta"):
         rt.patch(m)
+
+
+@pytest.mark.parametrize("scale, message", BAD_SCALES, ids=[repr(v) for v, _ in BAD_SCALES])
+def test_torch_bad_static_scale(rt, scale, message):
+    import torch
+
+    x = torch.ones(2, 8)
+    for fn in (rt.rms_norm_int8, rt.rms_norm_fp8):
+        for t, d in ((x, 8), (x[:, :0], 0)):
+            with pytest.raises(ValueError, match=message) as info:
+                fn(t, d, scale=scale)
+            assert "dweight" not in str(info.value)
+    with pytest.raises(ValueError, match=message):
+        torch.ops.rmsnorm.rms_norm_int8(x, [8], scale=scale)
+
+
+@pytest.mark.parametrize("scale", GOOD_SCALES)
+def test_torch_extreme_static_scale(rt, scale):
+    import torch
+
+    q, s = rt.rms_norm_int8(torch.ones(2, 8), 8, scale=scale)
+    assert s.dtype == torch.float32 and float(s) == float(np.float32(scale)) and float(s) > 0

@@ -1578,6 +1578,97 @@ static int old_content(const char *path) {
   return same;
 }
 
+/* The names in folder dir other than . and ..: how many, and how many of
+ * them start with a dot (a temporary). */
+static int folder_names(const char *dir, int *dot_names) {
+  int n = 0;
+  *dot_names = 0;
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    n++;
+    if (e->d_name[0] == '.') ++*dot_names;
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+/* "long/" then a name of `bytes` bytes: `unit` repeated, one 'x' per byte
+ * left over, then ".npy" (unit may be a multi-byte UTF-8 character). */
+static void long_name(char *out, size_t cap, size_t bytes, const char *unit) {
+  size_t k = (size_t)snprintf(out, cap, "long/"), u = strlen(unit), end = k + bytes - 4;
+  while (k + u <= end && k + u < cap) memcpy(out + k, unit, u), k += u;
+  while (k < end && k < cap) out[k++] = 'x';
+  snprintf(out + k, cap - k, ".npy");
+}
+
+/* Output names as long as a file name may be (255 bytes on the usual file
+ * systems): the temporary beside them fits whatever their length, the run
+ * leaves the outputs and nothing else, and a run that fails still replaces
+ * nothing and leaves no temporary. */
+static void test_long_names(void) {
+  static const size_t shape[2] = {3, 4}, big[2] = {64, 64};
+  arr x = arr_new(TF32, 2, shape);
+  arr_fill(&x, FILL_DATA);
+  write_npy("x.npy", &x);
+  arr_free(&x);
+  arr bx = arr_new(TF32, 2, big);
+  arr_fill(&bx, FILL_DATA);
+  write_npy("bigx.npy", &bx);
+  arr_free(&bx);
+  int rc = RUN("forward", "x.npy", "-o", "ref.npy", "--rstd", "refr.npy");
+  tu_check(rc == 0, "reference: %s", err_text);
+  if (mkdir("long", 0755) != 0) die("mkdir long");
+  if (pathconf("long", _PC_NAME_MAX) != 255) {
+    printf("cli_commands: long output names not tried (the scratch folder's limit on a name is "
+           "not 255 bytes)\n");
+    rmdir("long");
+    unlink("ref.npy"), unlink("refr.npy"), unlink("bigx.npy");
+    return;
+  }
+
+  static const struct {
+    size_t bytes;
+    const char *unit;
+  } names[] = {{247, "n"}, {248, "n"}, {250, "n"}, {254, "n"}, {255, "n"},
+               {255, "\xc3\xa9"} /* é */, {255, "\xe2\x82\xac"} /* € */};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    char out[300], r[300];
+    long_name(out, sizeof out, names[i].bytes, names[i].unit);
+    long_name(r, sizeof r, names[i].bytes, "r");
+    int dots, n;
+    rc = RUN("forward", "x.npy", "-o", out, "--rstd", r);
+    n = folder_names("long", &dots);
+    tu_check(rc == 0 && same_file(out, "ref.npy") && same_file(r, "refr.npy"),
+             "output name of %zu bytes: exit %d %s", names[i].bytes, rc, err_text);
+    tu_check(n == 2 && dots == 0, "output name of %zu bytes: %d names, %d temporaries left",
+             names[i].bytes, n, dots);
+
+    /* a write that fails half-way: the old content stays, no temporary */
+    write_bytes(out, "OLD CONTENT", 11, NULL, 0);
+    unlink(r);
+    run_opts limited = {.fsize_limit = 8192};
+    rc = RUN_WITH(&limited, "forward", "bigx.npy", "--rstd", r, "-o", out);
+    n = folder_names("long", &dots);
+    tu_check(rc == 1 && strstr(err_text, "cannot write: File too large") && old_content(out),
+             "output name of %zu bytes, failing write: exit %d %s", names[i].bytes, rc, err_text);
+    tu_check(n == 1 && dots == 0, "output name of %zu bytes, failing write: %d names, %d temporaries",
+             names[i].bytes, n, dots);
+    unlink(out), unlink(r);
+  }
+
+  /* one byte more than a name may have: refused, nothing made */
+  char over[300];
+  long_name(over, sizeof over, 256, "n");
+  rc = RUN("forward", "x.npy", "-o", over);
+  int dots, n = folder_names("long", &dots);
+  tu_check(rc == 1 && strstr(err_text, "File name too long") && n == 0,
+           "output name of 256 bytes: exit %d, %d names: %s", rc, n, err_text);
+  rmdir("long");
+  unlink("ref.npy"), unlink("refr.npy"), unlink("bigx.npy");
+}
+
 /* A reader that goes away: `rmsnorm ... -o /dev/stdout | head -c 10`, and
  * standard output of demo, info and --help into a closed pipe. Exit 1, one
  * line, no temporary, existing outputs untouched. */
@@ -2287,6 +2378,7 @@ int main(int argc, char **argv) {
   test_versions_and_sources();
   test_modes();
   test_special_outputs();
+  test_long_names();
   test_errors();
   test_closed_pipes();
   /* Under user-mode emulation (the aarch64 build's ctest) a signal reaches
