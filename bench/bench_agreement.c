@@ -1,11 +1,13 @@
 /* bench_agreement.c - what the ranks' agreement costs librmsnorm_mpi: its
  * forward and backward (saved statistics, no replicas) against the same
  * source built without the agreement (RN_MPI_AGREEMENT=0, its functions
- * renamed bench_noagree_*: CMakeLists.txt), the two alternated call by call
- * in one run. Each call is timed alone after a barrier; per shape and
- * variant the median over the reps on each rank, and the largest of the
- * ranks' medians is printed. fp32, one library thread per rank.
- * usage: mpirun -n 2 bench_agreement [reps at 1 row [reps at 4096 rows]] */
+ * renamed bench_noagree_*: CMakeLists.txt), the two alternated rep by rep
+ * in one run, at 1, 8 (the first row count whose sums take a second
+ * collective) and 4096 rows of 4096 columns. A rep is `batch` calls in a
+ * row after a barrier (100 below 4096 rows, else 1), timed per call; per shape and variant the median over the
+ * reps on each rank, and the largest of the ranks' medians is printed. fp32,
+ * one library thread per rank.
+ * usage: mpirun -n 2 bench_agreement [reps of 100 calls [reps at 4096 rows]] */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <stdio.h>
@@ -47,7 +49,7 @@ enum { FWD, FWD_NOAGREE, BWD, BWD_NOAGREE, V_N };
 static const char *names[V_N] = {"forward", "forward without agreement", "backward",
                                  "backward without agreement"};
 
-static void bench(rmsnorm_context *ctx, size_t rows, size_t d, int reps) {
+static void bench(rmsnorm_context *ctx, size_t rows, size_t d, int reps, int batch) {
   size_t off = d * (size_t)rank / (size_t)nranks;
   size_t w = d * (size_t)(rank + 1) / (size_t)nranks - off;
   rmsnorm_config cfg;
@@ -73,16 +75,18 @@ static void bench(rmsnorm_context *ctx, size_t rows, size_t d, int reps) {
       int agree = v == FWD || v == BWD;
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = MPI_Wtime();
-      rmsnorm_status st;
-      if (v == FWD || v == FWD_NOAGREE)
-        st = (agree ? rmsnorm_mpi_forward : bench_noagree_forward)(
-            ctx, &cfg, rows, d, off, w, x, w, g, NULL, y[agree], w, stats, NULL,
-            MPI_COMM_WORLD);
-      else
-        st = (agree ? rmsnorm_mpi_backward : bench_noagree_backward)(
-            ctx, &cfg, rows, d, off, w, x, w, dy, w, g, stats, dx[agree], w, dg, NULL,
-            MPI_COMM_WORLD, MPI_COMM_NULL);
-      double el = MPI_Wtime() - t0;
+      rmsnorm_status st = RMSNORM_OK;
+      for (int b = 0; b < batch && st == RMSNORM_OK; b++) {
+        if (v == FWD || v == FWD_NOAGREE)
+          st = (agree ? rmsnorm_mpi_forward : bench_noagree_forward)(
+              ctx, &cfg, rows, d, off, w, x, w, g, NULL, y[agree], w, stats, NULL,
+              MPI_COMM_WORLD);
+        else
+          st = (agree ? rmsnorm_mpi_backward : bench_noagree_backward)(
+              ctx, &cfg, rows, d, off, w, x, w, dy, w, g, stats, dx[agree], w, dg, NULL,
+              MPI_COMM_WORLD, MPI_COMM_NULL);
+      }
+      double el = (MPI_Wtime() - t0) / batch;
       if (st != RMSNORM_OK) {
         fprintf(stderr, "rank %d: %s: %s\n", rank, names[v], rmsnorm_status_message(st));
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -99,8 +103,8 @@ static void bench(rmsnorm_context *ctx, size_t rows, size_t d, int reps) {
   int all_same;
   MPI_Reduce(&same, &all_same, 1, MPI_INT, MPI_LAND, 0, MPI_COMM_WORLD);
   if (rank == 0) {
-    printf("fp32, %zu rows x %zu columns over %d ranks, %d reps (medians, slowest rank)%s:\n",
-           rows, d, nranks, reps, all_same ? "" : " RESULTS DIFFER");
+    printf("fp32, %zu rows x %zu columns over %d ranks, %d reps of %d calls (medians, slowest "
+           "rank)%s:\n", rows, d, nranks, reps, batch, all_same ? "" : " RESULTS DIFFER");
     for (int v = 0; v < V_N; v += 2)
       printf("  %-9s %10.2f us  without agreement %10.2f us  difference %+8.2f us (%+.1f%%)\n",
              names[v], 1e6 * worst[v], 1e6 * worst[v + 1], 1e6 * (worst[v] - worst[v + 1]),
@@ -114,14 +118,15 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-  int reps_small = argc > 1 && atoi(argv[1]) > 0 ? atoi(argv[1]) : 20001;
-  int reps_large = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 41;
+  int reps_small = argc > 1 && atoi(argv[1]) > 0 ? atoi(argv[1]) : 1001;
+  int reps_large = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 61;
   rmsnorm_context *ctx;
   if (rmsnorm_context_create(&ctx) != RMSNORM_OK) MPI_Abort(MPI_COMM_WORLD, 2);
   rmsnorm_context_set_threads(ctx, 1);
   rmsnorm_mpi_set_checks(0);
-  bench(ctx, 1, 4096, reps_small);
-  bench(ctx, 4096, 4096, reps_large);
+  bench(ctx, 1, 4096, reps_small, 100);
+  bench(ctx, 8, 4096, reps_small, 100);
+  bench(ctx, 4096, 4096, reps_large, 1);
   rmsnorm_context_free(ctx);
   MPI_Finalize();
   return 0;

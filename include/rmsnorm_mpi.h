@@ -9,10 +9,10 @@
  * same calls in the same order, as for any collective, from a thread that
  * may make MPI calls (the main thread under MPI_THREAD_FUNNELED).
  *
- * Cost: a forward makes one MPI_Allreduce of 40 doubles on `comm`, whatever
- * its arguments: the agreement below (27 doubles) and the sums of the first
- * 13 rows; with more rows, a second MPI_Allreduce of the other rows - 13
- * doubles. A backward the same, plus one MPI_Allreduce of 5 + rows doubles
+ * Cost: a forward makes one MPI_Allreduce of 32 doubles on `comm`, whatever
+ * its arguments: the agreement below (25 doubles) and the sums of the first
+ * 7 rows; with more rows, a second MPI_Allreduce of the other rows - 7
+ * doubles. A backward the same, plus one MPI_Allreduce of 3 + rows doubles
  * when it recomputes the statistics. d_global never enters the cost.
  *
  * Agreement (always on): the first collective of a call carries every rank's
@@ -20,8 +20,8 @@
  * verdict from it, so an error on any rank, or ranks that disagree, give an
  * error on every rank, nothing is written and no rank is left waiting:
  *   - a rank's own argument error (or allocation failure): its status on
- *     that rank, on the others the lowest status code among the failing
- *     ranks';
+ *     that rank; on the others, the failing ranks' status when they all
+ *     failed alike, else RMSNORM_ERROR_BAD_ARGUMENT;
  *   - rows or d_global differ, or the shards do not cover [0, d_global)
  *     exactly once (gaps, overlaps): RMSNORM_ERROR_BAD_SIZE;
  *   - dtype or param_dtype differ: RMSNORM_ERROR_BAD_DTYPE;
@@ -31,7 +31,7 @@
  * Statuses and dtypes are compared exactly; the sizes, the options and the
  * cover through 64-bit hashes (of rows and d_global; of the call, flags, eps
  * and partial; of the shards' ends), so a disagreement there passes with
- * odds of about 2^-64 per call. Communicators of fewer than 2^17 ranks
+ * odds of about 2^-64 per call. Communicators of fewer than 2^20 ranks
  * (larger ones: RMSNORM_ERROR_BAD_SIZE on every rank).
  *
  * Checks (rmsnorm_mpi_set_checks, or the environment variable
@@ -95,7 +95,7 @@ RMSNORM_MPI_API rmsnorm_status rmsnorm_mpi_forward(rmsnorm_context *ctx,
  * the shard's columns (rmsnorm_shard_backward_dots, the agreement and the
  * sums over comm, rmsnorm_shard_backward). stats: the forward's (rows
  * doubles), or NULL to recompute them (the agreement then rides on their
- * sums, and the dots take one more MPI_Allreduce of 5 + rows doubles).
+ * sums, and the dots take one more MPI_Allreduce of 3 + rows doubles).
  *
  * replicas: MPI_COMM_NULL, or the ranks that hold the same columns of the
  * weight for other rows (data or sequence parallelism; this rank included).
@@ -107,7 +107,7 @@ RMSNORM_MPI_API rmsnorm_status rmsnorm_mpi_forward(rmsnorm_context *ctx,
  * any MPI algorithm; RMSNORM_FLAG_ACCUMULATE adds the total to what each
  * holds. Cost: about 2 x width x 8 bytes per rank (x 2 with dbias). The
  * replicas agree first, always, before anything is written (one
- * MPI_Allreduce of 27 doubles on `replicas`, and with checks the exact
+ * MPI_Allreduce of 25 doubles on `replicas`, and with checks the exact
  * comparison as above): on d_global, offset, width,
  * dtypes, eps, partial, flags and which of dweight and dbias they ask for
  * (rows may differ), and on their columns' verdicts: an error, or a

@@ -41,9 +41,10 @@ static int checks_on(void) {
  * follow in a second MPI_Allreduce once the ranks agree). The block holds
  * integers whose sums stay below 2^53, so every rank gets the exact sums and
  * draws the same verdict from them:
- *   - counts of 17 bits, three to a double: the ranks with checks on, and
- *     per status code the ranks whose own arguments failed with it (the
- *     verdict: the lowest code present);
+ *   - a tally of statuses: the number of ranks whose own arguments failed,
+ *     the sums of their status codes and of their squares (the verdict: their
+ *     status when they all failed alike, else BAD_ARGUMENT), and the number
+ *     of ranks with checks on;
  *   - what the ranks must share (a record, below), as three words: a 64-bit
  *     hash of the options (call, flags, eps, partial: BAD_ARGUMENT), one of
  *     the sizes (rows, d_global: BAD_SIZE) and the dtypes themselves
@@ -77,15 +78,16 @@ enum { R_KIND, R_EPS, R_PARTIAL, R_ROWS, R_DGLOBAL, R_OFFSET, R_WIDTH, R_DTYPES,
 
 enum {
   PIECES = 4,           /* 16-bit pieces of a 64-bit word */
-  COUNT_BITS = 17,      /* a count, three to a double: communicators below 2^17 ranks */
-  N_COUNTS = 13,        /* checks on, then status codes 1..12 (larger: BAD_ARGUMENT) */
-  AG_COUNTS = 0,        /* [5] */
-  AG_OPTIONS = AG_COUNTS + (N_COUNTS + 2) / 3, /* [PIECES][2]: sums of p and p^2 */
-  AG_SIZES = AG_OPTIONS + 2 * PIECES,          /* [PIECES][2] */
-  AG_DTYPES = AG_SIZES + 2 * PIECES,           /* [2]: one piece */
-  AG_COVER = AG_DTYPES + 2,                    /* [PIECES]: the shards' H telescoped */
+  TALLY_N = 3,          /* failed ranks + (checks on) << CHECKS_SHIFT, sum of codes, of squares */
+  CHECKS_SHIFT = 20,    /* counts below 2^20: communicators of fewer than 2^20 ranks */
+  AG_TALLY = 0,                       /* [TALLY_N] */
+  AG_OPTIONS = AG_TALLY + TALLY_N,    /* [PIECES][2]: sums of p and p^2 */
+  AG_SIZES = AG_OPTIONS + 2 * PIECES, /* [PIECES][2] */
+  AG_DTYPES = AG_SIZES + 2 * PIECES,  /* [2]: one piece */
+  AG_COVER = AG_DTYPES + 2,           /* [PIECES]: the shards' H telescoped */
   AG_N = AG_COVER + PIECES,
-  HEAD_N = 40,          /* the first collective: the block, then rows */
+  HEAD_N = 32,          /* the first collective: the block, then rows (256 bytes; Open MPI
+                           4.1's MPI_Allreduce on 2 ranks here: 0.73 us, 320 bytes 1.14) */
   HEAD_ROWS = HEAD_N - AG_N,
   AG_VERSION = 1        /* in the kind word: the layout of the block */
 };
@@ -160,17 +162,24 @@ static int pieces_equal(const double *a, int pieces, int n) {
   return 1;
 }
 
-static void add_count(double *a, int field) {
-  a[AG_COUNTS + field / 3] += (double)(1ull << (COUNT_BITS * (field % 3)));
+/* A tally of statuses (t: TALLY_N doubles). */
+static void tally_add(double *t, rmsnorm_status st) {
+  if (st == RMSNORM_OK) return;
+  t[0] += 1;
+  t[1] += (double)st;
+  t[2] += (double)st * (double)st;
 }
 
-static uint64_t get_count(const double *a, int field) {
-  return ((uint64_t)a[AG_COUNTS + field / 3] >> (COUNT_BITS * (field % 3))) &
-         ((1ull << COUNT_BITS) - 1);
-}
+static void tally_checks(double *t) { t[0] += (double)(1u << CHECKS_SHIFT); }
 
-static int status_field(rmsnorm_status st) {
-  return (int)st >= 1 && (int)st < N_COUNTS ? (int)st : (int)RMSNORM_ERROR_BAD_ARGUMENT;
+static uint64_t tally_checks_on(const double *t) { return (uint64_t)t[0] >> CHECKS_SHIFT; }
+
+/* The failed ranks' status when they all failed alike, else BAD_ARGUMENT. */
+static rmsnorm_status tally_status(const double *t) {
+  uint64_t n = (uint64_t)t[0] & ((1u << CHECKS_SHIFT) - 1);
+  if (!n) return RMSNORM_OK;
+  uint64_t s1 = (uint64_t)t[1], s2 = (uint64_t)t[2], m = s1 / n;
+  return s1 == m * n && s2 == m * m * n ? (rmsnorm_status)m : RMSNORM_ERROR_BAD_ARGUMENT;
 }
 
 /* This rank's agreement block (a: AG_N doubles). With a status of its own it
@@ -178,10 +187,10 @@ static int status_field(rmsnorm_status st) {
 static void fill_block(double *a, const call_info *c, int role, rmsnorm_status status) {
   memset(a, 0, AG_N * sizeof *a);
   if (status != RMSNORM_OK) {
-    add_count(a, status_field(status));
+    tally_add(a + AG_TALLY, status);
     return;
   }
-  if (c->checks) add_count(a, 0);
+  if (c->checks) tally_checks(a + AG_TALLY);
   uint64_t r[R_N];
   fill_record(r, c, role);
   add_pieces(a + AG_OPTIONS, hash_fields(r, shared_options), PIECES);
@@ -196,9 +205,9 @@ static void fill_block(double *a, const call_info *c, int role, rmsnorm_status s
 /* The verdict of the summed blocks of n ranks: the same on every rank (it
  * reads c only for what the ranks have then been found to share). */
 static rmsnorm_status block_verdict(const double *a, int n, const call_info *c, int role) {
-  if (n >= 1 << COUNT_BITS) return RMSNORM_ERROR_BAD_SIZE;
-  for (int f = 1; f < N_COUNTS; f++)
-    if (get_count(a, f)) return (rmsnorm_status)f;
+  if (n >= 1 << CHECKS_SHIFT) return RMSNORM_ERROR_BAD_SIZE;
+  rmsnorm_status st = tally_status(a + AG_TALLY);
+  if (st != RMSNORM_OK) return st;
   if (!pieces_equal(a + AG_OPTIONS, PIECES, n)) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (!pieces_equal(a + AG_SIZES, PIECES, n)) return RMSNORM_ERROR_BAD_SIZE;
   if (!pieces_equal(a + AG_DTYPES, 1, n)) return RMSNORM_ERROR_BAD_DTYPE;
@@ -291,7 +300,7 @@ static rmsnorm_status agree(double *a, int count, const call_info *c, rmsnorm_st
   rmsnorm_status v = RMSNORM_ERROR_NOT_AVAILABLE;
   if (MPI_Allreduce(MPI_IN_PLACE, a, count, MPI_DOUBLE, MPI_SUM, comm) == MPI_SUCCESS)
     v = block_verdict(a, n, c, role);
-  if (v == RMSNORM_OK && get_count(a, 0)) {
+  if (v == RMSNORM_OK && tally_checks_on(a + AG_TALLY)) {
     uint64_t mine[R_N];
     fill_record(mine, c, role);
     v = MPI_Allgather(mine, R_N, MPI_UINT64_T, g.all, R_N, MPI_UINT64_T, comm) != MPI_SUCCESS
@@ -342,10 +351,10 @@ static rmsnorm_status agree_on_replicas(const call_info *c, rmsnorm_status so_fa
 }
 
 /* Sums over comm after the ranks agreed (the backward's dots after
- * recomputed statistics), with every rank's status since: buf = STATUS_N
- * doubles of counts (as the block's), then n values. @return own when not
- * OK, else the lowest status any rank had (the same on every rank). */
-enum { STATUS_N = AG_OPTIONS };
+ * recomputed statistics), with every rank's status since: buf = a tally
+ * (TALLY_N doubles), then n values. @return own when not OK, else the
+ * tally's status (the same on every rank). */
+enum { STATUS_N = TALLY_N };
 static rmsnorm_status sums_with_status(double *buf, size_t n, rmsnorm_status own,
                                        MPI_Comm comm) {
   if (!RN_MPI_AGREEMENT)
@@ -353,12 +362,9 @@ static rmsnorm_status sums_with_status(double *buf, size_t n, rmsnorm_status own
            : allreduce_sum(buf + STATUS_N, n, comm) ? RMSNORM_ERROR_NOT_AVAILABLE
                                                    : RMSNORM_OK;
   memset(buf, 0, STATUS_N * sizeof *buf);
-  if (own != RMSNORM_OK) add_count(buf, status_field(own));
+  tally_add(buf, own);
   if (allreduce_sum(buf, STATUS_N + n, comm)) return RMSNORM_ERROR_NOT_AVAILABLE;
-  if (own != RMSNORM_OK) return own;
-  for (int f = 1; f < N_COUNTS; f++)
-    if (get_count(buf, f)) return (rmsnorm_status)f;
-  return RMSNORM_OK;
+  return own != RMSNORM_OK ? own : tally_status(buf);
 }
 
 /* n doubles: `stack` (cap of them) when they fit, else from the heap (NULL
@@ -381,8 +387,8 @@ static size_t slice_begin(size_t n, int s, int nranks) {
  * replica. Each slice travels with its sender's status (own), so every
  * replica sees every status and all skip the sharing alike when one failed.
  * send: n + nranks doubles; work: nranks * (n / nranks + 2) doubles; counts:
- * 4 * nranks ints. @return own when not OK, else the lowest status of any
- * replica (RMSNORM_ERROR_NOT_AVAILABLE when an MPI call failed). */
+ * 4 * nranks ints. @return own when not OK, else the tally of the replicas'
+ * statuses (RMSNORM_ERROR_NOT_AVAILABLE when an MPI call failed). */
 static rmsnorm_status reduce_replicas(double *v, size_t n, rmsnorm_status own, MPI_Comm replicas,
                                       int nranks, double *send, double *work, int *counts) {
   int me;
@@ -405,11 +411,10 @@ static rmsnorm_status reduce_replicas(double *v, size_t n, rmsnorm_status own, M
   if (MPI_Alltoallv(send, counts, displs, MPI_DOUBLE, work, rcounts, rdispls, MPI_DOUBLE,
                     replicas) != MPI_SUCCESS)
     return RMSNORM_ERROR_NOT_AVAILABLE;
-  rmsnorm_status st = RMSNORM_OK;
-  for (int p = 0; p < nranks; p++) {
-    rmsnorm_status sp = (rmsnorm_status)work[(size_t)p * (size_t)mine];
-    if (sp != RMSNORM_OK && (st == RMSNORM_OK || sp < st)) st = sp;
-  }
+  double tally[TALLY_N] = {0, 0, 0};
+  for (int p = 0; p < nranks; p++)
+    tally_add(tally, (rmsnorm_status)work[(size_t)p * (size_t)mine]);
+  rmsnorm_status st = tally_status(tally);
   if (st != RMSNORM_OK) return own != RMSNORM_OK ? own : st;
   /* the owner's sums, in replica rank order, then shared */
   for (int s = 0; s < nranks; s++) {
