@@ -371,11 +371,10 @@ def check_equal_arguments_agree():
 
 
 def check_row_counts():
-    # row counts around those the first all_reduce carries, shards given and found
-    for rows in (63, 64, 65, 200):
-        compare(torch.float32, [1024] * WORLD, rows=rows, y_ulps=0 if WORLD == 2 else 1)
-        compare(torch.bfloat16, [1024] * WORLD, rows=rows, explicit=True,
-                y_ulps=0 if WORLD == 2 else 1)
+    # row counts around the 4096 the first all_reduce carries, shards given and found
+    for rows in (1, 4095, 4096, 4097):
+        compare(torch.float32, [96] * WORLD, rows=rows, bias=False, y_ulps=4)
+        compare(torch.bfloat16, [96] * WORLD, rows=rows, bias=False, y_ulps=1, explicit=True)
 
 
 def check_backward_check():
