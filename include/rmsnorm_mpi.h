@@ -108,14 +108,14 @@ RMSNORM_MPI_API rmsnorm_status rmsnorm_mpi_forward(rmsnorm_context *ctx,
  * holds. Cost: about 2 x width x 8 bytes per rank (x 2 with dbias). The
  * replicas agree first, always, before anything is written (one
  * MPI_Allreduce of 25 doubles on `replicas`, and with checks the exact
- * comparison as above): on d_global, offset, width,
- * dtypes, eps, partial, flags and which of dweight and dbias they ask for
- * (rows may differ), and on their columns' verdicts: an error, or a
- * disagreement as above, on any replica is an error on every replica (the
- * ranks of a replica's `comm` whose own replicas agreed go on and return
- * RMSNORM_OK). Each replica's status travels with its sums, so a replica
- * that fails after the agreement (out of memory) makes every replica return
- * an error, dx then written and dweight/dbias not.
+ * comparison as above): on d_global, offset, width, dtypes, eps, partial,
+ * flags and which of dweight and dbias they ask for (rows may differ), and
+ * on their columns' verdicts: an error, or a disagreement as above, on any
+ * replica is an error on every replica (the ranks of a replica's `comm`
+ * whose own replicas agreed go on and return RMSNORM_OK). Each replica's
+ * status travels with its sums, so a replica that fails after the agreement
+ * (out of memory) makes every replica return an error, dx then written and
+ * dweight/dbias not.
  * @return RMSNORM_OK or an error status (nothing written; an argument error
  * or a disagreement is an error on every rank, see above). */
 RMSNORM_MPI_API rmsnorm_status rmsnorm_mpi_backward(rmsnorm_context *ctx,
