@@ -2,8 +2,9 @@
  * median over rounds of the slowest rank's time, the variants timed in turn
  * within each round (one untimed warm call first). Each rank holds rows x
  * d/P columns and runs one library thread (the ranks share the machine).
- *   mpi:     rmsnorm_mpi_forward / rmsnorm_mpi_backward (one MPI_Allreduce of
- *            rows doubles each)
+ *   mpi:     rmsnorm_mpi_forward / rmsnorm_mpi_backward (each: the ranks'
+ *            agreement with the first 7 rows' sums in one MPI_Allreduce of 32
+ *            doubles, the other rows' in a second)
  *   gather:  what engines do today: MPI_Allgather of the shards (x; x and dy
  *            for the backward) into whole rows, then rmsnorm_forward /
  *            rmsnorm_backward of the whole rows on every rank

@@ -1,8 +1,8 @@
 """bench_torch_distributed.py - times rmsnorm.torch.distributed.rms_norm (forward +
-backward of this rank's column shard, two all_reduces of rows float64) against the
-unsharded rmsnorm.torch.rms_norm of the whole rows on one rank, and against what engines
-do today (all_gather the shards, then the unsharded norm of the whole rows; the backward's
-all_gather of dy included). Each round runs every variant once, interleaved; the medians
+backward of this rank's column shard, the sums of rows float64 with the ranks' agreement)
+against the unsharded rmsnorm.torch.rms_norm of the whole rows on one rank, and against
+what engines do today (all_gather the shards, then the unsharded norm of the whole rows;
+the backward's all_gather of dy included). Each round runs every variant once, interleaved; the medians
 and the fastest rounds are printed by rank 0.
 
     .venv/bin/torchrun --nproc-per-node 2 bench/bench_torch_distributed.py [ROWS D ROUNDS]

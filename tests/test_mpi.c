@@ -6,9 +6,10 @@
  * main options, over even, uneven, block-aligned and rank-reversed cuts with a
  * width-0 shard; then replicas (rows split across ranks): dweight/dbias the
  * same bits on every rank and equal to the documented rank-order sum; then,
- * with checks on, ranks that disagree get an error on every rank and nothing
- * is written; and the statistics recomputed in the backward give the same
- * bits as saved ones. */
+ * with checks on every rank, on none and on rank 0 only, ranks that disagree
+ * get an error on every rank and nothing is written, while equal arguments
+ * written differently (eps 0 and -0) agree; and the statistics recomputed in
+ * the backward give the same bits as saved ones. */
 #include <mpi.h>
 
 #include "rmsnorm_mpi.h"
@@ -173,6 +174,14 @@ static void test_against_unsharded(void) {
                      n % 5 == 2, lay, 1e-5, v == 2 ? 0.5 : 1.0};
           run_case(&c);
         }
+  /* row counts around the rows the first collective carries with the
+   * agreement (the others follow in a second one), and rows 0 */
+  static const size_t row_counts[] = {0, 1, 5, 6, 7, 8, 9, 52, 130, 300};
+  for (size_t i = 0; i < sizeof row_counts / sizeof *row_counts; i++, n++) {
+    mcase c = {i % 2 ? RMSNORM_BF16 : RMSNORM_F32, RMSNORM_F32, row_counts[i], 2048,
+               1, 1, 0, 0, 0, i % 3 == 2, (int)(i % LAY_KINDS), 1e-5, 1.0};
+    run_case(&c);
+  }
   if (rank == 0) {
     printf("against unsharded: %zu cases on %d ranks; largest differences where bits are not "
            "promised (rstd, y without bias, in ulps):", n, nranks);
@@ -264,7 +273,16 @@ static void test_replicas(void) {
 
 /* ---- disagreement: an error on every rank, nothing written, no hang ------------ */
 
-static void test_disagreement(void) {
+/* Checks on every rank, off on every rank, or on for rank 0 only: the ranks
+ * must find every disagreement alike whatever each one's setting. */
+enum { CHECKS_ALL, CHECKS_NONE, CHECKS_RANK0, CHECKS_MODES };
+static const char *mode_names[] = {"checks on", "checks off", "checks on rank 0 only"};
+
+static void set_mode(int mode) {
+  rmsnorm_mpi_set_checks(mode == CHECKS_ALL || (mode == CHECKS_RANK0 && rank == 0));
+}
+
+static void test_disagreement(int mode) {
   const size_t rows = 6, d = 100;
   size_t o = d * (size_t)rank / (size_t)nranks, wd = d * (size_t)(rank + 1) / (size_t)nranks - o;
   float x[600], y[600], dy[600], dx[600], w[100], dw[100];
@@ -273,8 +291,8 @@ static void test_disagreement(void) {
   for (int i = 0; i < 100; i++) w[i] = 1;
   rmsnorm_config cfg;
   rmsnorm_config_init(&cfg, RMSNORM_F32);
-  rmsnorm_mpi_set_checks(1);
-  for (int kind = 0; kind < 11; kind++) {
+  set_mode(mode);
+  for (int kind = 0; kind < 14; kind++) {
     rmsnorm_config c = cfg;
     size_t r = rows, dg = d, off = o, width = wd;
     const float *xp = x;
@@ -282,7 +300,9 @@ static void test_disagreement(void) {
     float *dwp = dw;
     rmsnorm_status want = RMSNORM_ERROR_BAD_SIZE;
     const char *name = "";
-    int backward = kind >= 8, last = rank == nranks - 1;
+    int last = rank == nranks - 1;
+    /* backward: 8-10 and 12-13 on every rank; 11: the last rank only */
+    int backward = (kind >= 8 && kind != 11) || (kind == 11 && last);
     switch (kind) {
       case 0: name = "rows differ", r = last ? rows - 1 : rows; break;
       case 1: name = "d_global differs", dg = last ? d + 1 : d; break;
@@ -304,10 +324,20 @@ static void test_disagreement(void) {
       case 9: name = "dweight on some replicas", want = RMSNORM_ERROR_BAD_ARGUMENT;
         if (last) dwp = NULL;
         break;
-      default: name = "rows differ (backward)", r = last ? rows - 2 : rows; break;
+      case 10: name = "rows differ (backward)", r = last ? rows - 2 : rows; break;
+      case 11: name = "forward on some ranks, backward on another";
+        want = RMSNORM_ERROR_BAD_ARGUMENT;
+        break;
+      case 12: name = "replicas disagree on the width";
+        if (last) dg = d - 1; /* its own row: columns [0, d - 1) */
+        break;
+      default: name = "flags differ (backward)", want = RMSNORM_ERROR_BAD_ARGUMENT;
+        if (last) c.flags = RMSNORM_FLAG_EPS_OUTSIDE;
+        break;
     }
     memset(y, 0x55, sizeof y);
     memset(dx, 0x55, sizeof dx);
+    memset(dw, 0x55, sizeof dw);
     memset(stats, 0x55, sizeof stats);
     rmsnorm_status st;
     if (!backward) {
@@ -315,27 +345,70 @@ static void test_disagreement(void) {
                                NULL, y + off, d, stats, NULL, MPI_COMM_WORLD);
     } else {
       for (int i = 0; i < 6; i++) stats[i] = 50;
-      /* kind 9: every rank its own rows of the whole row, replicas = all */
-      MPI_Comm cols = kind == 9 ? MPI_COMM_SELF : MPI_COMM_WORLD;
-      MPI_Comm reps = kind == 9 ? MPI_COMM_WORLD : MPI_COMM_NULL;
-      if (kind == 9) off = 0, width = d;
+      /* 9 and 12: every rank its own rows of the whole row, replicas = all */
+      int reps = kind == 9 || kind == 12;
+      if (reps) off = 0, width = dg;
       st = rmsnorm_mpi_backward(ctx, &c, r, dg, off, width, x + off, d, dy + off, d, w + off,
-                                sp, dx + off, d, dwp, NULL, cols, reps);
+                                sp, dx + off, d, dwp, NULL, reps ? MPI_COMM_SELF : MPI_COMM_WORLD,
+                                reps ? MPI_COMM_WORLD : MPI_COMM_NULL);
     }
     /* the rank whose own arguments are wrong may see its own status */
     int own = kind == 6 || kind == 7;
     int ok = st == want || (own && last && st != RMSNORM_OK);
-    tu_check(ok, "rank %d: %s: %s, want %s", rank, name, rmsnorm_status_name(st),
-             rmsnorm_status_name(want));
+    tu_check(ok, "rank %d, %s: %s: %s, want %s", rank, mode_names[mode], name,
+             rmsnorm_status_name(st), rmsnorm_status_name(want));
     int clean = 1;
     for (int i = 0; i < 600; i++)
       clean &= rn_f32_bits(y[i]) == 0x55555555u && rn_f32_bits(dx[i]) == 0x55555555u;
-    tu_check(clean, "rank %d: %s: output written on error", rank, name);
+    for (int i = 0; i < 100; i++) clean &= rn_f32_bits(dw[i]) == 0x55555555u;
+    if (!backward) {
+      double s55;
+      memset(&s55, 0x55, sizeof s55);
+      for (int i = 0; i < 6; i++) clean &= memcmp(&stats[i], &s55, sizeof s55) == 0;
+    }
+    tu_check(clean, "rank %d, %s: %s: output written on error", rank, mode_names[mode], name);
     /* and the next call works */
     st = rmsnorm_mpi_forward(ctx, &cfg, rows, d, o, wd, x + o, d, w + o, NULL, y + o, d, NULL,
                              NULL, MPI_COMM_WORLD);
-    tu_check(st == RMSNORM_OK, "rank %d: after %s: %s", rank, name, rmsnorm_status_name(st));
+    tu_check(st == RMSNORM_OK, "rank %d, %s: after %s: %s", rank, mode_names[mode], name,
+             rmsnorm_status_name(st));
   }
+  rmsnorm_mpi_set_checks(-1);
+}
+
+/* Equal arguments agree: eps 0 on some ranks and -0 on others is one value,
+ * and gives the bits of eps 0 everywhere (forward, backward, replicas). */
+static void test_signed_zero_eps(int mode) {
+  const size_t rows = 5, d = 64;
+  size_t o = d * (size_t)rank / (size_t)nranks, wd = d * (size_t)(rank + 1) / (size_t)nranks - o;
+  float x[320], dy[320], w[64], y[2][320], dx[2][320], dw[2][64];
+  double stats[2][5];
+  for (int i = 0; i < 320; i++) x[i] = (float)tu_normal(), dy[i] = (float)tu_normal();
+  for (int i = 0; i < 64; i++) w[i] = (float)(1 + 0.3 * tu_normal());
+  memset(y, 0, sizeof y), memset(dx, 0, sizeof dx), memset(dw, 0, sizeof dw);
+  set_mode(mode);
+  for (int v = 0; v < 2; v++) { /* v = 0: eps +0 everywhere; v = 1: -0 on rank 0 */
+    rmsnorm_config cfg;
+    rmsnorm_config_init(&cfg, RMSNORM_F32);
+    cfg.eps = v && rank == 0 ? -0.0 : 0.0;
+    rmsnorm_status st = rmsnorm_mpi_forward(ctx, &cfg, rows, d, o, wd, x + o, d, w + o, NULL,
+                                            y[v] + o, d, stats[v], NULL, MPI_COMM_WORLD);
+    tu_check(st == RMSNORM_OK, "rank %d, %s: eps %g forward: %s", rank, mode_names[mode],
+             cfg.eps, rmsnorm_status_name(st));
+    st = rmsnorm_mpi_backward(ctx, &cfg, rows, d, o, wd, x + o, d, dy + o, d, w + o, stats[v],
+                              dx[v] + o, d, NULL, NULL, MPI_COMM_WORLD, MPI_COMM_NULL);
+    tu_check(st == RMSNORM_OK, "rank %d, %s: eps %g backward: %s", rank, mode_names[mode],
+             cfg.eps, rmsnorm_status_name(st));
+    /* replicas: every rank one row of the whole width */
+    st = rmsnorm_mpi_backward(ctx, &cfg, 1, d, 0, d, x + 64 * (size_t)rank, d,
+                              dy + 64 * (size_t)rank, d, w, NULL, dx[v] + 64 * (size_t)(rank + 1),
+                              d, dw[v], NULL, MPI_COMM_SELF, MPI_COMM_WORLD);
+    tu_check(st == RMSNORM_OK, "rank %d, %s: eps %g replicas: %s", rank, mode_names[mode],
+             cfg.eps, rmsnorm_status_name(st));
+  }
+  tu_check(memcmp(y[0], y[1], sizeof y[0]) == 0 && memcmp(dx[0], dx[1], sizeof dx[0]) == 0 &&
+           memcmp(dw[0], dw[1], sizeof dw[0]) == 0 && memcmp(stats[0], stats[1], sizeof stats[0]) == 0,
+           "rank %d, %s: eps -0 on rank 0 does not give eps 0's bits", rank, mode_names[mode]);
   rmsnorm_mpi_set_checks(-1);
 }
 
@@ -352,7 +425,10 @@ int main(int argc, char **argv) {
   if (rmsnorm_context_create(&ctx) != RMSNORM_OK) MPI_Abort(MPI_COMM_WORLD, 2);
   test_against_unsharded();
   test_replicas();
-  test_disagreement();
+  for (int mode = 0; mode < CHECKS_MODES; mode++) {
+    test_signed_zero_eps(mode);
+    test_disagreement(mode);
+  }
   rmsnorm_context_free(ctx);
   long counts[2] = {tu_checks, tu_failures}, total[2];
   MPI_Allreduce(counts, total, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);

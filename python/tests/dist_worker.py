@@ -294,7 +294,7 @@ def expect_error(exc, text, fn):
 
 
 def check_disagreement_errors():
-    # checks on (the default here: RMSNORM_DISTRIBUTED_CHECK=1): every rank raises
+    # with checks asked for (RMSNORM_DISTRIBUTED_CHECK=1 here): every rank raises
     w = torch.ones(4)
     x = torch.randn(3 + RANK, 4)
     expect_error(ValueError, "disagree on the rows", lambda: rd.rms_norm(x, w))
@@ -324,6 +324,59 @@ def check_disagreement_errors():
         assert y.shape == x.shape
 
 
+def check_always_on_agreement():
+    # checks off, and on for rank 0 only: the same errors on every rank, nobody waiting
+    w = torch.ones(4)
+    x = torch.randn(3, 4)
+    for check in (False, RANK == 0):
+        xr = torch.randn(3 + RANK, 4)
+        expect_error(ValueError, "disagree on the rows", lambda: rd.rms_norm(xr, w, check=check))
+        xd = torch.randn(3, 4, dtype=torch.float32 if RANK == 0 else torch.float64)
+        expect_error(TypeError, "disagree on the dtype", lambda: rd.rms_norm(xd, check=check))
+        expect_error(ValueError, "disagree on eps",
+                     lambda: rd.rms_norm(x, None, 1e-5 * (RANK + 1), check=check))
+        expect_error(ValueError, "disagree on d_global", lambda: rd.rms_norm(
+            x, column_offset=4 * RANK, d_global=4 * WORLD + RANK, check=check))
+        expect_error(ValueError, "exactly once", lambda: rd.rms_norm(
+            x, column_offset=2 * RANK, d_global=4 * WORLD, check=check))
+        expect_error(ValueError, "some ranks give column_offset", lambda: rd.rms_norm(
+            x, column_offset=0 if RANK == 0 else None, d_global=4 if RANK == 0 else None,
+            check=check))
+        wr = torch.ones(5 if RANK == 1 else 4)
+        text = "weight has shape" if RANK == 1 else "rank 1 of the group failed"
+        expect_error(ValueError, text, lambda: rd.rms_norm(x, wr, check=check))
+        # a forward on rank 0 meets a backward on the others
+        xg = torch.randn(3, 4, requires_grad=True)
+        y = rd.rms_norm(xg, check=check)
+        expect_error(ValueError, "different calls",
+                     (lambda: rd.rms_norm(x, check=check)) if RANK == 0 else
+                     (lambda: y.sum().backward()))
+        # and good calls work, with the shards found or given
+        y = rd.rms_norm(x, w, check=check)
+        ref = rd.rms_norm(x, w, check=check, column_offset=4 * RANK, d_global=4 * WORLD)
+        assert torch.equal(y, ref)
+
+
+def check_equal_arguments_agree():
+    # eps 0.0 against -0.0, and eps None against the dtype's default written out, are the
+    # same arguments: no error, and the bits of the call where every rank writes the same
+    x, dy, w, _ = data(6, 128 * WORLD, torch.float32)
+    for check in (True, False):
+        for same, mixed in ((0.0, 0.0 if RANK else -0.0),
+                            (None, None if RANK else torch.finfo(torch.float32).eps)):
+            got = sharded(x, dy, w, None, [128] * WORLD, eps=mixed, check=check)[0]
+            ref = sharded(x, dy, w, None, [128] * WORLD, eps=same, check=check)[0]
+            for g, r in zip(got, ref):
+                assert (g is None and r is None) or torch.equal(g, r)
+
+
+def check_row_counts():
+    # row counts around the 4096 the first all_reduce carries, shards given and found
+    for rows in (1, 4095, 4096, 4097):
+        compare(torch.float32, [96] * WORLD, rows=rows, bias=False, y_ulps=4)
+        compare(torch.bfloat16, [96] * WORLD, rows=rows, bias=False, y_ulps=1, explicit=True)
+
+
 def check_backward_check():
     # with checks, the backward checks too: forward and backward on the same step pair up
     x = torch.randn(5, 64, requires_grad=True)
@@ -335,7 +388,8 @@ def check_backward_check():
 CHECKS = [check_aligned_bitwise, check_off_block, check_float64, check_uneven_cuts,
           check_param_dtype,
           check_width_zero, check_partial, check_leading_dims_and_strides, check_gradcheck,
-          check_backward_check, check_disagreement_errors]
+          check_backward_check, check_disagreement_errors, check_equal_arguments_agree,
+          check_row_counts, check_always_on_agreement]
 
 
 def main():

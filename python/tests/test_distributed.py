@@ -2,7 +2,8 @@
 localhost): two processes (dist_worker.py) started once for the module run every check
 (forward and gradients against the unsharded rmsnorm.torch and a float64 oracle, cuts on
 and off the 1024-column blocks, a width-0 shard, pRMSNorm, gradcheck in float64, errors
-on every rank when the ranks disagree); each test reports one check. A hung group is
+on every rank when the ranks disagree, whatever each rank's check setting, and no error
+for equal arguments written differently); each test reports one check. A hung group is
 killed after TIMEOUT seconds (the workers' own collectives time out after 60), so nothing
 waits forever. Plus the import paths and the argument errors of one process."""
 
@@ -24,9 +25,10 @@ TIMEOUT = 300  # seconds for the whole group (about 15 on an idle 2-core machine
 WORLD = 2
 CHECKS = ["aligned_bitwise", "off_block", "float64", "uneven_cuts", "param_dtype", "width_zero",
           "partial", "leading_dims_and_strides", "gradcheck", "backward_check",
-          "disagreement_errors"]
+          "disagreement_errors", "equal_arguments_agree", "row_counts", "always_on_agreement"]
 # and on three ranks (sums of three partials; a width-0 shard in the middle)
-CHECKS3 = ["uneven_cuts", "width_zero", "gradcheck", "disagreement_errors"]
+CHECKS3 = ["uneven_cuts", "width_zero", "gradcheck", "disagreement_errors",
+           "equal_arguments_agree", "always_on_agreement"]
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is not available")
