@@ -563,6 +563,7 @@ at::ScalarType opmath(const Tensor &x) {
  * computed from x, so a graph through it sees its dependence on x. */
 struct NormRows {
   Tensor rows, r, rho, xhat;  // rho = sqrt(mean(x^2)): eps outside only
+  Tensor c;                   // LayerNorm: rows - their mean
   int64_t d = 0, k = 0;       // k: the statistic's elements (pRMSNorm)
 };
 
@@ -572,9 +573,9 @@ NormRows norm_rows(rncore::Norm kind, const Tensor &x, int64_t nk, double eps, b
   n.rows = x.to(opmath(x)).flatten(x.dim() - nk);
   n.d = n.k = n.rows.size(-1);
   if (kind == rncore::LAYER) {
-    Tensor c = n.rows - n.rows.mean(-1, true);
-    n.r = (c.square().mean(-1, true) + eps).rsqrt();
-    n.xhat = c * n.r;
+    n.c = n.rows - n.rows.mean(-1, true);
+    n.r = (n.c.square().mean(-1, true) + eps).rsqrt();
+    n.xhat = n.c * n.r;
     return n;
   }
   n.k = partial_k(partial, n.d);
@@ -666,14 +667,6 @@ Ptr<N> node_if_needed(const T &...ts) {
   return make_node<N>(torch::autograd::collect_next_edges(ts...));
 }
 
-/* Makes `node` the grad_fn of the differentiable outputs, in order (its inputs). */
-void set_history(const NodePtr &node, std::initializer_list<const Tensor *> outs) {
-  for (const Tensor *t : outs) {
-    uint32_t nr = node->add_input_metadata(*t);
-    torch::autograd::impl::set_gradient_edge(*t, torch::autograd::Edge(node, nr));
-  }
-}
-
 /* What every norm Node keeps besides tensors: the number of normalized dims and the
  * keyword options. */
 struct NormNode : Node {
@@ -742,10 +735,9 @@ std::pair<Tensor, Tensor> xhat_tangent(rncore::Norm kind, const Tensor &x, const
   if (!tx.defined()) return {n.xhat, Tensor()};
   Tensor t = tx.to(opmath(x)).reshape_symint(n.rows.sym_sizes());
   if (kind == rncore::LAYER) {
-    Tensor c = n.rows - n.rows.mean(-1, true);
     Tensor dc = t - t.mean(-1, true);
-    Tensor dr = -n.r.pow(3) * (c * dc).mean(-1, true);
-    return {n.xhat, dc * n.r + c * dr};
+    Tensor dr = -n.r.pow(3) * (n.c * dc).mean(-1, true);
+    return {n.xhat, dc * n.r + n.c * dr};
   }
   auto head = [&](const Tensor &v) { return n.k == n.d ? v : v.narrow(-1, 0, n.k); };
   Tensor s = (head(n.rows) * head(t)).mean(-1, true);
@@ -819,7 +811,7 @@ Tensor2 rms_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor
     }
   }
   if (node) {
-    set_history(node, {&y});
+    torch::autograd::set_history(y, node);
     node->save({{input, false}, {w, false}, {b, false}, {rstd, true}});
     node->options(ns.size(), eps, offset, eps_outside, partial);
   }
@@ -872,7 +864,7 @@ Tensor3 layer_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTens
     }
   }
   if (node) {
-    set_history(node, {&y});
+    torch::autograd::set_history(y, node);
     node->save({{input, false}, {w, false}, {b, false}, {mean, true}, {rstd, true}});
     node->options(ns.size(), eps, offset);
   }
@@ -922,7 +914,7 @@ Tensor2 fused_add_autograd(const Tensor &input, const Tensor &residual, c10::Sym
     Guard guard;
     std::tie(y, h) = fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
   }
-  if (node) set_history(node, {&y, &h});
+  if (node) torch::autograd::set_history({y, h}, node);  // y is the node's input 0, h its 1
   if (any_tangent({&input, &residual, &w, &b})) {
     // th = t_input + t_residual: h's tangent, and the norm's input tangent
     Tensor ti = tangent(input), tr = tangent(residual);
@@ -962,7 +954,7 @@ Tensor qk_norm_autograd(const Tensor &input, const OptTensor &weight, OptDouble 
     y = fwd.call(input, weight, eps, bias, offset, eps_outside, partial);
   }
   if (node) {
-    set_history(node, {&y});
+    torch::autograd::set_history(y, node);
     node->save({{input, false}, {w, false}, {b, false}});
     node->options(1, eps, offset, eps_outside, partial);
   }
@@ -996,7 +988,7 @@ Tensor linear_autograd(const Tensor &input, const Tensor &w, const OptTensor &g,
     z = fwd.call(input, w, g, eps, bias, offset, eps_outside, partial);
   }
   if (node) {
-    set_history(node, {&z});
+    torch::autograd::set_history(z, node);
     node->save({{input, false}, {w, false}, {gg, false}, {b, false}});
     node->options(1, eps, offset, eps_outside, partial);
   }
@@ -1119,7 +1111,8 @@ void refuse_autograd(const std::string &op, c10::ArrayRef<const Tensor *> ts) {
                     "forward-mode tangents)");
 }
 
-void collect(std::vector<const Tensor *> &, ...) {}
+template <class T>
+void collect(std::vector<const Tensor *> &, const T &) {}
 void collect(std::vector<const Tensor *> &v, const Tensor &t) { v.push_back(&t); }
 void collect(std::vector<const Tensor *> &v, const OptTensor &t) {
   if (t && t->defined()) v.push_back(&*t);
