@@ -10,7 +10,11 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-c test-asan test-tsan install clean
+.PHONY: all build run test test-c test-asan test-tsan test-make install clean
+
+# Plain `make` builds the library into $(BUILD): named here, before the
+# fragments below add their own targets, so none of those becomes the default.
+.DEFAULT_GOAL := all
 
 # Parts of the project add their own targets and tests here (mk/*.mk):
 # each appends its test target to EXTRA_TESTS.
@@ -29,7 +33,7 @@ build: $(BUILD)/CMakeCache.txt
 run: build
 	$(if $(RUN_CMD),$(RUN_CMD),./$(BUILD)/examples/seed_example)
 
-test: test-c test-asan test-tsan $(EXTRA_TESTS)
+test: test-c test-asan test-tsan test-make $(EXTRA_TESTS)
 
 test-c: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -57,6 +61,21 @@ test-tsan: $(TSAN_BUILD)/CMakeCache.txt
 	cd $(TSAN_BUILD) && OPENBLAS_NUM_THREADS=1 \
 	  TSAN_OPTIONS="halt_on_error=1 die_after_fork=0 second_deadlock_stack=1" \
 	  ctest --output-on-failure -j $(JOBS) -E '(-scalar|-avx2|install)$$|^cli_commands$$|^mpi-'
+
+# Plain `make` in a clean clone (no variables from this make) must build the
+# library and the command into build/. The test programs are left out of that
+# build (test-c builds them); everything else is what a user's `make` does.
+test-make:
+	@if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	  echo "test-make: not a git checkout, skipped"; exit 0; fi; \
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	git clone -q . "$$tmp/clone" && \
+	env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS CMAKE_FLAGS=-DRMSNORM_BUILD_TESTS=OFF \
+	  make -C "$$tmp/clone" >"$$tmp/log" 2>&1 || { cat "$$tmp/log"; exit 1; }; \
+	for f in build/librmsnorm.so build/librmsnorm.a build/tools/rmsnorm; do \
+	  test -e "$$tmp/clone/$$f" || { cat "$$tmp/log"; echo "test-make: plain make did not build $$f"; exit 1; }; \
+	done; \
+	echo "test-make: plain make in a clean clone built build/librmsnorm.so, librmsnorm.a, tools/rmsnorm"
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

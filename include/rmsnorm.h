@@ -314,8 +314,8 @@ RMSNORM_API rmsnorm_status rmsnorm_layernorm_backward(rmsnorm_context *ctx,
  * The same config, dtypes, strides, status rules and in-place rules as above
  * unless a function says otherwise; all take RMSNorm configs (weight modes,
  * bias, eps inside/outside, partial). The formulas and their derivations are
- * in src/ref/fused_ref.inc and src/fused.c; docs/README-fusions.md has the
- * overview. */
+ * in src/ref/fused_ref.inc and the entry points in src/api/; docs/fusions.md
+ * has the overview. */
 
 /* Residual add + RMSNorm forward, one pass over memory. Per row:
  *   h'_j = h_j + u_j   computed in the compute type and rounded to cfg->dtype

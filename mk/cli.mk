@@ -5,11 +5,6 @@
 # (ctest replays it too, without libFuzzer, in both builds), and
 # test-cli-valgrind, the command under valgrind memcheck on that corpus.
 
-# Included before the top Makefile's first target: keep `all` the default.
-ifeq ($(.DEFAULT_GOAL),)
-.DEFAULT_GOAL := all
-endif
-
 RUN_CMD = ./$(BUILD)/tools/rmsnorm demo
 
 FUZZ_BUILD ?= build-fuzz

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <stddef.h>
 
-#include "dtype.h"
+#include "numerics/dtype.h"
 #include "rmsnorm.h"
 
 typedef long double ld_t;

@@ -9,8 +9,8 @@
 #include <float.h>
 
 #include "oracle.h"
-#include "quant.h"
-#include "rowmath.h"
+#include "numerics/quant.h"
+#include "numerics/rowmath.h"
 #include "testutil.h"
 
 static rmsnorm_context *ctx;

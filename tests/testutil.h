@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "convert.h"
-#include "dtype.h"
+#include "numerics/convert.h"
+#include "numerics/dtype.h"
 #include "rmsnorm.h"
 #include "check.h"
 

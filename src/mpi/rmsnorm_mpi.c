@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "rmsnorm_mpi.h"
-#include "shard.h"
+#include "api/shard.h"
 
 /* ---- checks mode ---------------------------------------------------------- */
 

@@ -4,12 +4,12 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../convert.h"
-#include "../dtype.h"
-#include "../kernels.h"
-#include "../quant.h"
-#include "../rescue.h"
-#include "../rowmath.h"
+#include "numerics/convert.h"
+#include "numerics/dtype.h"
+#include "kernels/kernels.h"
+#include "numerics/quant.h"
+#include "numerics/rescue.h"
+#include "numerics/rowmath.h"
 
 /* Rows of user buffers are reached through byte offsets and loaded and stored
  * with memcpy (dtype.h): any address works. */

@@ -45,7 +45,7 @@ static int train(train_norm norm, int threads, result *r) {
   train_shape s;
   train_shape_default(&s);
   /* N = 1024 rows of 256 floats: 1 MiB per operand, enough traffic that
-   * librmsnorm's cost model (src/work.c) splits some of the norms' calls
+   * librmsnorm's cost model (src/runtime/work.c) splits some of the norms' calls
    * over 2 threads */
   s.batch = 16;
   s.seq_len = 64;

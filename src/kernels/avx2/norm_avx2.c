@@ -6,4 +6,4 @@
 
 #define RN_KERNEL_SET rn_kernels_avx2
 #define RN_ISA_NAME "avx2"
-#include "../instantiate.inc"
+#include "kernels/instantiate.inc"

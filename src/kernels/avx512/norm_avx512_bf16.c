@@ -10,4 +10,4 @@
 #define RN_KERNEL_SET rn_kernels_avx512_bf16
 #define RN_ISA_NAME "avx512"
 #define RN_ONLY_BF16 1
-#include "../instantiate.inc"
+#include "kernels/instantiate.inc"

@@ -6,4 +6,4 @@
 
 #define RN_KERNEL_SET rn_kernels_neon
 #define RN_ISA_NAME "neon"
-#include "../instantiate.inc"
+#include "kernels/instantiate.inc"

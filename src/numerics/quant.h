@@ -9,7 +9,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "convert.h"
+#include "numerics/convert.h"
 
 #define RN_INT8_QMAX 127.0
 #define RN_E4M3_MAX 448.0

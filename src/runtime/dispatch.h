@@ -2,7 +2,7 @@
 #ifndef RMSNORM_DISPATCH_H
 #define RMSNORM_DISPATCH_H
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 /* The kernel set for isa, or NULL when this build or CPU lacks it. AUTO
  * resolves to rn_isa_auto(). */

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "convert.h"
+#include "numerics/convert.h"
 #include "rmsnorm.h"
 
 static inline int rn_dtype_valid(int dt) { return dt >= RMSNORM_F32 && dt <= RMSNORM_F64; }

@@ -10,14 +10,14 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "blas.h"
-#include "context.h"
-#include "dtype.h"
-#include "kernels.h"
-#include "rescue.h"
-#include "rowmath.h"
-#include "validate.h"
-#include "work.h"
+#include "runtime/blas.h"
+#include "runtime/context.h"
+#include "numerics/dtype.h"
+#include "kernels/kernels.h"
+#include "numerics/rescue.h"
+#include "numerics/rowmath.h"
+#include "numerics/validate.h"
+#include "runtime/work.h"
 
 #define NONE ((size_t)-1) /* no in-place view in rn_check_overlaps */
 

@@ -9,12 +9,12 @@
 #include <math.h>
 #include <stddef.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 /* A row sum of squares computed in the storage's compute type cannot be
  * trusted when it overflowed, or when it is so small that squares may have
  * underflowed while eps is too small to hide the loss. Such rows go to the
- * double-precision rescue path (src/rescue.c).
+ * double-precision rescue path (src/numerics/rescue.c).
  *
  * Float sums: every square enters through one FMA, whose rounding in the
  * subnormal range errs by at most 2^-150, so over k terms the sum s is off by

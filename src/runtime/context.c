@@ -4,13 +4,13 @@
  * process-wide pool's (parallel.c). Contexts are kept in a registry so that
  * fork() can wait for the calls in flight and leave the child every context
  * unlocked and usable (pthread_atfork handlers below). */
-#include "context.h"
+#include "runtime/context.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 
 #define MAX_THREADS 1024
 

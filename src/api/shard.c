@@ -8,12 +8,12 @@
 #include <math.h>
 #include <string.h>
 
-#include "context.h"
-#include "dtype.h"
-#include "kernels.h"
-#include "rowmath.h"
-#include "shard.h"
-#include "work.h"
+#include "runtime/context.h"
+#include "numerics/dtype.h"
+#include "kernels/kernels.h"
+#include "numerics/rowmath.h"
+#include "api/shard.h"
+#include "runtime/work.h"
 
 /* ---- per-row coefficients ------------------------------------------------ */
 
@@ -164,7 +164,7 @@ typedef struct fwd_job {
 } fwd_job;
 
 /* y_j = (x_j * r) * w_j + b_j in double, for a row whose r the compute type
- * cannot hold (as src/rescue.c finishes a row). */
+ * cannot hold (as src/numerics/rescue.c finishes a row). */
 static void forward_wide_row(const rn_forward_args *a, size_t row, double r) {
   size_t es = rn_dtype_size(a->dtype);
   int f64 = rn_acc_is_f64(a->dtype);
@@ -286,7 +286,7 @@ typedef struct bwd_job {
 
 /* dx_j = r (gy_j - [j < k] xhat_j c) in double, and the row's dweight/dbias
  * terms, for a row whose r or c the compute type cannot hold (as
- * src/rescue.c finishes a row). */
+ * src/numerics/rescue.c finishes a row). */
 static void backward_wide_row(const rn_backward_args *a, size_t row, double r, double c,
                               void *dw_part, void *db_part) {
   size_t es = rn_dtype_size(a->dtype);

@@ -11,8 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "dtype.h"
-#include "kernels.h"
+#include "numerics/dtype.h"
+#include "kernels/kernels.h"
 #include "rmsnorm.h"
 
 #define RN_KNOWN_FLAGS                                                           \

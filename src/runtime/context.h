@@ -7,8 +7,8 @@
 
 #include <stddef.h>
 
-#include "kernels.h"
-#include "parallel.h"
+#include "kernels/kernels.h"
+#include "runtime/parallel.h"
 #include "rmsnorm.h"
 
 /* Calls on one context serialize: an entry point locks the context after

@@ -8,10 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "context.h"
-#include "dtype.h"
-#include "kernels.h"
-#include "parallel.h"
+#include "runtime/context.h"
+#include "numerics/dtype.h"
+#include "kernels/kernels.h"
+#include "runtime/parallel.h"
 
 /* Outputs at least this large are written with non-temporal stores where the
  * kernel set has them: past half of a core's L2 (2 MiB on the Xeons measured),

@@ -1,16 +1,16 @@
-/* api.c - the public entry points of the plain norms: validate every argument
+/* norm.c - the public entry points of the plain norms: validate every argument
  * once (nothing is written on error, see validate.h), bring the weight and
  * bias to the compute type, run the chosen kernel set over the rows, and
  * reduce the backward's dweight/dbias partial sums in a fixed order (work.h). */
 #include <string.h>
 
-#include "context.h"
-#include "dtype.h"
-#include "kernels.h"
-#include "rescue.h"
-#include "rowmath.h"
-#include "validate.h"
-#include "work.h"
+#include "runtime/context.h"
+#include "numerics/dtype.h"
+#include "kernels/kernels.h"
+#include "numerics/rescue.h"
+#include "numerics/rowmath.h"
+#include "numerics/validate.h"
+#include "runtime/work.h"
 
 rmsnorm_status rmsnorm_default_eps(rmsnorm_dtype dtype, double *eps) {
   if (!eps) return RMSNORM_ERROR_NULL_POINTER;

@@ -10,7 +10,7 @@
  * cost model (work.c). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
-#include "parallel.h"
+#include "runtime/parallel.h"
 
 #include <math.h>
 #include <pthread.h>

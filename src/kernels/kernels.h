@@ -1,4 +1,4 @@
-/* kernels.h - the internal contract between the API layer (src/api.c) and the
+/* kernels.h - the internal contract between the API layer (src/api/) and the
  * row kernels of every ISA. The API validates, converts the weight and bias to
  * the compute type, and splits rows; a kernel only computes, and trusts its
  * arguments (it may assert). */
@@ -157,7 +157,7 @@ typedef struct rn_kernel_set {
   rn_add_fn add[RN_NUM_DTYPES];
   rn_rstd_fn rstd[RN_NUM_DTYPES];
   rn_quant_fn quant[RN_NUM_DTYPES];
-  /* long rows split across threads (api.c) */
+  /* long rows split across threads (api/norm.c) */
   rn_row_coef_fn row_coef[RN_NUM_DTYPES];
   rn_row_cols_fn row_cols[RN_NUM_DTYPES];
   rn_grad_coef_fn grad_coef[RN_NUM_DTYPES];

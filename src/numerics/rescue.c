@@ -2,12 +2,12 @@
  * x_j = xs_j * 2^e with max|xs| in [1, 2), so neither squares nor sums leave
  * double's range even for fp64 data near its limits. Slow and exact enough;
  * taken only for rows the fast path cannot trust (see rowmath.h). */
-#include "rescue.h"
+#include "numerics/rescue.h"
 
 #include <math.h>
 
-#include "dtype.h"
-#include "rowmath.h"
+#include "numerics/dtype.h"
+#include "numerics/rowmath.h"
 
 /* A row's statistics in the scaled domain: xhat_j = (xs_j - mean_s) * rs. */
 typedef struct scaled_stats {

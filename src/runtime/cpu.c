@@ -2,7 +2,7 @@
  * instruction sets, XGETBV for the register state the OS saves (AVX needs
  * YMM state, AVX-512 also the opmask and ZMM state). AArch64 Linux: the
  * kernel's hardware capability bits (getauxval(AT_HWCAP)). */
-#include "cpu.h"
+#include "runtime/cpu.h"
 
 #include <pthread.h>
 

@@ -1,12 +1,12 @@
 /* work.c - weight/bias conversion to the compute type, work splitting over
  * the context's pool, and the fixed-order dweight/dbias reduction shared by
  * the backward entry points (see work.h). */
-#include "work.h"
+#include "runtime/work.h"
 
 #include <stdint.h>
 #include <string.h>
 
-#include "dtype.h"
+#include "numerics/dtype.h"
 
 const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_weight, size_t d,
                             void *buf) {

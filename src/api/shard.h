@@ -7,9 +7,9 @@
 
 #include <stddef.h>
 
-#include "dtype.h"
-#include "rowmath.h"
-#include "validate.h"
+#include "numerics/dtype.h"
+#include "numerics/rowmath.h"
+#include "numerics/validate.h"
 
 /* Columns [offset, offset + width) of rows of d_global columns. */
 typedef struct rn_shard {

@@ -7,7 +7,7 @@
 #include <float.h>
 #include <math.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 /* Computes row `row` of a forward completely (y, mean, rstd). */
 void rn_rescue_forward_row(const rn_forward_args *a, size_t row);

@@ -1,7 +1,7 @@
 /* blas.c - the BLAS binding: cblas_sgemm/cblas_dgemm when the build found a
  * BLAS (RMSNORM_HAVE_BLAS), else a stub that is never called (the API checks
  * rn_blas_available first). */
-#include "blas.h"
+#include "runtime/blas.h"
 
 #ifdef RMSNORM_HAVE_BLAS
 #include <cblas.h>

@@ -1,13 +1,13 @@
 /* dispatch.c - chooses a kernel set: what the build compiled in (each ISA's
  * files get their own target flags, see CMakeLists.txt), what the CPU and OS
  * support (cpu.c), and the RMSNORM_ISA override, read once. */
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "runtime/cpu.h"
 
 #ifdef RMSNORM_HAVE_AVX2
 extern const rn_kernel_set rn_kernels_avx2;
