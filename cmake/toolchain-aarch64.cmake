@@ -3,7 +3,7 @@
 #   cmake -S . -B build-arm64 -DCMAKE_TOOLCHAIN_FILE=cmake/toolchain-aarch64.cmake
 # Set RMSNORM_CROSS_PREFIX (default aarch64-linux-gnu-) for another triple's
 # compiler, RMSNORM_CROSS_SYSROOT for another sysroot. When qemu-aarch64 is
-# found, tests run under it (ctest works on an x86 host; README, "ARM64").
+# found, tests run under it (ctest works on an x86 host; docs/arm64.md).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 

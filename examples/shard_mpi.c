@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
     printf("row 0: sum of x^2 over all ranks = %.6f\n", stats[0]);
     if (all_worst == 0)
       printf("y equals the unsharded forward bit for bit\n");
-    else /* cuts off the 1024-column blocks: see README, Sharded hidden dimension */
+    else /* cuts off the 1024-column blocks: see docs/sharding.md */
       printf("y is within %d ulp(s) of the unsharded forward\n", all_worst);
   }
   rmsnorm_context_free(ctx);

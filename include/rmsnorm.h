@@ -150,7 +150,7 @@ RMSNORM_API void rmsnorm_context_free(rmsnorm_context *ctx);
 
 /* Gives the context's scratch memory back to the system; the next call that
  * needs scratch allocates what it needs again. Scratch is bounded by the
- * shapes, not the row count (README, "Contexts and threads").
+ * shapes, not the row count (docs/kernels.md, "Contexts").
  * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER. */
 RMSNORM_API rmsnorm_status rmsnorm_context_trim(rmsnorm_context *ctx);
 /* @return RMSNORM_OK and in *bytes the scratch memory the context holds,
@@ -234,7 +234,7 @@ static inline rmsnorm_status rmsnorm_config_init(rmsnorm_config *cfg, rmsnorm_dt
  * is 7.0000000000000007, whose ceiling is 8), and p = (double)K / d gives K.
  * Where P*d is not an integer, k = ceil(P*d) for any P of up to
  * 15 - log10(d) significant digits. (The authors' pRMSNorm code uses
- * int(d*p), a floor: see README.)
+ * int(d*p), a floor: see docs/numerics.md, "pRMSNorm's k".)
  * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_SIZE
  * (d == 0), RMSNORM_ERROR_BAD_PARTIAL (p outside (0, 1]). */
 RMSNORM_API rmsnorm_status rmsnorm_partial_count(double partial, size_t d, size_t *k);
@@ -515,12 +515,12 @@ RMSNORM_API rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx,
  * squares (no negative value: RMSNORM_ERROR_BAD_ARGUMENT).
  *
  * Order of the sums: element t of the shard is added in the lane and block of
- * its global column offset + t in the library's blocked row sums (README.md,
+ * its global column offset + t in the library's blocked row sums (docs/sharding.md,
  * Numerics); a shard that starts inside a block adds its part of that block,
  * lanes halved, to the rest in double. With every shard boundary a multiple
  * of the block (1024 columns for fp32/fp16/bf16 data, 512 for fp64) the
  * partials consist of the unsharded row's own block sums, and only the order
- * of the final additions differs (README.md, "Sharded hidden dimension", says
+ * of the final additions differs (docs/sharding.md, "Numerics", says
  * what that means for the bits). fp32/fp16/bf16 partials that the compute
  * type cannot hold (overflow, or sums below 2^-100) are recomputed in double,
  * where their squares are exact; an fp64 row whose sum of squares leaves

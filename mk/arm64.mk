@@ -1,5 +1,5 @@
 # mk/arm64.mk - the aarch64 build, cross-compiled and tested under user-mode
-# emulation (README, "ARM64"):
+# emulation (docs/arm64.md):
 #   make test-arm64   cross-builds with gcc-aarch64-linux-gnu through
 #                     cmake/toolchain-aarch64.cmake, then runs the whole C
 #                     suite and the CLI tests under qemu-aarch64 twice: with

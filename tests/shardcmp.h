@@ -1,7 +1,7 @@
 /* shardcmp.h - how the sharded results are judged against the unsharded
  * library (rmsnorm_forward/backward on whole rows), shared by test_shard.c
  * (split steps in one process) and test_mpi.c (librmsnorm_mpi): bit for bit
- * where README.md promises it, else r within an ulp (fp64: a few), y within
+ * where docs/sharding.md promises it, else r within an ulp (fp64: a few), y within
  * an ulp of the dtype plus the few ulps of x r w that an ulp of r moves, and
  * gradients within the backward bound. Columns [j0, j1) of the whole rows are
  * compared; the sharded buffers start at column j0. */
@@ -26,7 +26,7 @@ static inline int same_bits(const void *a, const void *b, size_t es) {
 /* The blocked sums' block (kernels.h): cuts at its multiples keep the bits. */
 static inline size_t block_of(rmsnorm_dtype dt) { return dt == RMSNORM_F64 ? 512 : 1024; }
 
-/* Whether README promises the unsharded bits for shards cut at c[0..n-1]:
+/* Whether docs/sharding.md promises the unsharded bits for shards cut at c[0..n-1]:
  * one non-empty shard, or fp32/fp16/bf16 data with every non-empty shard
  * starting on a block boundary (rows of ordinary magnitude: not those the
  * unsharded library computes on its double-precision path). */
@@ -41,7 +41,7 @@ static inline int promises_bits(rmsnorm_dtype dt, const size_t *c, size_t n) {
   return nonempty <= 1 || (aligned && dt != RMSNORM_F64);
 }
 
-/* The backward bound (README: relative to the largest magnitude). */
+/* The backward bound (docs/sharding.md: relative to the largest magnitude). */
 static inline double grad_tol(rmsnorm_dtype dt) {
   return dt == RMSNORM_F32 ? 1e-5 : dt == RMSNORM_F64 ? 1e-12
          : dt == RMSNORM_F16 ? 0x1p-10 : 0x1p-7;

@@ -282,7 +282,7 @@ static void quant_case(rmsnorm_dtype dt, rmsnorm_dtype pdt, size_t rows, size_t 
 }
 
 /* The spec's t = y * inv, inv = 1/s rounded to float once per row, where it
- * differs from y / s (README, "Quantized output"). x = (2, 2, 2, 2) with
+ * differs from y / s (docs/fusions.md, "Quantized output"). x = (2, 2, 2, 2) with
  * eps = 0 gives r = 1/2 and xhat = 1 exactly, so y = w. With the static
  * s = 0.1f (0.100000001490116...), inv rounds to exactly 10, and
  *   y = -0x1.84ccccp+3 (-12.1499996185...): y * 10 = -121.499996185... rounds

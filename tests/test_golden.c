@@ -1,6 +1,6 @@
 /* test_golden.c - every op, dtype and option on fixed inputs, its outputs
  * hashed and compared with tests/data/golden_hashes.txt, which was written
- * on x86-64 (README, "ARM64"): the aarch64 build under emulation must give
+ * on x86-64 (docs/arm64.md): the aarch64 build under emulation must give
  * the x86 bits, and the x86 build checks the same file, so it cannot go
  * stale. Every kernel set the machine runs is checked (scalar, avx2, avx512
  * or neon; under emulation the fast set only). The inputs come from integer arithmetic only (no libm), so they

@@ -1,7 +1,7 @@
 /* test_mpi.c - librmsnorm_mpi under mpirun (ctest runs it on 2 and 3 ranks).
  * Every rank builds the same tensors from the same seed, computes the
  * unsharded result with rmsnorm_forward/backward, and checks its own columns
- * of rmsnorm_mpi_forward/backward against it (bits where README promises
+ * of rmsnorm_mpi_forward/backward against it (bits where docs/sharding.md promises
  * them, else the stated bounds: tests/shardcmp.h), for every dtype and the
  * main options, over even, uneven, block-aligned and rank-reversed cuts with a
  * width-0 shard; then replicas (rows split across ranks): dweight/dbias the

@@ -1,6 +1,6 @@
 /* test_partial.c - pRMSNorm's k (rmsnorm_partial_count, and what the forward
  * and backward use) against exact computations made without the library's
- * formula: integer arithmetic on decimal fractions (the issue's grid p =
+ * formula: integer arithmetic on decimal fractions (the grid p =
  * 0.01..0.99 x d = 10..4096, and 3- and 4-digit decimals), quotients p = K/d,
  * and a golden table written with Python's fractions (tests/data/
  * partial_k.py). Usage: test_partial PATH/partial_k.txt */

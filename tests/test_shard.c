@@ -3,7 +3,7 @@
  * thirds and eighths, shards of width 0 and 1); each shard's partial sums are
  * added in shard order, as an all-reduce would, and every shard finishes its
  * columns. Compared with the unsharded rmsnorm_forward/backward (bit for bit
- * where README.md promises it, else within the ulps it states) and with the
+ * where docs/sharding.md promises it, else within the ulps it states) and with the
  * long-double oracle, for every dtype, param dtype, weight mode, bias, eps
  * form, partial k, rounding order, accumulation, stride and in-place use;
  * then the same bits across kernel sets and thread counts, special rows, and
@@ -242,7 +242,7 @@ static void run_case(const scase *c, const double *x_override) {
   }
   double tol = grad_tol(dt);
 
-  /* versus the oracle, on the bounds README states for the unsharded library */
+  /* versus the oracle, on the bounds docs/numerics.md states for the unsharded library */
   {
     ld_t *xl = malloc(d * sizeof(ld_t)), *dyl = malloc(d * sizeof(ld_t));
     ld_t *yl = malloc(d * sizeof(ld_t)), *dxl = malloc(d * sizeof(ld_t));

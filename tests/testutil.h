@@ -37,7 +37,7 @@ static inline int tu_finish(const char *name) {
 /* 1 when the suite runs under user-mode emulation: the aarch64 build's
  * ctest under qemu-aarch64 sets RMSNORM_TEST_EMULATED=1 (CMakeLists.txt,
  * rmsnorm_emulated_tests). The suites then take reduced size sets that still
- * take every code path (README, "ARM64"). */
+ * take every code path (docs/arm64.md). */
 static inline int tu_emulated(void) {
   const char *e = getenv("RMSNORM_TEST_EMULATED");
   return e && *e && strcmp(e, "0") != 0;

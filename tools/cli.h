@@ -5,7 +5,7 @@
 #ifndef RMSNORM_TOOLS_CLI_H
 #define RMSNORM_TOOLS_CLI_H
 
-/* Exit codes (the contract in the README): */
+/* Exit codes (the contract in docs/cli.md): */
 enum {
   RN_EXIT_OK = 0,      /* success */
   RN_EXIT_FAILURE = 1, /* a file, shape, dtype or library problem */

@@ -7,7 +7,7 @@
  * renames. On failure, and on any signal that can be caught, the temporaries
  * are removed and existing targets are untouched. A target that is a device
  * or a pipe (-o /dev/stdout) cannot be replaced: it is written in place, at
- * commit, before any file is renamed. README.md ("Written") states what a
+ * commit, before any file is renamed. docs/cli.md ("Files") states what a
  * reader may see. */
 #ifndef RMSNORM_TOOLS_OUTFILE_H
 #define RMSNORM_TOOLS_OUTFILE_H

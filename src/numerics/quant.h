@@ -14,7 +14,7 @@
 #define RN_INT8_QMAX 127.0
 #define RN_E4M3_MAX 448.0
 
-/* How the quantizers get t_j from y_j and the row's scale s (README,
+/* How the quantizers get t_j from y_j and the row's scale s (docs/fusions.md,
  * "Quantized output"): RN_QT_MUL, t_j = y_j * inv with inv = 1/s rounded to
  * the compute type once per row, when 2^-126 <= s <= 2^126 (so that inv is a
  * normal float); RN_QT_DIV, t_j = y_j / s, for the other s > 0 (a subnormal
