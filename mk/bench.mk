@@ -1,7 +1,10 @@
 # mk/bench.mk - `make bench`: runs `rmsnorm bench` over the standard shapes
 # and dtypes, keeps the CSV and the table, and plots % of the copy limit
 # per shape (gnuplot, installed from Debian when missing).
+# The command's measuring code and the plot script are in bench/c/; the CSV and
+# the plot are written to BENCH_DIR.
 BENCH_DIR ?= bench
+BENCH_PLOT := bench/c/plot.sh
 RMSNORM_BENCH_ARGS ?=
 
 .PHONY: bench gnuplot
@@ -15,4 +18,4 @@ gnuplot:
 bench: build gnuplot
 	./$(BUILD)/tools/rmsnorm bench $(RMSNORM_BENCH_ARGS) --csv > $(BENCH_DIR)/results.csv
 	column -s, -t < $(BENCH_DIR)/results.csv
-	$(BENCH_DIR)/plot.sh $(BENCH_DIR)/results.csv $(BENCH_DIR)/bandwidth.png
+	$(BENCH_PLOT) $(BENCH_DIR)/results.csv $(BENCH_DIR)/bandwidth.png

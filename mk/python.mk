@@ -65,7 +65,7 @@ $(PY_BENCH_STAMP): $(PY_BENCH_REQUIREMENTS) $(PY_DEPS_STAMP)
 	touch $@
 
 bench-python: $(PY_PKG_STAMP) $(PY_BENCH_STAMP)
-	$(PY_RUN) -m rmsnorm.bench $(BENCH_ARGS)
+	$(PY_RUN) bench/python/bench.py $(BENCH_ARGS)
 
 clean-python:
 	rm -rf python/build $(PY_PKG_STAMP)

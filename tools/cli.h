@@ -29,7 +29,7 @@ int rn_cli_demo(int argc, char **argv);
 /* info: version, CPU features, kernel set, default threads. */
 int rn_cli_info(int argc, char **argv);
 #ifdef RMSNORM_CLI_HAVE_BENCH
-/* bench: defined in bench.c, built in when that file exists. */
+/* bench: defined in bench/c/bench.c, built in when that file exists. */
 int rn_cli_bench(int argc, char **argv);
 #endif
 

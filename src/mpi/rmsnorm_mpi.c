@@ -63,7 +63,7 @@ static int checks_on(void) {
  * AG_N doubles) before anything is written. */
 
 /* RN_MPI_AGREEMENT=0 builds the library without the agreement (sums only,
- * as bench/bench_agreement.c measures it against); never shipped. */
+ * as bench/mpi/bench_agreement.c measures it against); never shipped. */
 #ifndef RN_MPI_AGREEMENT
 #define RN_MPI_AGREEMENT 1
 #endif

@@ -56,7 +56,7 @@ __all__ = ["rms_norm", "set_checks", "checks_enabled"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _checks: Optional[bool] = None  # None: the environment variable decides
-# False in bench/bench_torch_distributed.py's measurement only: the sums without the agreement
+# False in bench/mpi/bench_torch_agreement.py's measurement only: the sums without the agreement
 _AGREE = True
 
 

@@ -2,8 +2,8 @@
  * and with all threads, against the copy limit of the same byte count (the
  * best of memcpy and non-temporal copies on as many threads as the op) and
  * against the scalar reference, measured in the same run. The copies read
- * and write the op's own buffers: on a VM the same copy ran 0.76-1.13x as
- * fast on other buffers of the same size, in one process. Medians of many
+ * and write the op's own buffers, because the same copy on other buffers of
+ * the same size can run tens of percent faster or slower. Medians of many
  * repetitions after a warm-up, on buffers allocated and touched once; one
  * thread and all threads are timed in the same rounds. */
 #define _POSIX_C_SOURCE 200809L
@@ -30,7 +30,7 @@ typedef struct shape {
   size_t rows, d;
 } shape;
 
-/* The issue's shapes: training and prefill batches, a decode step, QK-norm,
+/* The standard shapes: training and prefill batches, a decode step, QK-norm,
  * one very long row. */
 static const shape default_shapes[] = {{4096, 4096}, {2048, 8192}, {512, 4096}, {16, 4096},
                                        {1, 4096},    {8, 5120},    {65536, 128}, {1, 1048576}};

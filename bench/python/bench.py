@@ -1,8 +1,9 @@
-"""bench.py - `python -m rmsnorm.bench` (`make bench-python`): the package against its
-peers in one process, fp32 RMSNorm with a weight: rmsnorm.torch (function, modules,
-out=) against torch's F.rms_norm and nn.RMSNorm (and transformers' LlamaRMSNorm
-when installed), the numpy function (fresh output and out=) against ONNX Runtime's
-RMSNormalization through InferenceSession.run, and forward+backward against torch.
+"""bench.py - `python bench/python/bench.py` (`make bench-python`): the installed rmsnorm
+package against its peers in one process, fp32 RMSNorm with a weight: rmsnorm.torch
+(function, modules, out=) against torch's F.rms_norm and nn.RMSNorm (and transformers'
+LlamaRMSNorm when installed), the numpy function (fresh output and out=) against ONNX
+Runtime's RMSNormalization through InferenceSession.run, and forward+backward against
+torch. Not part of the package: it imports the installed one.
 
 Every case of one shape and thread count is timed interleaved: in each round, each
 case runs one timed batch (calls lasting at least --batch-ms, after a warm call);
@@ -211,7 +212,7 @@ def fmt(s: float) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rmsnorm.bench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python bench/python/bench.py", description=__doc__)
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated ROWSxD")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--rounds", type=int, default=9, help="timed rounds (median)")

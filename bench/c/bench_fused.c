@@ -1,4 +1,4 @@
-/* bench_fused.c - the fusions of issue 6 against their unfused paths: best
+/* bench_fused.c - the fused ops against their unfused paths: best
  * of N wall-clock times, at 1 thread and at all threads.
  *   add:    rmsnorm_add_forward vs (h += u, threads as many) + rmsnorm_forward
  *   qk:     rmsnorm_qk_norm_forward on Q inside a [T, 3, H, hd] QKV buffer vs

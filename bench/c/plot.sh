@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Plots `rmsnorm bench --csv` output: % of the copy limit per shape for
 # fp32 RMSNorm forward and backward, 1 thread and all threads.
-# usage: bench/plot.sh RESULTS.csv OUT.png
+# usage: bench/c/plot.sh RESULTS.csv OUT.png (`make bench`: bench/results.csv -> bench/bandwidth.png)
 set -euo pipefail
 csv=$1
 png=$2

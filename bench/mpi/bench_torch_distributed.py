@@ -5,7 +5,7 @@ what engines do today (all_gather the shards, then the unsharded norm of the who
 the backward's all_gather of dy included). Each round runs every variant once, interleaved; the medians
 and the fastest rounds are printed by rank 0.
 
-    .venv/bin/torchrun --nproc-per-node 2 bench/bench_torch_distributed.py [ROWS D ROUNDS]
+    .venv/bin/torchrun --nproc-per-node 2 bench/mpi/bench_torch_distributed.py [ROWS D ROUNDS]
 """
 
 import statistics

@@ -6,7 +6,7 @@ columns. Each forward and each backward is timed alone after a barrier; per shap
 median over the reps on each rank, and the largest of the ranks' medians is printed by
 rank 0.
 
-    .venv/bin/torchrun --nproc-per-node 2 bench/bench_torch_agreement.py [REPS REPS_4096]
+    .venv/bin/torchrun --nproc-per-node 2 bench/mpi/bench_torch_agreement.py [REPS REPS_4096]
 """
 
 import statistics

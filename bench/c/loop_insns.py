@@ -2,7 +2,7 @@
 """loop_insns.py - instructions per element in the innermost loops of one
 kernel function, counted from the object file's disassembly (objdump -d).
 
-  bench/loop_insns.py OBJDUMP OBJECT FUNCTION LANES
+  bench/c/loop_insns.py OBJDUMP OBJECT FUNCTION LANES
 
 A loop is a backward branch inside FUNCTION; innermost loops are those that
 contain no other. For each, it counts the instructions between the branch
