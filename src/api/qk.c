@@ -38,15 +38,21 @@ static void qk_unused_strides(size_t tokens, size_t heads, size_t *ld_t, size_t 
 
 /* The [tokens, heads] grids of a call's n buffers (tokens > 0): each one's
  * strides (check_grid), then the row count tokens * heads into *rows; the
- * strides a grid never uses are then set by qk_unused_strides. */
+ * strides a grid never uses are then set by qk_unused_strides, and *flat
+ * says whether every grid is then plain rows (token stride = heads * head
+ * stride). */
 static rmsnorm_status qk_check_grids(size_t tokens, size_t heads, size_t hd, size_t es,
-                                     size_t *const ld[][2], size_t n, size_t *rows) {
+                                     size_t *const ld[][2], size_t n, size_t *rows, int *flat) {
   rmsnorm_status st;
   for (size_t i = 0; i < n; i++)
     if ((st = check_grid(tokens, heads, hd, *ld[i][0], *ld[i][1], es)) != RMSNORM_OK) return st;
   if (tokens > SIZE_MAX / heads) return RMSNORM_ERROR_BAD_SIZE;
   *rows = tokens * heads;
-  for (size_t i = 0; i < n; i++) qk_unused_strides(tokens, heads, ld[i][0], ld[i][1]);
+  *flat = 1;
+  for (size_t i = 0; i < n; i++) {
+    qk_unused_strides(tokens, heads, ld[i][0], ld[i][1]);
+    *flat &= *ld[i][0] == heads * *ld[i][1];
+  }
   return RMSNORM_OK;
 }
 
@@ -92,13 +98,14 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
                                        size_t ldy_token, size_t ldy_head, void *rstd) {
   rn_entry e;
   size_t rows;
+  int flat;
   rmsnorm_status st =
       rn_entry_begin(&e, ctx, &cfg, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE, head_dim);
   if (st != RMSNORM_OK) return st;
   if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
   if (tokens == 0) return RMSNORM_OK;
   size_t *const ld[2][2] = {{&ldx_token, &ldx_head}, {&ldy_token, &ldy_head}};
-  if ((st = qk_check_grids(tokens, heads, head_dim, e.es, ld, 2, &rows)) != RMSNORM_OK)
+  if ((st = qk_check_grids(tokens, heads, head_dim, e.es, ld, 2, &rows, &flat)) != RMSNORM_OK)
     return st;
   if (!x || !y) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es;
@@ -113,8 +120,7 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
   if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
   qk_fwd_job job;
   job.kernel = e.kernels->forward[cfg->dtype];
-  job.g = (qk_strides){tokens, heads, ldx_token, ldy_token, 0,
-                       ldx_token == heads * ldx_head && ldy_token == heads * ldy_head};
+  job.g = (qk_strides){tokens, heads, ldx_token, ldy_token, 0, flat};
   job.args = rn_entry_forward_args(&e, RN_RMSNORM, head_dim, x, ldx_head, y, ldy_head);
   job.args.rstd = rstd;
   job.args.stream = rn_stream_ok(job.g.flat && y != x, y, es, rows * head_dim * es);
@@ -161,6 +167,7 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
                                         void *dbias) {
   rn_entry e;
   size_t rows;
+  int flat;
   rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, RN_RMSNORM, 0, head_dim);
   if (st != RMSNORM_OK) return st;
   if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
@@ -168,7 +175,7 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
   if (tokens == 0) return RMSNORM_OK;
   size_t *const ld[3][2] = {
       {&ldx_token, &ldx_head}, {&lddy_token, &lddy_head}, {&lddx_token, &lddx_head}};
-  if ((st = qk_check_grids(tokens, heads, head_dim, e.es, ld, 3, &rows)) != RMSNORM_OK)
+  if ((st = qk_check_grids(tokens, heads, head_dim, e.es, ld, 3, &rows, &flat)) != RMSNORM_OK)
     return st;
   if (!x || !dy || !dx) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es;
@@ -193,9 +200,7 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
   if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
   qk_bwd_job job;
   job.kernel = e.kernels->backward[cfg->dtype];
-  job.g = (qk_strides){tokens, heads, ldx_token, lddx_token, lddy_token,
-                       ldx_token == heads * ldx_head && lddx_token == heads * lddx_head &&
-                           lddy_token == heads * lddy_head};
+  job.g = (qk_strides){tokens, heads, ldx_token, lddx_token, lddy_token, flat};
   job.args = rn_entry_backward_args(&e, RN_RMSNORM, head_dim, x, ldx_head, dy, lddy_head, dx,
                                     lddx_head);
   job.args.rstd = rstd;
