@@ -122,7 +122,9 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
   if (rows == 0) return RMSNORM_OK;
   if (!h || !dy || !dh) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es;
-  rn_buffers b = {.in = {rn_matrix(h, rows, d, ldh, es), rn_inplace(rn_matrix(dy, rows, d, lddy, es)),
+  /* dh may be exactly dy or dres (the norm's dx goes through scratch first) */
+  rn_buffers b = {.in = {rn_matrix(h, rows, d, ldh, es),
+                         rn_inplace(rn_matrix(dy, rows, d, lddy, es)),
                          rn_inplace(rn_matrix(dres, rows, d, lddres, es)),
                          rn_vector(rstd, rows, e.as)},
                   .out = {rn_matrix(dh, rows, d, lddh, es), rn_vector(dweight, d, e.ps),

@@ -45,7 +45,7 @@ rmsnorm_status rn_entry_matrices(const rn_entry *e, size_t rows, size_t d, const
 
 #define NONE ((size_t)-1)
 
-rmsnorm_status rn_entry_check(rn_entry *e, const rn_buffers *b) {
+rmsnorm_status rn_check_buffers(const rn_buffers *b, size_t ps) {
   /* laid out for rn_check_overlaps: out[0] first, the inputs and parameters,
    * the other outputs; the marked inputs are out[0]'s in-place views */
   rn_span s[RN_BUFFERS_IN + 2 + RN_BUFFERS_OUT];
@@ -59,10 +59,14 @@ rmsnorm_status rn_entry_check(rn_entry *e, const rn_buffers *b) {
     s[n++] = rn_with_role(b->in[i], 0);
   }
   /* parameters of no elements (a shard of width 0) are no buffer */
-  s[n++] = rn_vector_span(b->nparam ? b->weight : NULL, b->nparam, e->ps, 0);
-  s[n++] = rn_vector_span(b->nparam ? b->bias : NULL, b->nparam, e->ps, 0);
+  s[n++] = rn_vector_span(b->nparam ? b->weight : NULL, b->nparam, ps, 0);
+  s[n++] = rn_vector_span(b->nparam ? b->bias : NULL, b->nparam, ps, 0);
   for (size_t i = 1; i < RN_BUFFERS_OUT; i++) s[n++] = rn_with_role(b->out[i], 1);
-  rmsnorm_status st = rn_check_overlaps(s, n, 0, inplace[0], inplace[1]);
+  return rn_check_overlaps(s, n, 0, inplace[0], inplace[1]);
+}
+
+rmsnorm_status rn_entry_check(rn_entry *e, const rn_buffers *b) {
+  rmsnorm_status st = rn_check_buffers(b, e->ps);
   if (st != RMSNORM_OK) return st;
 
   e->weight = b->weight;

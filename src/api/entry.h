@@ -76,8 +76,10 @@ static inline rn_span rn_inplace(rn_span s) {
   return s;
 }
 
-/* The overlap rule over b (RMSNORM_ERROR_OVERLAP), then sizes the parameter
- * copies. */
+/* The overlap rule over b, its parameters of ps bytes an element:
+ * RMSNORM_OK or RMSNORM_ERROR_OVERLAP. */
+rmsnorm_status rn_check_buffers(const rn_buffers *b, size_t ps);
+/* rn_check_buffers, then sizes the parameter copies. */
 rmsnorm_status rn_entry_check(rn_entry *e, const rn_buffers *b);
 
 /* Locks the context (context.h: the entry point that locks it unlocks it, on
