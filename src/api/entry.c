@@ -110,15 +110,18 @@ static size_t stat_columns(const rn_entry *e, rn_norm norm, size_t d) {
 
 rn_forward_args rn_entry_forward_args(const rn_entry *e, rn_norm norm, size_t d,
                                       const void *x, size_t ldx, void *y, size_t ldy) {
-  rn_forward_args a = {norm, e->cfg.dtype, d, stat_columns(e, norm, d), x, ldx, y, ldy,
-                       e->weight, e->bias, e->cfg.eps, e->cfg.flags, NULL, NULL, 0};
+  rn_forward_args a = {.norm = norm, .dtype = e->cfg.dtype, .d = d, .k = stat_columns(e, norm, d),
+                       .x = x, .ldx = ldx, .y = y, .ldy = ldy, .w = e->weight, .b = e->bias,
+                       .eps = e->cfg.eps, .flags = e->cfg.flags};
   return a;
 }
 
 rn_backward_args rn_entry_backward_args(const rn_entry *e, rn_norm norm, size_t d,
                                         const void *x, size_t ldx, const void *dy, size_t lddy,
                                         void *dx, size_t lddx) {
-  rn_backward_args a = {norm, e->cfg.dtype, d, stat_columns(e, norm, d), x, ldx, dy, lddy,
-                        dx, lddx, e->weight, e->cfg.eps, e->cfg.flags, NULL, NULL, 0};
+  rn_backward_args a = {.norm = norm, .dtype = e->cfg.dtype, .d = d,
+                        .k = stat_columns(e, norm, d), .x = x, .ldx = ldx, .dy = dy,
+                        .lddy = lddy, .dx = dx, .lddx = lddx, .w = e->weight,
+                        .eps = e->cfg.eps, .flags = e->cfg.flags};
   return a;
 }

@@ -408,8 +408,9 @@ rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx, const rmsnorm_confi
     /* G = dZ W'^T: (mr x n)(n x d) */
     rn_gemm(f64, 0, 1, mr, d, n, 1.0, zc, n, wf.p, wf.ld, 0.0, gc, d);
     /* dX = the RMSNorm backward of G with no weight, in place in G */
-    rn_backward_args ba = {RN_RMSNORM, adt, d, stats.k, xc, d, gc, d, gc, d,
-                           NULL, cfg->eps, cfg->flags, NULL, r + r0 * as, 0};
+    rn_backward_args ba = {.norm = RN_RMSNORM, .dtype = adt, .d = d, .k = stats.k,
+                           .x = xc, .ldx = d, .dy = gc, .lddy = d, .dx = gc, .lddx = d,
+                           .eps = cfg->eps, .flags = cfg->flags, .rstd = r + r0 * as};
     e.kernels->backward[adt](&ba, 0, mr, NULL, NULL);
     narrow_rows(cfg->dtype, gc, d, mr, d, (char *)dx + r0 * lddx * es, lddx);
     if (need_m) {
