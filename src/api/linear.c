@@ -307,27 +307,16 @@ static void lin_xhat_rows(const rn_forward_args *stats, const char *r, size_t r0
   int f64 = rn_acc_is_f64(stats->dtype);
   size_t d = stats->d;
   for (size_t i = 0; i < m; i++) {
-    double ri = rn_load_acc(r, f64, r0 + i);
+    double ri = rn_load_acc(r, f64, r0 + i), rs = 0;
+    int usable = rn_saved_r_usable(ri, f64), e = 0;
+    if (!usable) rn_rescue_row_r(stats, r0 + i, &rs, &e);
     if (f64) {
       double *xr = (double *)(void *)xc + i * d;
-      if (rn_saved_r_usable(ri, 1)) {
-        for (size_t j = 0; j < d; j++) xr[j] *= ri;
-        continue;
-      }
-      double rs;
-      int e;
-      rn_rescue_row_r(stats, r0 + i, &rs, &e);
-      for (size_t j = 0; j < d; j++) xr[j] = rn_scaled_mul(xr[j], rs, e);
+      for (size_t j = 0; j < d; j++) xr[j] = usable ? xr[j] * ri : rn_scaled_mul(xr[j], rs, e);
     } else {
       float *xr = (float *)(void *)xc + i * d, rf = (float)ri;
-      if (rn_saved_r_usable(ri, 0)) {
-        for (size_t j = 0; j < d; j++) xr[j] *= rf;
-        continue;
-      }
-      double rs;
-      int e;
-      rn_rescue_row_r(stats, r0 + i, &rs, &e);
-      for (size_t j = 0; j < d; j++) xr[j] = (float)rn_scaled_mul(xr[j], rs, e);
+      for (size_t j = 0; j < d; j++)
+        xr[j] = usable ? xr[j] * rf : (float)rn_scaled_mul(xr[j], rs, e);
     }
   }
 }

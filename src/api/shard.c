@@ -123,8 +123,7 @@ rmsnorm_status rmsnorm_shard_stats(rmsnorm_context *ctx, const rmsnorm_config *c
   rn_shard sh;
   rmsnorm_status st =
       shard_begin(&e, ctx, &cfg, &sh, rows, d_global, offset, width, RN_LDS(ldx));
-  if (st != RMSNORM_OK) return st;
-  if (rows == 0) return RMSNORM_OK;
+  if (st != RMSNORM_OK || rows == 0) return st;
   if (!partial || (width && !x)) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es;
   rn_buffers b = {.in = {rn_shard_matrix(x, rows, &sh, ldx, es)},
@@ -195,8 +194,7 @@ rmsnorm_status rmsnorm_shard_forward(rmsnorm_context *ctx, const rmsnorm_config 
   rn_shard sh;
   rmsnorm_status st =
       shard_begin(&e, ctx, &cfg, &sh, rows, d_global, offset, width, RN_LDS(ldx, ldy));
-  if (st != RMSNORM_OK) return st;
-  if (rows == 0) return RMSNORM_OK;
+  if (st != RMSNORM_OK || rows == 0) return st;
   if (!stats || (width && (!x || !y))) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es;
   rn_buffers b = {.in = {rn_inplace(rn_shard_matrix(x, rows, &sh, ldx, es)),
@@ -227,8 +225,7 @@ rmsnorm_status rmsnorm_shard_backward_dots(rmsnorm_context *ctx, const rmsnorm_c
   rn_shard sh;
   rmsnorm_status st =
       shard_begin(&e, ctx, &cfg, &sh, rows, d_global, offset, width, RN_LDS(ldx, lddy));
-  if (st != RMSNORM_OK) return st;
-  if (rows == 0) return RMSNORM_OK;
+  if (st != RMSNORM_OK || rows == 0) return st;
   if (!stats || !partial || (width && (!x || !dy))) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es, as = e.as;
   rn_buffers b = {.in = {rn_shard_matrix(x, rows, &sh, ldx, es),
