@@ -463,7 +463,7 @@ RMSNORM_API rmsnorm_status rmsnorm_linear_forward(rmsnorm_context *ctx, const rm
                                                   void *z, size_t ldz, void *rstd);
 
 /* Backward of rmsnorm_linear_forward, matching autograd of the unfused
- * Z = RMSNorm(X; g) W + bias (derivation in src/fused.c). Given dz (rows x n
+ * Z = RMSNorm(X; g) W + bias (derivation in src/api/linear.c). Given dz (rows x n
  * of cfg->dtype), writes dx (rows x d of cfg->dtype), and when non-NULL
  * dweight (d, the gain's gradient, cfg->param_dtype), dw (d x n, the gradient
  * of the unfolded W, compute type, stride lddw) and dbias (n,

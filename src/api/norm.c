@@ -4,13 +4,10 @@
  * reduce the backward's dweight/dbias partial sums in a fixed order (work.h). */
 #include <string.h>
 
-#include "runtime/context.h"
+#include "api/entry.h"
 #include "numerics/dtype.h"
-#include "kernels/kernels.h"
 #include "numerics/rescue.h"
 #include "numerics/rowmath.h"
-#include "numerics/validate.h"
-#include "runtime/work.h"
 
 rmsnorm_status rmsnorm_default_eps(rmsnorm_dtype dtype, double *eps) {
   if (!eps) return RMSNORM_ERROR_NULL_POINTER;
@@ -89,48 +86,37 @@ static void cols_task(void *p, int t, int n) {
 typedef struct forward_job {
   rn_forward_fn kernel;
   const rn_forward_args *args;
-  size_t rows;
 } forward_job;
 
-static void forward_task(void *p, int t, int n) {
+static void forward_rows(const void *p, size_t r0, size_t r1, int task) {
   const forward_job *job = p;
-  job->kernel(job->args, rn_split_begin(job->rows, t, n), rn_split_begin(job->rows, t + 1, n));
+  (void)task;
+  job->kernel(job->args, r0, r1);
 }
 
 static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
                                   rn_norm norm, size_t rows, size_t d, const void *x,
                                   size_t ldx, const void *weight, const void *bias, void *y,
                                   size_t ldy, void *mean, void *rstd) {
-  if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_config cfg_local;
-  rmsnorm_status st = rn_check_config(cfg, &cfg_local, norm, 0);
-  if (st != RMSNORM_OK) return st;
-  cfg = &cfg_local;
-  if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
-  size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
-  size_t as = rn_acc_size(cfg->dtype);
-  if ((st = rn_check_matrix(rows, d, ldx, es)) != RMSNORM_OK ||
-      (st = rn_check_matrix(rows, d, ldy, es)) != RMSNORM_OK)
-    return st;
-  if (rows == 0) return RMSNORM_OK;
+  rn_entry e;
+  rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, norm, 0, d);
+  if (st == RMSNORM_OK) st = rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldy));
+  if (st != RMSNORM_OK || rows == 0) return st;
   if (!x || !y) return RMSNORM_ERROR_NULL_POINTER;
-  rn_span s[6] = {rn_matrix_span(x, rows, d, ldx, es, 0), rn_matrix_span(y, rows, d, ldy, es, 1),
-                  rn_vector_span(weight, d, ps, 0),      rn_vector_span(bias, d, ps, 0),
-                  rn_vector_span(mean, rows, as, 1),     rn_vector_span(rstd, rows, as, 1)};
-  if ((st = rn_check_overlaps(s, 6, 1, 0, 0)) != RMSNORM_OK) return st;
+  size_t es = e.es;
+  rn_buffers b = {.in = {rn_inplace(rn_matrix(x, rows, d, ldx, es))},
+                  .out = {rn_matrix(y, rows, d, ldy, es), rn_vector(mean, rows, e.as),
+                          rn_vector(rstd, rows, e.as)},
+                  .weight = weight, .bias = bias, .nparam = d};
+  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
-  size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
-  size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(d * as) : 0;
-  rn_context_lock(ctx);
-  char *scratch = rn_context_scratch(ctx, wcopy + bcopy);
-  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
-  rn_forward_args a = {norm, cfg->dtype, d, norm == RN_LAYERNORM ? d : rn_partial_k(cfg->partial, d),
-                       x, ldx, y, ldy,
-                       rn_param_as_acc(cfg, weight, 1, d, scratch),
-                       rn_param_as_acc(cfg, bias, 0, d, scratch + wcopy),
-                       cfg->eps, cfg->flags, mean, rstd,
-                       rn_stream_ok(y != x, y, es, rows * d * es)};
-  const rn_kernel_set *k = rn_context_kernels(ctx);
+  rn_entry_lock(&e);
+  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  rn_forward_args a = rn_entry_forward_args(&e, norm, d, x, ldx, y, ldy);
+  a.mean = mean;
+  a.rstd = rstd;
+  a.stream = rn_stream_ok(y != x, y, es, rows * d * es);
+  const rn_kernel_set *k = e.kernels;
   if (split_rows(ctx, rows, d, es)) {
     cols_job job = {k, cfg->dtype, &a, NULL, 0, d, {0}, NULL, NULL};
     rn_split sp = rn_split_for(ctx, 1, d * 2 * es, d / 64);
@@ -141,11 +127,10 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
         rn_rescue_forward_row(&a, job.row);
     }
   } else {
-    forward_job job = {k->forward[cfg->dtype], &a, rows};
-    rn_run_tasks(ctx, rn_split_for(ctx, rows, rows * d * 2 * es, rows), forward_task, &job);
+    forward_job job = {k->forward[cfg->dtype], &a};
+    rn_run_rows(ctx, rn_split_for(ctx, rows, rows * d * 2 * es, rows), rows, forward_rows, &job);
   }
-  rn_context_unlock(ctx);
-  return RMSNORM_OK;
+  return rn_entry_unlock(&e, RMSNORM_OK);
 }
 
 rmsnorm_status rmsnorm_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t rows,
@@ -196,51 +181,39 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
                                    size_t ldx, const void *dy, size_t lddy, const void *weight,
                                    const void *mean, const void *rstd, void *dx, size_t lddx,
                                    void *dweight, void *dbias) {
-  if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_config cfg_local;
-  rmsnorm_status st = rn_check_config(cfg, &cfg_local, norm, 0);
+  rn_entry e;
+  rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, norm, 0, d);
+  if (st == RMSNORM_OK) st = rn_entry_matrices(&e, rows, d, RN_LDS(ldx, lddy, lddx));
   if (st != RMSNORM_OK) return st;
-  cfg = &cfg_local;
-  if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
-  size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
-  size_t as = rn_acc_size(cfg->dtype);
-  if ((st = rn_check_matrix(rows, d, ldx, es)) != RMSNORM_OK ||
-      (st = rn_check_matrix(rows, d, lddy, es)) != RMSNORM_OK ||
-      (st = rn_check_matrix(rows, d, lddx, es)) != RMSNORM_OK)
-    return st;
   if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (rows == 0) return RMSNORM_OK;
   if (!x || !dy || !dx) return RMSNORM_ERROR_NULL_POINTER;
-  rn_span s[8] = {rn_matrix_span(x, rows, d, ldx, es, 0),   rn_matrix_span(dy, rows, d, lddy, es, 0),
-                  rn_matrix_span(dx, rows, d, lddx, es, 1), rn_vector_span(weight, d, ps, 0),
-                  rn_vector_span(mean, rows, as, 0),        rn_vector_span(rstd, rows, as, 0),
-                  rn_vector_span(dweight, d, ps, 1),        rn_vector_span(dbias, d, ps, 1)};
-  if ((st = rn_check_overlaps(s, 8, 2, 1, 0)) != RMSNORM_OK) return st;
+  size_t es = e.es;
+  rn_buffers b = {.in = {rn_inplace(rn_matrix(x, rows, d, ldx, es)),
+                         rn_inplace(rn_matrix(dy, rows, d, lddy, es)),
+                         rn_vector(mean, rows, e.as), rn_vector(rstd, rows, e.as)},
+                  .out = {rn_matrix(dx, rows, d, lddx, es), rn_vector(dweight, d, e.ps),
+                          rn_vector(dbias, d, e.ps)},
+                  .weight = weight, .nparam = d};
+  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
   /* scratch: [weight copy][the reduction's group sums and chunk partials] */
-  size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(d * as) : 0;
-  rn_context_lock(ctx);
+  rn_entry_lock(&e);
   size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
   int split = split_rows(ctx, rows, d, es);
   rn_grad_plan plan;
-  if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
-                         split ? (rn_split){1, 1, 1}
-                               : rn_split_for(ctx, rows, rows * d * 3 * es, nchunks))) {
-    rn_context_unlock(ctx);
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
-  }
-  char *scratch = rn_context_scratch(ctx, wcopy + plan.bytes);
-  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
-  rn_backward_args a = {norm, cfg->dtype, d, norm == RN_LAYERNORM ? d : rn_partial_k(cfg->partial, d),
-                        x, ldx, dy, lddy, dx, lddx,
-                        rn_param_as_acc(cfg, weight, 1, d, scratch),
-                        cfg->eps, cfg->flags, mean, rstd,
-                        rn_stream_ok(dx != dy && dx != x, dx, es, rows * d * es)};
-  backward_job job = {ctx, rn_context_kernels(ctx), &a, {0, 0, 0}};
+  char *sums = rn_entry_grad_scratch(
+      &e, &plan, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
+      split ? (rn_split){1, 1, 1} : rn_split_for(ctx, rows, rows * d * 3 * es, nchunks), 0);
+  if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  rn_backward_args a = rn_entry_backward_args(&e, norm, d, x, ldx, dy, lddy, dx, lddx);
+  a.mean = mean;
+  a.rstd = rstd;
+  a.stream = rn_stream_ok(dx != dy && dx != x, dx, es, rows * d * es);
+  backward_job job = {ctx, e.kernels, &a, {0, 0, 0}};
   if (split) job.split = rn_split_for(ctx, 1, d * 3 * es, d / 64);
-  rn_grad_run(ctx, &plan, scratch + wcopy, backward_chunk, &job);
-  rn_context_unlock(ctx);
-  return RMSNORM_OK;
+  rn_grad_run(ctx, &plan, sums, backward_chunk, &job);
+  return rn_entry_unlock(&e, RMSNORM_OK);
 }
 
 rmsnorm_status rmsnorm_backward(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t rows,

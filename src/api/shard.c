@@ -8,12 +8,21 @@
 #include <math.h>
 #include <string.h>
 
-#include "runtime/context.h"
-#include "numerics/dtype.h"
-#include "kernels/kernels.h"
-#include "numerics/rowmath.h"
+#include "api/entry.h"
 #include "api/shard.h"
-#include "runtime/work.h"
+#include "numerics/dtype.h"
+#include "numerics/rowmath.h"
+
+/* The skeleton's first steps for a shard: the context, then the shard checks
+ * (api/shard.h: config, the shard's place, its strides), which fill *sh. */
+static rmsnorm_status shard_begin(rn_entry *e, rmsnorm_context *ctx, const rmsnorm_config **cfgp,
+                                  rn_shard *sh, size_t rows, size_t d_global, size_t offset,
+                                  size_t width, const size_t *lds, size_t nld) {
+  if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
+  rmsnorm_status st = rn_shard_check(cfgp, &e->cfg, sh, rows, d_global, offset, width, lds, nld);
+  if (st == RMSNORM_OK) rn_entry_set(e, ctx);
+  return st;
+}
 
 /* ---- per-row coefficients ------------------------------------------------ */
 
@@ -84,8 +93,9 @@ static double wide_sum(const sums_job *j, size_t row, double r) {
 
 /* Rows [row_begin, row_end): the kernel's blocked sums, then the rows they
  * cannot be trusted for recomputed element by element in double. */
-static void sums_rows(const void *job, size_t row_begin, size_t row_end) {
+static void sums_rows(const void *job, size_t row_begin, size_t row_end, int task) {
   const sums_job *j = job;
+  (void)task;
   const rn_shard_args *a = &j->a;
   int f64 = rn_acc_is_f64(j->cfg->dtype);
   if (a->grad) /* r as the kernels see it; 0 for rows finished in double */
@@ -106,50 +116,29 @@ static void sums_rows(const void *job, size_t row_begin, size_t row_end) {
   }
 }
 
-typedef struct rows_job {
-  void (*fn)(const void *job, size_t row_begin, size_t row_end);
-  const void *job;
-  size_t rows;
-} rows_job;
-
-static void rows_task(void *p, int t, int n) {
-  const rows_job *rj = p;
-  rj->fn(rj->job, rn_split_begin(rj->rows, t, n), rn_split_begin(rj->rows, t + 1, n));
-}
-
-/* Runs fn over rows in contiguous blocks on the context's pool (lock held);
- * `bytes` is the traffic, for the number of threads worth waking. */
-static void run_rows(rmsnorm_context *ctx, size_t rows, size_t bytes,
-                     void (*fn)(const void *, size_t, size_t), const void *job) {
-  rows_job rj = {fn, job, rows};
-  rn_run_tasks(ctx, rn_split_for(ctx, rows, bytes, rows), rows_task, &rj);
-}
-
 rmsnorm_status rmsnorm_shard_stats(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t rows,
                                    size_t d_global, size_t offset, size_t width, const void *x,
                                    size_t ldx, double *partial) {
+  rn_entry e;
   rn_shard sh;
-  size_t lds[1] = {ldx};
-  if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_config cfg_copy;
-  rmsnorm_status st = rn_shard_check(&cfg, &cfg_copy, &sh, rows, d_global, offset, width, lds, 1);
-  if (st != RMSNORM_OK) return st;
-  if (rows == 0) return RMSNORM_OK;
+  rmsnorm_status st =
+      shard_begin(&e, ctx, &cfg, &sh, rows, d_global, offset, width, RN_LDS(ldx));
+  if (st != RMSNORM_OK || rows == 0) return st;
   if (!partial || (width && !x)) return RMSNORM_ERROR_NULL_POINTER;
-  size_t es = rn_dtype_size(cfg->dtype);
-  rn_span s[2] = {rn_shard_span(x, rows, &sh, ldx, es, 0),
-                  rn_vector_span(partial, rows, sizeof(double), 1)};
-  if ((st = rn_check_overlaps(s, 2, 2, 2, 2)) != RMSNORM_OK) return st;
+  size_t es = e.es;
+  rn_buffers b = {.in = {rn_shard_matrix(x, rows, &sh, ldx, es)},
+                  .out = {rn_vector(partial, rows, sizeof(double))}};
+  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
   if (sh.k_local == 0) { /* no column of the statistic here */
     for (size_t i = 0; i < rows; i++) partial[i] = 0;
     return RMSNORM_OK;
   }
-  if (!(rn_context_lock(ctx), rn_context_scratch(ctx, 0))) return RMSNORM_ERROR_OUT_OF_MEMORY;
-  sums_job j = {rn_context_kernels(ctx), cfg, &sh,
+  rn_entry_lock(&e);
+  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  sums_job j = {e.kernels, cfg, &sh,
                 {0, offset, sh.k_local, x, ldx, NULL, 0, NULL, NULL, partial}, NULL, NULL};
-  run_rows(ctx, rows, rows * sh.k_local * es, sums_rows, &j);
-  rn_context_unlock(ctx);
-  return RMSNORM_OK;
+  rn_run_rows(ctx, rn_split_for(ctx, rows, rows * sh.k_local * es, rows), rows, sums_rows, &j);
+  return rn_entry_unlock(&e, RMSNORM_OK);
 }
 
 /* ---- forward ------------------------------------------------------------ */
@@ -179,8 +168,9 @@ static void forward_wide_row(const rn_forward_args *a, size_t row, double r) {
   }
 }
 
-static void fwd_fn(const void *job, size_t r0, size_t r1) {
+static void fwd_rows(const void *job, size_t r0, size_t r1, int task) {
   const fwd_job *j = job;
+  (void)task;
   int f64 = rn_acc_is_f64(j->cfg->dtype);
   for (size_t row = r0; row < r1; row++) {
     double r = row_r_used(row_r(j->stats[row], j->sh, j->cfg), f64);
@@ -200,38 +190,28 @@ rmsnorm_status rmsnorm_shard_forward(rmsnorm_context *ctx, const rmsnorm_config 
                                      const void *x, size_t ldx, const void *weight,
                                      const void *bias, const double *stats, void *y, size_t ldy,
                                      void *rstd) {
+  rn_entry e;
   rn_shard sh;
-  size_t lds[2] = {ldx, ldy};
-  if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_config cfg_copy;
-  rmsnorm_status st = rn_shard_check(&cfg, &cfg_copy, &sh, rows, d_global, offset, width, lds, 2);
-  if (st != RMSNORM_OK) return st;
-  if (rows == 0) return RMSNORM_OK;
+  rmsnorm_status st =
+      shard_begin(&e, ctx, &cfg, &sh, rows, d_global, offset, width, RN_LDS(ldx, ldy));
+  if (st != RMSNORM_OK || rows == 0) return st;
   if (!stats || (width && (!x || !y))) return RMSNORM_ERROR_NULL_POINTER;
-  size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
-  size_t as = rn_acc_size(cfg->dtype);
-  rn_span s[6] = {rn_shard_span(x, rows, &sh, ldx, es, 0),
-                  rn_shard_span(y, rows, &sh, ldy, es, 1),
-                  rn_shard_vector(weight, &sh, ps, 0),
-                  rn_shard_vector(bias, &sh, ps, 0),
-                  rn_vector_span(stats, rows, sizeof(double), 0),
-                  rn_vector_span(rstd, rows, as, 1)};
-  if ((st = rn_check_overlaps(s, 6, 1, 0, 0)) != RMSNORM_OK) return st;
+  size_t es = e.es;
+  rn_buffers b = {.in = {rn_inplace(rn_shard_matrix(x, rows, &sh, ldx, es)),
+                         rn_vector(stats, rows, sizeof(double))},
+                  .out = {rn_shard_matrix(y, rows, &sh, ldy, es), rn_vector(rstd, rows, e.as)},
+                  .weight = weight, .bias = bias, .nparam = width};
+  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
   if ((st = check_stats(stats, rows)) != RMSNORM_OK) return st;
 
-  size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(width * as) : 0;
-  size_t bcopy = rn_param_needs_copy(cfg, bias, 0) ? rn_align64(width * as) : 0;
-  char *scratch = (rn_context_lock(ctx), rn_context_scratch(ctx, wcopy + bcopy));
-  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
-  fwd_job j = {rn_context_kernels(ctx), cfg, &sh,
-               {RN_RMSNORM, cfg->dtype, width, sh.k_local, x, ldx, y, ldy,
-                rn_param_as_acc(cfg, weight, 1, width, scratch),
-                rn_param_as_acc(cfg, bias, 0, width, scratch + wcopy), cfg->eps, cfg->flags,
-                NULL, NULL, rn_stream_ok(y != x, y, es, rows * width * es)},
+  rn_entry_lock(&e);
+  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  fwd_job j = {e.kernels, cfg, &sh, rn_entry_forward_args(&e, RN_RMSNORM, width, x, ldx, y, ldy),
                stats, rstd};
-  run_rows(ctx, rows, rows * width * 2 * es, fwd_fn, &j);
-  rn_context_unlock(ctx);
-  return RMSNORM_OK;
+  j.a.k = sh.k_local;
+  j.a.stream = rn_stream_ok(y != x, y, es, rows * width * es);
+  rn_run_rows(ctx, rn_split_for(ctx, rows, rows * width * 2 * es, rows), rows, fwd_rows, &j);
+  return rn_entry_unlock(&e, RMSNORM_OK);
 }
 
 /* ---- backward ----------------------------------------------------------- */
@@ -241,39 +221,33 @@ rmsnorm_status rmsnorm_shard_backward_dots(rmsnorm_context *ctx, const rmsnorm_c
                                            size_t width, const void *x, size_t ldx,
                                            const void *dy, size_t lddy, const void *weight,
                                            const double *stats, double *partial) {
+  rn_entry e;
   rn_shard sh;
-  size_t lds[2] = {ldx, lddy};
-  if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_config cfg_copy;
-  rmsnorm_status st = rn_shard_check(&cfg, &cfg_copy, &sh, rows, d_global, offset, width, lds, 2);
-  if (st != RMSNORM_OK) return st;
-  if (rows == 0) return RMSNORM_OK;
+  rmsnorm_status st =
+      shard_begin(&e, ctx, &cfg, &sh, rows, d_global, offset, width, RN_LDS(ldx, lddy));
+  if (st != RMSNORM_OK || rows == 0) return st;
   if (!stats || !partial || (width && (!x || !dy))) return RMSNORM_ERROR_NULL_POINTER;
-  size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
-  size_t as = rn_acc_size(cfg->dtype);
-  rn_span s[5] = {rn_shard_span(x, rows, &sh, ldx, es, 0),
-                  rn_shard_span(dy, rows, &sh, lddy, es, 0),
-                  rn_shard_vector(weight, &sh, ps, 0),
-                  rn_vector_span(stats, rows, sizeof(double), 0),
-                  rn_vector_span(partial, rows, sizeof(double), 1)};
-  if ((st = rn_check_overlaps(s, 5, 5, 5, 5)) != RMSNORM_OK) return st;
+  size_t es = e.es, as = e.as;
+  rn_buffers b = {.in = {rn_shard_matrix(x, rows, &sh, ldx, es),
+                         rn_shard_matrix(dy, rows, &sh, lddy, es),
+                         rn_vector(stats, rows, sizeof(double))},
+                  .out = {rn_vector(partial, rows, sizeof(double))},
+                  .weight = weight, .nparam = width};
+  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
   if ((st = check_stats(stats, rows)) != RMSNORM_OK) return st;
   if (width == 0) {
     for (size_t i = 0; i < rows; i++) partial[i] = 0;
     return RMSNORM_OK;
   }
   /* scratch: [weight copy][r of every row] */
-  size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(width * as) : 0;
-  if (rows > (SIZE_MAX - wcopy) / as) return RMSNORM_ERROR_OUT_OF_MEMORY;
-  char *scratch = (rn_context_lock(ctx), rn_context_scratch(ctx, wcopy + rows * as));
-  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
-  sums_job j = {rn_context_kernels(ctx), cfg, &sh,
-                {1, offset, width, x, ldx, dy, lddy,
-                 rn_param_as_acc(cfg, weight, 1, width, scratch), scratch + wcopy, partial},
-                stats, scratch + wcopy};
-  run_rows(ctx, rows, rows * width * 2 * es, sums_rows, &j);
-  rn_context_unlock(ctx);
-  return RMSNORM_OK;
+  if (rows > (SIZE_MAX - e.wcopy) / as) return RMSNORM_ERROR_OUT_OF_MEMORY;
+  rn_entry_lock(&e);
+  char *r = rn_entry_scratch(&e, rows * as);
+  if (!r) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  sums_job j = {e.kernels, cfg, &sh,
+                {1, offset, width, x, ldx, dy, lddy, e.weight, r, partial}, stats, r};
+  rn_run_rows(ctx, rn_split_for(ctx, rows, rows * width * 2 * es, rows), rows, sums_rows, &j);
+  return rn_entry_unlock(&e, RMSNORM_OK);
 }
 
 typedef struct bwd_job {
@@ -330,47 +304,39 @@ rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx, const rmsnorm_config
                                       const void *weight, const double *stats,
                                       const double *dots, void *dx, size_t lddx, void *dweight,
                                       void *dbias) {
+  rn_entry e;
   rn_shard sh;
-  size_t lds[3] = {ldx, lddy, lddx};
-  if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_config cfg_copy;
-  rmsnorm_status st = rn_shard_check(&cfg, &cfg_copy, &sh, rows, d_global, offset, width, lds, 3);
+  rmsnorm_status st =
+      shard_begin(&e, ctx, &cfg, &sh, rows, d_global, offset, width, RN_LDS(ldx, lddy, lddx));
   if (st != RMSNORM_OK) return st;
   if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (rows == 0) return RMSNORM_OK;
   if (!stats || !dots || (width && (!x || !dy || !dx))) return RMSNORM_ERROR_NULL_POINTER;
-  size_t es = rn_dtype_size(cfg->dtype), ps = rn_dtype_size(cfg->param_dtype);
-  size_t as = rn_acc_size(cfg->dtype);
-  rn_span s[8] = {rn_shard_span(x, rows, &sh, ldx, es, 0),
-                  rn_shard_span(dy, rows, &sh, lddy, es, 0),
-                  rn_shard_span(dx, rows, &sh, lddx, es, 1),
-                  rn_shard_vector(weight, &sh, ps, 0),
-                  rn_vector_span(stats, rows, sizeof(double), 0),
-                  rn_vector_span(dots, rows, sizeof(double), 0),
-                  rn_shard_vector(dweight, &sh, ps, 1),
-                  rn_shard_vector(dbias, &sh, ps, 1)};
-  if ((st = rn_check_overlaps(s, 8, 2, 0, 1)) != RMSNORM_OK) return st;
+  size_t es = e.es;
+  rn_buffers b = {.in = {rn_inplace(rn_shard_matrix(x, rows, &sh, ldx, es)),
+                         rn_inplace(rn_shard_matrix(dy, rows, &sh, lddy, es)),
+                         rn_vector(stats, rows, sizeof(double)),
+                         rn_vector(dots, rows, sizeof(double))},
+                  .out = {rn_shard_matrix(dx, rows, &sh, lddx, es),
+                          rn_shard_param(dweight, &sh, e.ps), rn_shard_param(dbias, &sh, e.ps)},
+                  .weight = weight, .nparam = width};
+  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
   if ((st = check_stats(stats, rows)) != RMSNORM_OK) return st;
   if (width == 0) return RMSNORM_OK;
 
   /* scratch: [weight copy][the reduction's partials and totals] */
-  size_t wcopy = rn_param_needs_copy(cfg, weight, 1) ? rn_align64(width * as) : 0;
   size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
-  rn_context_lock(ctx); /* the plan takes the task count from the context */
+  rn_entry_lock(&e); /* the plan takes the task count from the context */
   rn_grad_plan plan;
-  if (!rn_grad_plan_init(&plan, cfg, rows, RN_BACKWARD_CHUNK_ROWS, width, dweight, dbias,
-                         rn_split_for(ctx, rows, rows * width * 3 * es, nchunks))) {
-    rn_context_unlock(ctx);
-    return RMSNORM_ERROR_OUT_OF_MEMORY;
-  }
-  char *scratch = rn_context_scratch(ctx, wcopy + plan.bytes);
-  if (!scratch) return RMSNORM_ERROR_OUT_OF_MEMORY;
-  bwd_job j = {rn_context_kernels(ctx), cfg, &sh,
-               {RN_RMSNORM, cfg->dtype, width, sh.k_local, x, ldx, dy, lddy, dx, lddx,
-                rn_param_as_acc(cfg, weight, 1, width, scratch), cfg->eps, cfg->flags, NULL,
-                NULL, rn_stream_ok(dx != dy && dx != x, dx, es, rows * width * es)},
-               stats, dots};
-  rn_grad_run(ctx, &plan, scratch + wcopy, bwd_chunk, &j);
-  rn_context_unlock(ctx);
-  return RMSNORM_OK;
+  char *sums = rn_entry_grad_scratch(&e, &plan, rows, RN_BACKWARD_CHUNK_ROWS, width, dweight,
+                                     dbias, rn_split_for(ctx, rows, rows * width * 3 * es, nchunks),
+                                     0);
+  if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  bwd_job j = {e.kernels, cfg, &sh,
+               rn_entry_backward_args(&e, RN_RMSNORM, width, x, ldx, dy, lddy, dx, lddx), stats,
+               dots};
+  j.a.k = sh.k_local;
+  j.a.stream = rn_stream_ok(dx != dy && dx != x, dx, es, rows * width * es);
+  rn_grad_run(ctx, &plan, sums, bwd_chunk, &j);
+  return rn_entry_unlock(&e, RMSNORM_OK);
 }

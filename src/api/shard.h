@@ -1,5 +1,5 @@
 /* shard.h - a column shard of rows (the sharded hidden dimension) and the
- * argument checks its entry points share: src/shard.c (the split steps) and
+ * argument checks its entry points share: src/api/shard.c (the split steps) and
  * src/mpi/rmsnorm_mpi.c, which validates a whole call before its first
  * collective. Header-only, on validate.h; nothing here writes user memory. */
 #ifndef RMSNORM_SHARD_H
@@ -44,15 +44,24 @@ static inline rmsnorm_status rn_shard_check(const rmsnorm_config **cfgp, rmsnorm
 }
 
 /* A rows x width matrix of the shard (rows > 0) as a span; none for width 0. */
-static inline rn_span rn_shard_span(const void *p, size_t rows, const rn_shard *sh, size_t ld,
-                                    size_t es, int output) {
-  if (sh->width == 0) return rn_vector_span(NULL, 0, es, output);
-  return rn_matrix_span(p, rows, sh->width, ld, es, output);
+static inline rn_span rn_shard_matrix(const void *p, size_t rows, const rn_shard *sh, size_t ld,
+                                      size_t es) {
+  return rn_matrix(sh->width ? p : NULL, rows, sh->width, ld, es);
 }
 
 /* A per-shard vector (weight, bias, dweight, dbias: width elements). */
+static inline rn_span rn_shard_param(const void *p, const rn_shard *sh, size_t es) {
+  return rn_vector(sh->width ? p : NULL, sh->width, es);
+}
+
+/* The same with the role given, for spans listed by hand for
+ * rn_check_overlaps (src/mpi). */
+static inline rn_span rn_shard_span(const void *p, size_t rows, const rn_shard *sh, size_t ld,
+                                    size_t es, int output) {
+  return rn_with_role(rn_shard_matrix(p, rows, sh, ld, es), output);
+}
 static inline rn_span rn_shard_vector(const void *p, const rn_shard *sh, size_t es, int output) {
-  return rn_vector_span(sh->width ? p : NULL, sh->width, es, output);
+  return rn_with_role(rn_shard_param(p, sh, es), output);
 }
 
 #endif

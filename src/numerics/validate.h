@@ -75,6 +75,7 @@ typedef struct rn_span {
   size_t n1, s1, n2, s2;
   uintptr_t lo, hi; /* the extent: first byte, one past the last */
   int output;
+  int inplace; /* an input the call's main output may be exactly (api/entry.h) */
 } rn_span;
 
 /* A rows x d matrix's stride, and that its extent fits in memory. A matrix
@@ -88,25 +89,37 @@ static inline rmsnorm_status rn_check_matrix(size_t rows, size_t d, size_t ld, s
   return RMSNORM_OK;
 }
 
-static inline rn_span rn_grid_span(const void *p, size_t n1, size_t ld1, size_t n2, size_t ld2,
-                                   size_t d, size_t es, int output) {
+/* Spans by shape: an n1 x n2 grid of rows of d elements of es bytes (strides
+ * ld1, ld2 in elements), a rows x d matrix, a vector of n. Whether a span is
+ * read or written is its role in the call (api/entry.h sets it). */
+static inline rn_span rn_grid(const void *p, size_t n1, size_t ld1, size_t n2, size_t ld2,
+                              size_t d, size_t es) {
   rn_span s = {(const char *)p, d * es, n1, n1 > 1 ? ld1 * es : 0, n2, n2 > 1 ? ld2 * es : 0,
-               (uintptr_t)p, 0, output};
+               (uintptr_t)p, 0, 0, 0};
   s.hi = s.lo + (n1 > 1 ? (n1 - 1) * s.s1 : 0) + (n2 > 1 ? (n2 - 1) * s.s2 : 0) + s.width;
   return s;
 }
 
-static inline rn_span rn_matrix_span(const void *p, size_t rows, size_t d, size_t ld, size_t es,
-                                     int output) {
-  size_t s1 = rows > 1 ? ld * es : 0;
-  rn_span s = {(const char *)p, d * es, rows, s1, 1, 0, (uintptr_t)p, 0, output};
-  s.hi = s.lo + (rows > 1 ? (rows - 1) * s1 : 0) + s.width;
-  return s;
+static inline rn_span rn_matrix(const void *p, size_t rows, size_t d, size_t ld, size_t es) {
+  return rn_grid(p, rows, ld, 1, 0, d, es);
 }
 
-static inline rn_span rn_vector_span(const void *p, size_t n, size_t es, int output) {
-  rn_span s = {(const char *)p, n * es, 1, 0, 1, 0, (uintptr_t)p, (uintptr_t)p + n * es, output};
+static inline rn_span rn_vector(const void *p, size_t n, size_t es) {
+  return rn_grid(p, 1, 0, 1, 0, n, es);
+}
+
+/* The same with the role given, for spans listed by hand for
+ * rn_check_overlaps (src/mpi). */
+static inline rn_span rn_with_role(rn_span s, int output) {
+  s.output = output;
   return s;
+}
+static inline rn_span rn_matrix_span(const void *p, size_t rows, size_t d, size_t ld, size_t es,
+                                     int output) {
+  return rn_with_role(rn_matrix(p, rows, d, ld, es), output);
+}
+static inline rn_span rn_vector_span(const void *p, size_t n, size_t es, int output) {
+  return rn_with_role(rn_vector(p, n, es), output);
 }
 
 /* The rows of a span in address order, as offsets from a base: n rows, row r

@@ -101,65 +101,68 @@ void rmsnorm_context_free(rmsnorm_context *ctx) {
   free(ctx);
 }
 
+/* Every field is read and written under the lock, the getters' too (the
+ * context is const to the caller; its lock is not): locked() takes it, and
+ * the accessor returns through unlocked(). */
+static rmsnorm_context *locked(const rmsnorm_context *ctx) {
+  rmsnorm_context *c = (rmsnorm_context *)ctx;
+  pthread_mutex_lock(&c->lock);
+  return c;
+}
+
+static rmsnorm_status unlocked(rmsnorm_context *c) {
+  pthread_mutex_unlock(&c->lock);
+  return RMSNORM_OK;
+}
+
 rmsnorm_status rmsnorm_context_set_isa(rmsnorm_context *ctx, rmsnorm_isa isa) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
   if (isa < RMSNORM_ISA_AUTO || isa > RMSNORM_ISA_NEON) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (isa == RMSNORM_ISA_AUTO) isa = rn_isa_auto();
   const rn_kernel_set *k = rn_kernels_for(isa);
   if (!k) return RMSNORM_ERROR_NOT_AVAILABLE;
-  pthread_mutex_lock(&ctx->lock);
-  ctx->isa = isa;
-  ctx->kernels = k;
-  pthread_mutex_unlock(&ctx->lock);
-  return RMSNORM_OK;
+  rmsnorm_context *c = locked(ctx);
+  c->isa = isa;
+  c->kernels = k;
+  return unlocked(c);
 }
 
-/* The getters take the lock like the setters (the context is const to the
- * caller; its lock is not). */
 rmsnorm_status rmsnorm_context_get_isa(const rmsnorm_context *ctx, rmsnorm_isa *isa) {
   if (!ctx || !isa) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_context *c = (rmsnorm_context *)ctx;
-  pthread_mutex_lock(&c->lock);
+  rmsnorm_context *c = locked(ctx);
   *isa = c->isa;
-  pthread_mutex_unlock(&c->lock);
-  return RMSNORM_OK;
+  return unlocked(c);
 }
 
 rmsnorm_status rmsnorm_context_set_threads(rmsnorm_context *ctx, int threads) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
   if (threads < 0 || threads > MAX_THREADS) return RMSNORM_ERROR_BAD_ARGUMENT;
-  pthread_mutex_lock(&ctx->lock);
-  ctx->threads = threads ? threads : online_cpus();
-  pthread_mutex_unlock(&ctx->lock);
-  return RMSNORM_OK;
+  rmsnorm_context *c = locked(ctx);
+  c->threads = threads ? threads : online_cpus();
+  return unlocked(c);
 }
 
 rmsnorm_status rmsnorm_context_get_threads(const rmsnorm_context *ctx, int *threads) {
   if (!ctx || !threads) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_context *c = (rmsnorm_context *)ctx;
-  pthread_mutex_lock(&c->lock);
+  rmsnorm_context *c = locked(ctx);
   *threads = c->threads;
-  pthread_mutex_unlock(&c->lock);
-  return RMSNORM_OK;
+  return unlocked(c);
 }
 
 rmsnorm_status rmsnorm_context_trim(rmsnorm_context *ctx) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  pthread_mutex_lock(&ctx->lock);
-  free(ctx->scratch);
-  ctx->scratch = NULL;
-  ctx->scratch_bytes = 0;
-  pthread_mutex_unlock(&ctx->lock);
-  return RMSNORM_OK;
+  rmsnorm_context *c = locked(ctx);
+  free(c->scratch);
+  c->scratch = NULL;
+  c->scratch_bytes = 0;
+  return unlocked(c);
 }
 
 rmsnorm_status rmsnorm_context_get_scratch_bytes(const rmsnorm_context *ctx, size_t *bytes) {
   if (!ctx || !bytes) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_context *c = (rmsnorm_context *)ctx;
-  pthread_mutex_lock(&c->lock);
+  rmsnorm_context *c = locked(ctx);
   *bytes = c->scratch_bytes;
-  pthread_mutex_unlock(&c->lock);
-  return RMSNORM_OK;
+  return unlocked(c);
 }
 
 /* ---- internal ----------------------------------------------------------- */
@@ -172,10 +175,7 @@ void *rn_context_scratch(rmsnorm_context *ctx, size_t bytes) {
   if (bytes <= ctx->scratch_bytes) return ctx->scratch;
   size_t rounded = (bytes + 63) & ~(size_t)63;
   void *p = rounded < bytes ? NULL : aligned_alloc(64, rounded);
-  if (!p) {
-    rn_context_unlock(ctx);
-    return NULL;
-  }
+  if (!p) return NULL;
   free(ctx->scratch);
   ctx->scratch = p;
   ctx->scratch_bytes = rounded;

@@ -13,12 +13,15 @@
 
 /* Calls on one context serialize: an entry point locks the context after
  * validating its arguments and before it reads anything of the context
- * (kernel set, thread count, scratch), and unlocks it when done. */
+ * (kernel set, thread count, scratch), and unlocks it when done.
+ * Lock discipline: the function that locks a context unlocks it, on every
+ * path out, errors included; nothing called with the lock held unlocks it
+ * (api/entry.h: rn_entry_lock, then every return through rn_entry_unlock). */
 void rn_context_lock(rmsnorm_context *ctx);
 void rn_context_unlock(rmsnorm_context *ctx);
 /* At least `bytes` (and at least 64) of 64-byte-aligned scratch, lock held.
- * When it cannot be allocated, unlocks the context and returns NULL (the
- * caller returns RMSNORM_ERROR_OUT_OF_MEMORY; the old scratch is kept). */
+ * NULL when it cannot be allocated (the old scratch is kept, the lock still
+ * held). */
 void *rn_context_scratch(rmsnorm_context *ctx, size_t bytes);
 const rn_kernel_set *rn_context_kernels(const rmsnorm_context *ctx);
 /* The most threads a call may use (lock held). */

@@ -91,6 +91,22 @@ void rn_run_tasks(rmsnorm_context *ctx, rn_split s, rn_task_fn fn, void *arg) {
   rn_parallel_run(s.threads, s.tasks, fn, arg);
 }
 
+typedef struct rows_job {
+  rn_rows_fn fn;
+  const void *arg;
+  size_t units;
+} rows_job;
+
+static void rows_task(void *p, int t, int n) {
+  const rows_job *j = p;
+  j->fn(j->arg, rn_split_begin(j->units, t, n), rn_split_begin(j->units, t + 1, n), t);
+}
+
+void rn_run_rows(rmsnorm_context *ctx, rn_split s, size_t units, rn_rows_fn fn, const void *arg) {
+  rows_job j = {fn, arg, units};
+  rn_run_tasks(ctx, s, rows_task, &j);
+}
+
 /* ---- the dweight/dbias reduction ---------------------------------------- */
 
 int rn_grad_plan_init(rn_grad_plan *p, const rmsnorm_config *cfg, size_t units,

@@ -76,6 +76,11 @@ rn_split rn_split_for(const rmsnorm_context *ctx, size_t rows, size_t bytes, siz
 /* Runs fn over s.tasks tasks on the calling thread and up to s.threads - 1
  * idle workers of the process-wide pool; lock held. */
 void rn_run_tasks(rmsnorm_context *ctx, rn_split s, rn_task_fn fn, void *arg);
+/* Units [begin, end) (rows, or QK tokens) of task `task`, a contiguous block. */
+typedef void (*rn_rows_fn)(const void *arg, size_t begin, size_t end, int task);
+/* Runs fn over `units` units cut into s.tasks contiguous blocks (rn_split_begin),
+ * as rn_run_tasks; lock held. */
+void rn_run_rows(rmsnorm_context *ctx, rn_split s, size_t units, rn_rows_fn fn, const void *arg);
 
 /* Computes units [u0, u1) of a backward (one chunk) and adds its dweight and
  * dbias terms into dw_part/db_part ((d,) acc, zeroed, or NULL). `task` is

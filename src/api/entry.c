@@ -1,0 +1,127 @@
+/* entry.c - the steps of the entry skeleton (entry.h): config and size
+ * checks, the overlap rule over a call's buffers by role, the lock, scratch
+ * with the parameters in the compute type, and the kernels' common arguments. */
+#include "api/entry.h"
+
+#include <assert.h>
+
+#include "numerics/dtype.h"
+#include "numerics/rowmath.h"
+
+void rn_entry_set(rn_entry *e, rmsnorm_context *ctx) {
+  e->ctx = ctx;
+  e->es = rn_dtype_size(e->cfg.dtype);
+  e->ps = rn_dtype_size(e->cfg.param_dtype);
+  e->as = rn_acc_size(e->cfg.dtype);
+  e->weight = e->bias = NULL;
+  e->nparam = e->wcopy = e->bcopy = 0;
+  e->kernels = NULL;
+}
+
+rmsnorm_status rn_entry_config(rn_entry *e, const rmsnorm_config **cfgp, rn_norm norm,
+                               unsigned refused) {
+  rmsnorm_status st = rn_check_config(*cfgp, &e->cfg, norm, refused);
+  if (st != RMSNORM_OK) return st;
+  *cfgp = &e->cfg;
+  rn_entry_set(e, NULL);
+  return RMSNORM_OK;
+}
+
+rmsnorm_status rn_entry_begin(rn_entry *e, rmsnorm_context *ctx, const rmsnorm_config **cfgp,
+                              rn_norm norm, unsigned refused, size_t d) {
+  if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
+  rmsnorm_status st = rn_entry_config(e, cfgp, norm, refused);
+  if (st != RMSNORM_OK) return st;
+  e->ctx = ctx;
+  return d == 0 ? RMSNORM_ERROR_BAD_SIZE : RMSNORM_OK;
+}
+
+rmsnorm_status rn_entry_matrices(const rn_entry *e, size_t rows, size_t d, const size_t *lds,
+                                 size_t n) {
+  rmsnorm_status st = RMSNORM_OK;
+  for (size_t i = 0; i < n && st == RMSNORM_OK; i++) st = rn_check_matrix(rows, d, lds[i], e->es);
+  return st;
+}
+
+#define NONE ((size_t)-1)
+
+rmsnorm_status rn_check_buffers(const rn_buffers *b, size_t ps) {
+  /* laid out for rn_check_overlaps: out[0] first, the inputs and parameters,
+   * the other outputs; the marked inputs are out[0]'s in-place views */
+  rn_span s[RN_BUFFERS_IN + 2 + RN_BUFFERS_OUT];
+  size_t n = 0, inplace[2] = {NONE, NONE}, ninplace = 0;
+  s[n++] = rn_with_role(b->out[0], 1);
+  for (size_t i = 0; i < RN_BUFFERS_IN; i++) {
+    if (b->in[i].inplace && b->in[i].p) {
+      assert(ninplace < 2);
+      inplace[ninplace++] = n;
+    }
+    s[n++] = rn_with_role(b->in[i], 0);
+  }
+  /* parameters of no elements (a shard of width 0) are no buffer */
+  s[n++] = rn_vector_span(b->nparam ? b->weight : NULL, b->nparam, ps, 0);
+  s[n++] = rn_vector_span(b->nparam ? b->bias : NULL, b->nparam, ps, 0);
+  for (size_t i = 1; i < RN_BUFFERS_OUT; i++) s[n++] = rn_with_role(b->out[i], 1);
+  return rn_check_overlaps(s, n, 0, inplace[0], inplace[1]);
+}
+
+rmsnorm_status rn_entry_check(rn_entry *e, const rn_buffers *b) {
+  rmsnorm_status st = rn_check_buffers(b, e->ps);
+  if (st != RMSNORM_OK) return st;
+
+  e->weight = b->weight;
+  e->bias = b->bias;
+  e->nparam = b->nparam;
+  e->wcopy = rn_param_needs_copy(&e->cfg, b->weight, 1) ? rn_align64(b->nparam * e->as) : 0;
+  e->bcopy = rn_param_needs_copy(&e->cfg, b->bias, 0) ? rn_align64(b->nparam * e->as) : 0;
+  return RMSNORM_OK;
+}
+
+void rn_entry_lock(rn_entry *e) {
+  rn_context_lock(e->ctx);
+  e->kernels = rn_context_kernels(e->ctx);
+}
+
+char *rn_entry_scratch(rn_entry *e, size_t bytes) {
+  char *s = rn_context_scratch(e->ctx, e->wcopy + e->bcopy + bytes);
+  if (!s) return NULL;
+  e->weight = rn_param_as_acc(&e->cfg, e->weight, 1, e->nparam, s);
+  e->bias = rn_param_as_acc(&e->cfg, e->bias, 0, e->nparam, s + e->wcopy);
+  return s + e->wcopy + e->bcopy;
+}
+
+char *rn_entry_grad_scratch(rn_entry *e, rn_grad_plan *plan, size_t units, size_t chunk_units,
+                            size_t d, void *dweight, void *dbias, rn_split split,
+                            size_t task_bytes) {
+  if (!rn_grad_plan_init(plan, &e->cfg, units, chunk_units, d, dweight, dbias, split))
+    return NULL;
+  return rn_entry_scratch(e, plan->bytes + (size_t)plan->ntasks * task_bytes);
+}
+
+rmsnorm_status rn_entry_unlock(rn_entry *e, rmsnorm_status st) {
+  rn_context_unlock(e->ctx);
+  return st;
+}
+
+/* LayerNorm's statistics take the whole row; RMSNorm's the config's part. */
+static size_t stat_columns(const rn_entry *e, rn_norm norm, size_t d) {
+  return norm == RN_LAYERNORM ? d : rn_partial_k(e->cfg.partial, d);
+}
+
+rn_forward_args rn_entry_forward_args(const rn_entry *e, rn_norm norm, size_t d,
+                                      const void *x, size_t ldx, void *y, size_t ldy) {
+  rn_forward_args a = {.norm = norm, .dtype = e->cfg.dtype, .d = d, .k = stat_columns(e, norm, d),
+                       .x = x, .ldx = ldx, .y = y, .ldy = ldy, .w = e->weight, .b = e->bias,
+                       .eps = e->cfg.eps, .flags = e->cfg.flags};
+  return a;
+}
+
+rn_backward_args rn_entry_backward_args(const rn_entry *e, rn_norm norm, size_t d,
+                                        const void *x, size_t ldx, const void *dy, size_t lddy,
+                                        void *dx, size_t lddx) {
+  rn_backward_args a = {.norm = norm, .dtype = e->cfg.dtype, .d = d,
+                        .k = stat_columns(e, norm, d), .x = x, .ldx = ldx, .dy = dy,
+                        .lddy = lddy, .dx = dx, .lddx = lddx, .w = e->weight,
+                        .eps = e->cfg.eps, .flags = e->cfg.flags};
+  return a;
+}

@@ -1,0 +1,113 @@
+/* entry.h - the skeleton every public entry point runs, so that each states
+ * only what differs: check the config and sizes -> describe its buffers ->
+ * check their overlaps -> size the parameter copies -> lock -> scratch ->
+ * plan -> run -> unlock. Nothing here writes user memory before the lock. */
+#ifndef RMSNORM_ENTRY_H
+#define RMSNORM_ENTRY_H
+
+#include <stddef.h>
+
+#include "kernels/kernels.h"
+#include "numerics/validate.h"
+#include "runtime/context.h"
+#include "runtime/work.h"
+#include "rmsnorm.h"
+
+/* One call of an entry point. An entry point's steps, in this order (the
+ * order of the status codes a bad call gets):
+ *   rn_entry_begin       the context, the config, d > 0
+ *   rn_entry_matrices    the strides of its rows x d matrices
+ *   ...                  its own size and argument checks; rows == 0 returns
+ *   rn_entry_check       its buffers (rn_buffers): overlaps, parameter copies
+ *   rn_entry_lock        from here every return is rn_entry_unlock(&e, status)
+ *   ...                  its plan (thread split, gradient plan: they need the lock)
+ *   rn_entry_scratch     the parameters in the compute type, and its own scratch
+ *   ...                  its run
+ *   rn_entry_unlock */
+typedef struct rn_entry {
+  rmsnorm_context *ctx;
+  rmsnorm_config cfg;     /* the caller's config, read and checked: used from then on */
+  size_t es, ps, as;      /* bytes of a data element, a parameter, the compute type */
+  const void *weight;     /* the weight and bias: the caller's until rn_entry_scratch, */
+  const void *bias;       /*   then in the compute type (aligned, 1 + g folded in) */
+  size_t nparam;          /* elements of each */
+  size_t wcopy, bcopy;    /* bytes of their copies at the start of scratch (0: none) */
+  const rn_kernel_set *kernels; /* the context's kernel set (lock held) */
+} rn_entry;
+
+/* The context (NULL: RMSNORM_ERROR_NULL_POINTER), the config (rn_check_config:
+ * `refused` are flags the op does not take; *cfgp is pointed at e->cfg) and
+ * d > 0. */
+rmsnorm_status rn_entry_begin(rn_entry *e, rmsnorm_context *ctx, const rmsnorm_config **cfgp,
+                              rn_norm norm, unsigned refused, size_t d);
+/* The config alone, for the entry points without a context. */
+rmsnorm_status rn_entry_config(rn_entry *e, const rmsnorm_config **cfgp, rn_norm norm,
+                               unsigned refused);
+/* e->ctx and the element sizes, where the config was read into e->cfg by
+ * other means (the shard checks of api/shard.h). */
+void rn_entry_set(rn_entry *e, rmsnorm_context *ctx);
+
+/* The rows x d matrices of the data dtype with the given strides, in order
+ * (rn_check_matrix): rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldy)). */
+#define RN_LDS(...) (const size_t[]){__VA_ARGS__}, sizeof((size_t[]){__VA_ARGS__}) / sizeof(size_t)
+rmsnorm_status rn_entry_matrices(const rn_entry *e, size_t rows, size_t d, const size_t *lds,
+                                 size_t n);
+
+#define RN_BUFFERS_IN 5
+#define RN_BUFFERS_OUT 4
+
+/* The buffers of a call by role. Every output must be disjoint from every
+ * other buffer on the bytes the call touches (interleaved views are fine),
+ * except one in-place view: out[0] may be exactly (same start, same strides
+ * where used) the inputs marked with rn_inplace. Unused slots stay zero (a
+ * NULL span is no buffer). */
+typedef struct rn_buffers {
+  rn_span in[RN_BUFFERS_IN];   /* read only */
+  rn_span out[RN_BUFFERS_OUT]; /* written (an updated buffer is an output) */
+  /* The parameters: inputs of nparam elements of the parameter dtype, which
+   * rn_entry_scratch brings to the compute type (work.h). */
+  const void *weight, *bias;
+  size_t nparam;
+} rn_buffers;
+
+/* An input that out[0] may be exactly. */
+static inline rn_span rn_inplace(rn_span s) {
+  s.inplace = 1;
+  return s;
+}
+
+/* The overlap rule over b, its parameters of ps bytes an element:
+ * RMSNORM_OK or RMSNORM_ERROR_OVERLAP. */
+rmsnorm_status rn_check_buffers(const rn_buffers *b, size_t ps);
+/* rn_check_buffers, then sizes the parameter copies. */
+rmsnorm_status rn_entry_check(rn_entry *e, const rn_buffers *b);
+
+/* Locks the context (context.h: the entry point that locks it unlocks it, on
+ * every path) and reads its kernel set. */
+void rn_entry_lock(rn_entry *e);
+/* Scratch for the parameter copies and `bytes` more (64-byte aligned), the
+ * parameters converted into it (e->weight, e->bias); lock held. @return the
+ * `bytes` region, or NULL when out of memory (the lock is still held: return
+ * rn_entry_unlock(e, RMSNORM_ERROR_OUT_OF_MEMORY)). */
+char *rn_entry_scratch(rn_entry *e, size_t bytes);
+/* A backward's dweight/dbias reduction (work.h): the plan over `units` in
+ * chunks of chunk_units with the threads and tasks of `split`, then scratch
+ * (rn_entry_scratch) of the plan's bytes and task_bytes for each of its
+ * tasks; lock held. @return the plan's region, the tasks' regions after it,
+ * or NULL when out of memory (the lock still held). */
+char *rn_entry_grad_scratch(rn_entry *e, rn_grad_plan *plan, size_t units, size_t chunk_units,
+                            size_t d, void *dweight, void *dbias, rn_split split,
+                            size_t task_bytes);
+/* Unlocks the context. @return st. */
+rmsnorm_status rn_entry_unlock(rn_entry *e, rmsnorm_status st);
+
+/* Kernel arguments for rows of d with the config's part filled in (dtype, the
+ * statistic's columns k, eps, flags, the converted weight and bias) and the
+ * rows given; the caller adds the per-row statistics and `stream`. */
+rn_forward_args rn_entry_forward_args(const rn_entry *e, rn_norm norm, size_t d,
+                                      const void *x, size_t ldx, void *y, size_t ldy);
+rn_backward_args rn_entry_backward_args(const rn_entry *e, rn_norm norm, size_t d,
+                                        const void *x, size_t ldx, const void *dy, size_t lddy,
+                                        void *dx, size_t lddx);
+
+#endif
