@@ -2,10 +2,6 @@
 # and every repository path in backticks in README.md and docs/*.md exists
 # (tests/docs/check_docs.py states the rule), after a self-test of the checker.
 
-# Included before the top Makefile's first rule: keep `all` the default goal
-# (restored at the end of the file).
-_docs_mk_goal := $(.DEFAULT_GOAL)
-
 DOCS_PYTHON ?= python3
 
 .PHONY: test-docs
@@ -15,5 +11,3 @@ test-docs:
 	$(DOCS_PYTHON) tests/docs/check_docs.py
 
 EXTRA_TESTS += test-docs
-
-.DEFAULT_GOAL := $(_docs_mk_goal)
