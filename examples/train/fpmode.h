@@ -3,7 +3,7 @@
  * and read as zero (inputs: DAZ), as CPU training frameworks commonly do: at
  * high learning rates softmax probabilities of about e^-87 and the products
  * made from them fall below float's normal range, and each subnormal
- * operation costs ~100 cycles (steps became 2-3x slower here). x86 (SSE
+ * operation costs on the order of 100 cycles. x86 (SSE
  * MXCSR) only; elsewhere these do nothing. */
 #ifndef TRAIN_FPMODE_H
 #define TRAIN_FPMODE_H

@@ -22,19 +22,17 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_wei
 }
 
 /* ---- how many threads a call wakes: a cost model --------------------------
- * Measured on the development machine (an AVX-512 Xeon VM, 2 vCPUs; README
- * "Threads"), one thread, the fp32 forward, AVX-512 kernels:
+ * The constants are fitted on one thread, the fp32 forward with the AVX-512
+ * kernels (the fits and the wake-up times are in bench/RESULTS.md):
  *   a row costs ROW_PS on top of its bytes (statistics' lane halving, sqrt,
- *     division, loop set-up): fitted from 256x64, 64x1024, 1024x128;
+ *     division, loop set-up);
  *   a byte of traffic costs CACHE_PS while a thread's share fits in its L2,
  *     DRAM_PS beyond (one thread's streaming rate), and the whole call never
  *     goes faster than MEM_PS a byte (the copy limit on every core);
  *   waking a worker costs WAKE_PS before it runs a task (a condition
- *     variable's wake-up took 17-30 us median, 47-69 us at p90, on an idle
- *     2-vCPU EPYC VM, and a split 512x576 bf16 forward lost about 30 us to
- *     it; the median is milliseconds when another process holds the other
- *     core), or
- *     the pool's running estimate of recent wake-ups when that is more
+ *     variable's wake-up is tens of microseconds on an idle VM, milliseconds
+ *     when another process holds the other core), or the pool's running
+ *     estimate of recent wake-ups when that is more
  *     (rn_parallel_wake_estimate), so a loaded machine splits less.
  * The backward moves more per byte (about 2.5x the forward's in cache), so
  * the model, timed with the forward's rates, is cautious for it. A call
