@@ -169,10 +169,15 @@ void write_npy_version(const char *path, int version, const arr *a) {
 }
 void write_npy(const char *path, const arr *a) { write_npy_version(path, 1, a); }
 
-void write_filled(const char *path, tdt dt, int ndim, const size_t *shape, int kind) {
+arr npy_fixture(const char *path, tdt dt, int ndim, const size_t *shape, int kind) {
   arr a = arr_new(dt, ndim, shape);
   arr_fill(&a, kind);
   write_npy(path, &a);
+  return a;
+}
+
+void write_filled(const char *path, tdt dt, int ndim, const size_t *shape, int kind) {
+  arr a = npy_fixture(path, dt, ndim, shape, kind);
   arr_free(&a);
 }
 

@@ -61,7 +61,9 @@ size_t npy_header_here(unsigned char *out, int version, const char *descr, int n
                        const size_t *shape);
 void write_npy_version(const char *path, int version, const arr *a);
 void write_npy(const char *path, const arr *a); /* format 1.0, as numpy writes it */
-/* A new array of dt and shape, filled as arr_fill(kind), written to path and freed. */
+/* A new array of dt and shape, filled as arr_fill(kind) and written to path:
+ * kept (the caller frees it), or freed at once. */
+arr npy_fixture(const char *path, tdt dt, int ndim, const size_t *shape, int kind);
 void write_filled(const char *path, tdt dt, int ndim, const size_t *shape, int kind);
 /* A .npy file of any header text: magic, format `version`.0, dict padded
  * with spaces and '\n' so that the data starts at byte data_at (0: as numpy

@@ -138,21 +138,21 @@ static const err_case err_cases[] = {
 static void make_error_fixtures(void) {
   static const size_t s24[2] = {2, 4}, s8[1] = {8}, s4[1] = {4}, s2x4[2] = {2, 4};
   static const size_t s4x3[2] = {4, 3}, s3[1] = {3};
-  arr x = arr_new(TF32, 2, s24), x8 = arr_new(TF32, 1, s8), x16 = arr_new(TF16, 2, s24);
-  arr xb = arr_new(TBF16, 2, s24), w8 = arr_new(TF32, 1, s8), w = arr_new(TF32, 1, s4);
-  arr w16 = arr_new(TF16, 1, s4), w2x4 = arr_new(TF32, 2, s2x4), w64 = arr_new(TF64, 1, s4);
-  /* for linear: a (4, 3) matrix in both compute types, linear biases, fp64 data */
-  arr wm = arr_new(TF32, 2, s4x3), wm64 = arr_new(TF64, 2, s4x3), lb = arr_new(TF32, 1, s3);
-  arr lb16 = arr_new(TF16, 1, s3), x64 = arr_new(TF64, 2, s24);
-  arr *all[] = {&x, &x8, &x16, &xb, &w8, &w, &w16, &w2x4, &w64, &wm, &wm64, &lb, &lb16, &x64};
-  const char *names[] = {"x.npy",  "x8.npy", "x16.npy",  "xb.npy", "w8.npy",
-                         "w.npy",  "w16.npy", "w2x4.npy", "w64.npy", "wm.npy",
-                         "wm64.npy", "lb.npy", "lb16.npy", "x64.npy"};
-  for (int i = 0; i < 14; i++) {
-    arr_fill(all[i], FILL_DATA);
-    write_npy(names[i], all[i]);
-    arr_free(all[i]);
-  }
+  static const struct {
+    const char *name;
+    tdt dt;
+    int ndim;
+    const size_t *shape;
+  } arrays[] = {
+    {"x.npy", TF32, 2, s24}, {"x8.npy", TF32, 1, s8}, {"x16.npy", TF16, 2, s24},
+    {"xb.npy", TBF16, 2, s24}, {"w8.npy", TF32, 1, s8}, {"w.npy", TF32, 1, s4},
+    {"w16.npy", TF16, 1, s4}, {"w2x4.npy", TF32, 2, s2x4}, {"w64.npy", TF64, 1, s4},
+    /* for linear: a (4, 3) matrix in both compute types, linear biases, fp64 data */
+    {"wm.npy", TF32, 2, s4x3}, {"wm64.npy", TF64, 2, s4x3}, {"lb.npy", TF32, 1, s3},
+    {"lb16.npy", TF16, 1, s3}, {"x64.npy", TF64, 2, s24},
+  };
+  for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
+    write_filled(arrays[i].name, arrays[i].dt, arrays[i].ndim, arrays[i].shape, FILL_DATA);
   mkdir("adir", 0755);
   write_bytes("empty.npy", "", 0, NULL, 0);
   write_bytes("text.npy", "hello, world\n", 13, NULL, 0);

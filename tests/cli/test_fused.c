@@ -102,16 +102,10 @@ static void run_add_case(const fcase *c, tdt dt) {
   snprintf(label, sizeof label, "add-forward %s dims=%d eps=%g%s%s p=%g w=%d b=%d", tdt_name[dt],
            k, c->eps, c->eps_outside ? " eps-outside" : "", c->offset ? " offset" : "",
            c->partial, c->weight, c->bias);
-  arr h = arr_new(dt, 3, shape), u = arr_new(dt, 3, shape);
-  arr w = arr_new(pdt, k, shape + lead), b = arr_new(pdt, k, shape + lead);
-  arr_fill(&h, FILL_DATA);
-  arr_fill(&u, FILL_DATA);
-  arr_fill(&w, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
-  arr_fill(&b, FILL_DATA);
-  write_npy("h.npy", &h);
-  write_npy("u.npy", &u);
-  write_npy("w.npy", &w);
-  write_npy("b.npy", &b);
+  arr h = npy_fixture("h.npy", dt, 3, shape, FILL_DATA);
+  arr u = npy_fixture("u.npy", dt, 3, shape, FILL_DATA);
+  arr w = npy_fixture("w.npy", pdt, k, shape + lead, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
+  arr b = npy_fixture("b.npy", pdt, k, shape + lead, FILL_DATA);
   unlink("out.npy"), unlink("h2.npy"), unlink("rstd.npy");
 
   const char *args[40];
@@ -192,16 +186,10 @@ static void run_linear_case(const fcase *c, tdt dt) {
   snprintf(label, sizeof label, "linear %s eps=%g%s%s p=%g w=%d b=%d", tdt_name[dt], c->eps,
            c->eps_outside ? " eps-outside" : "", c->offset ? " offset" : "", c->partial,
            c->weight, c->bias);
-  arr x = arr_new(dt, 3, xshape), wm = arr_new(mdt, 2, wshape);
-  arr g = arr_new(pdt, 1, xshape + 2), lb = arr_new(pdt, 1, bshape);
-  arr_fill(&x, FILL_DATA);
-  arr_fill(&wm, FILL_DATA);
-  arr_fill(&g, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
-  arr_fill(&lb, FILL_DATA);
-  write_npy("x.npy", &x);
-  write_npy("wm.npy", &wm);
-  write_npy("g.npy", &g);
-  write_npy("lb.npy", &lb);
+  arr x = npy_fixture("x.npy", dt, 3, xshape, FILL_DATA);
+  arr wm = npy_fixture("wm.npy", mdt, 2, wshape, FILL_DATA);
+  arr g = npy_fixture("g.npy", pdt, 1, xshape + 2, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
+  arr lb = npy_fixture("lb.npy", pdt, 1, bshape, FILL_DATA);
   unlink("out.npy"), unlink("rstd.npy");
 
   const char *args[40];
@@ -271,11 +259,8 @@ static void test_fused(void) {
 
   /* --residual-out naming H itself updates the residual stream in place */
   static const size_t shape[2] = {4, 6};
-  arr h = arr_new(TF32, 2, shape), u = arr_new(TF32, 2, shape);
-  arr_fill(&h, FILL_DATA);
-  arr_fill(&u, FILL_DATA);
-  write_npy("h.npy", &h);
-  write_npy("u.npy", &u);
+  arr h = npy_fixture("h.npy", TF32, 2, shape, FILL_DATA);
+  arr u = npy_fixture("u.npy", TF32, 2, shape, FILL_DATA);
   int rc = RUN("add-forward", "h.npy", "u.npy", "-o", "ref_y.npy", "--residual-out", "ref_h.npy");
   tu_check(rc == 0, "add-forward reference: %s", err_text);
   rc = RUN("add-forward", "h.npy", "u.npy", "-o", "out.npy", "--residual-out", "h.npy");
@@ -291,11 +276,8 @@ static void test_fused(void) {
   /* a 1-d X: one row, Z of shape (N,) and a 0-d rstd; no rows: an empty Z */
   if (rmsnorm_linear_available() == RMSNORM_OK) {
     static const size_t x1[1] = {8}, w1[2] = {8, 3}, z1[1] = {3}, x0[2] = {0, 8}, z0[2] = {0, 3};
-    arr x = arr_new(TF32, 1, x1), wm = arr_new(TF32, 2, w1), xe = arr_new(TF32, 2, x0);
-    arr_fill(&x, FILL_DATA);
-    arr_fill(&wm, FILL_DATA);
-    write_npy("x.npy", &x);
-    write_npy("wm.npy", &wm);
+    arr x = npy_fixture("x.npy", TF32, 1, x1, FILL_DATA);
+    arr wm = npy_fixture("wm.npy", TF32, 2, w1, FILL_DATA), xe = arr_new(TF32, 2, x0);
     write_npy("xe.npy", &xe);
     arr got;
     rc = RUN("linear", "x.npy", "wm.npy", "-o", "out.npy", "--rstd", "rstd.npy");

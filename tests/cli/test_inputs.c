@@ -16,11 +16,8 @@
 static void test_versions_and_sources(void) {
   static const size_t shape[2] = {4, 6}, wshape[1] = {6};
   for (int dt = TF32; dt <= TF64; dt++) {
-    arr x = arr_new((tdt)dt, 2, shape), w = arr_new((tdt)dt, 1, wshape);
-    arr_fill(&x, FILL_DATA);
-    arr_fill(&w, FILL_GAIN);
-    write_npy("x.npy", &x);
-    write_npy("w.npy", &w);
+    arr x = npy_fixture("x.npy", (tdt)dt, 2, shape, FILL_DATA);
+    arr w = npy_fixture("w.npy", (tdt)dt, 1, wshape, FILL_GAIN);
     const char *bf = dt == TBF16 ? "--bf16" : "--eps=0";
     int rc = RUN("forward", "x.npy", "-o", "ref.npy", "--weight", "w.npy", bf);
     tu_check(rc == 0, "%s reference run: %s", tdt_name[dt], err_text);
@@ -52,12 +49,9 @@ static void test_versions_and_sources(void) {
   /* a float32 weight with fp16 and bf16 data; dweight comes back in float32 */
   for (int dt = TF16; dt <= TBF16; dt++) {
     static const size_t xs[2] = {3, 4}, ws[1] = {4};
-    arr x = arr_new((tdt)dt, 2, xs), w = arr_new(TF32, 1, ws);
-    arr_fill(&x, FILL_DATA);
-    arr_fill(&w, FILL_GAIN);
-    write_npy("x.npy", &x);
+    arr x = npy_fixture("x.npy", (tdt)dt, 2, xs, FILL_DATA);
+    arr w = npy_fixture("w.npy", TF32, 1, ws, FILL_GAIN);
     write_npy("dy.npy", &x);
-    write_npy("w.npy", &w);
     int rc = RUN("backward", "x.npy", "dy.npy", "-o", "out.npy", "--weight", "w.npy", "--dweight",
                  "dw.npy", dt == TBF16 ? "--bf16" : "--eps=0");
     arr got;
@@ -93,11 +87,8 @@ static int message_is(const char *want_line) {
  * the same bytes gets. */
 static void test_stream_inputs(void) {
   static const size_t shape[2] = {4, 6};
-  arr x = arr_new(TF32, 2, shape), dy = arr_new(TF32, 2, shape);
-  arr_fill(&x, FILL_DATA);
-  arr_fill(&dy, FILL_DATA);
-  write_npy("x.npy", &x);
-  write_npy("dy.npy", &dy);
+  arr x = npy_fixture("x.npy", TF32, 2, shape, FILL_DATA);
+  arr dy = npy_fixture("dy.npy", TF32, 2, shape, FILL_DATA);
   int rc = RUN("forward", "x.npy", "-o", "ref.npy", "--rstd", "refr.npy");
   tu_check(rc == 0, "stream reference: %s", err_text);
 
@@ -222,16 +213,10 @@ static void test_odd_offsets(void) {
   /* data offsets of X, DY, weight, bias: 1, 3, 5, 7 mod 8; then 2, 4, 6, 2 */
   static const size_t offs[2][4] = {{129, 131, 133, 135}, {130, 132, 134, 138}};
   for (int dt = TF32; dt <= TF64; dt++) {
-    arr x = arr_new((tdt)dt, 2, shape), dy = arr_new((tdt)dt, 2, shape);
-    arr w = arr_new((tdt)dt, 1, wshape), b = arr_new((tdt)dt, 1, wshape);
-    arr_fill(&x, FILL_DATA);
-    arr_fill(&dy, FILL_DATA);
-    arr_fill(&w, FILL_GAIN);
-    arr_fill(&b, FILL_DATA);
-    write_npy("x.npy", &x);
-    write_npy("dy.npy", &dy);
-    write_npy("w.npy", &w);
-    write_npy("b.npy", &b);
+    arr x = npy_fixture("x.npy", (tdt)dt, 2, shape, FILL_DATA);
+    arr dy = npy_fixture("dy.npy", (tdt)dt, 2, shape, FILL_DATA);
+    arr w = npy_fixture("w.npy", (tdt)dt, 1, wshape, FILL_GAIN);
+    arr b = npy_fixture("b.npy", (tdt)dt, 1, wshape, FILL_DATA);
     const char *bf = dt == TBF16 ? "--bf16" : "--eps=0.25";
     const char *const runs[][14] = {
       {"forward", "X", "-o", "o1.npy", "--weight", "W", "--bias", "B", "--rstd", "o2.npy", bf},

@@ -59,16 +59,10 @@ static void run_case(const tcase *c, tdt dt, const size_t *xshape, int xndim) {
   for (int i = lead; i < xndim; i++) d *= xshape[i];
   tdt pdt = c->weight ? (c->weight == 2 ? TF32 : dt) : c->bias ? (c->bias == 2 ? TF32 : dt) : dt;
 
-  arr x = arr_new(dt, xndim, xshape), dy = arr_new(dt, xndim, xshape);
-  arr w = arr_new(pdt, k, xshape + lead), b = arr_new(pdt, k, xshape + lead);
-  arr_fill(&x, FILL_DATA);
-  arr_fill(&dy, FILL_DATA);
-  arr_fill(&w, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
-  arr_fill(&b, FILL_DATA);
-  write_npy("x.npy", &x);
-  write_npy("dy.npy", &dy);
-  write_npy("w.npy", &w);
-  write_npy("b.npy", &b);
+  arr x = npy_fixture("x.npy", dt, xndim, xshape, FILL_DATA);
+  arr dy = npy_fixture("dy.npy", dt, xndim, xshape, FILL_DATA);
+  arr w = npy_fixture("w.npy", pdt, k, xshape + lead, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
+  arr b = npy_fixture("b.npy", pdt, k, xshape + lead, FILL_DATA);
 
   const char *args[40];
   int n = 0;
