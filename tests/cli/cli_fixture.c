@@ -181,6 +181,29 @@ void write_filled(const char *path, tdt dt, int ndim, const size_t *shape, int k
   arr_free(&a);
 }
 
+void write_npy_raw(const char *path, int version, const char *dict, size_t data_at,
+                   const void *data, size_t nb) {
+  size_t pre = version == 1 ? 10 : 12, n = strlen(dict);
+  if (!data_at) data_at = ((pre + n + 1) / 64 + 1) * 64;
+  if (data_at < pre + n + 1) die("write_npy_raw: data offset inside the header");
+  unsigned char *buf = calloc(data_at + nb + 1, 1);
+  if (!buf) die("calloc");
+  memcpy(buf, "\x93NUMPY", 6);
+  buf[6] = (unsigned char)version;
+  for (size_t i = 0; i < pre - 8; i++) buf[8 + i] = (unsigned char)((data_at - pre) >> (8 * i));
+  memcpy(buf + pre, dict, n);
+  memset(buf + pre + n, ' ', data_at - pre - n - 1);
+  buf[data_at - 1] = '\n';
+  if (data && nb) memcpy(buf + data_at, data, nb);
+  write_bytes(path, buf, data_at + nb, NULL, 0);
+  free(buf);
+}
+
+void write_big(void) {
+  static const size_t shape[2] = {256, 1024};
+  write_filled("big.npy", TF32, 2, shape, FILL_DATA);
+}
+
 /* Reads a whole file. @return its bytes (caller frees) or NULL. */
 unsigned char *slurp(const char *path, size_t *n) {
   FILE *f = fopen(path, "rb");

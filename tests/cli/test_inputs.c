@@ -61,7 +61,7 @@ static void test_versions_and_sources(void) {
     arr_free(&x);
     arr_free(&w);
   }
-  unlink("dw.npy");
+  unlink("dw.npy"), unlink("out.npy");
 }
 
 /* Writes a as a .npy file whose data starts at byte `offset`: the header
@@ -92,7 +92,9 @@ static void test_stream_inputs(void) {
   int rc = RUN("forward", "x.npy", "-o", "ref.npy", "--rstd", "refr.npy");
   tu_check(rc == 0, "stream reference: %s", err_text);
 
-  /* /dev/zero and /dev/urandom (as X, DY or the weight): at once */
+  /* /dev/zero and /dev/urandom (as X, DY or the weight): at once, and no
+   * out.npy made */
+  unlink("out.npy");
   run_opts guard = {.timeout_s = 60, .mem_limit_mb = 2048};
   const char *const devices[] = {"/dev/zero", "/dev/urandom"};
   for (int i = 0; i < 2; i++) {

@@ -1,6 +1,5 @@
 /* test_signals.c - the command killed by a signal while its temporaries
  * exist: no temporary left, no output replaced; and nohup. */
-#define _GNU_SOURCE /* tgkill (Linux) */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
