@@ -29,7 +29,7 @@ static int numbers_after(const char *text, const char *label, double *v, int max
 static void test_demo(void) {
   int rc = RUN("demo");
   tu_check(rc == 0 && err_text[0] == '\0', "demo: exit %d: %s", rc, err_text);
-  /* the numbers, as printed */
+  /* the worked example's numbers, as printed */
   static const char *const want[] = {
     "mean(x^2) = 3.500000", "mean(x^2) = 1.875000", "RMS = 1.870831", "RMS = 1.369310",
     "1.069043", "-0.534522", "0.000000", "1.603565", "0.365147", "1.095442", "-1.460590",
