@@ -178,7 +178,7 @@ int main(int argc, char **argv) {
    * qemu-aarch64 first, which takes some for itself (SEGV, BUS, ILL, TRAP
    * drive its own fault handling) and delivers others to the guest thread of
    * its choosing: the test would measure the emulator. The native builds run
-   * it (README, "ARM64"); here ctest reports it skipped. */
+   * it (docs/arm64.md); here ctest reports it skipped. */
   const char *emulated = getenv("RMSNORM_TEST_EMULATED");
   if (emulated && *emulated && strcmp(emulated, "0") != 0) {
     printf("cli_commands_signals: signal tests not run under emulation\n");
