@@ -363,6 +363,31 @@ inline void check_flags(Norm kind, unsigned flags) {
     value_error("eps_outside applies to rms_norm only");
 }
 
+/* x (named what) of a norm over normalized_shape, checked in the order of the messages:
+ * normalized_shape, x's dtype and shape, the arrays of x's shape and dtype (`same`: array
+ * and name; absent ones skipped), the parameters, the flags. */
+template <class B>
+struct NormIn {
+  int dt;
+  Dims shape;
+  Params<B> p;
+};
+
+template <class B>
+NormIn<B> norm_in(B &b, Norm kind, const typename B::Array &x, const char *what, Dims norm,
+                  const typename B::Array &weight, const typename B::Array &bias, const Options &o,
+                  std::initializer_list<std::pair<const typename B::Array *, const char *>> same = {}) {
+  check_normalized(norm);
+  int dt = data_dtype<B>(x, what);
+  Dims shape = B::shape(x);
+  check_input(shape, norm, what);
+  for (const auto &[a, name] : same)
+    if (B::defined(*a)) check_same<B>(*a, shape, dt, name, what);
+  Params<B> p = params(b, dt, norm, weight, bias);
+  check_flags(kind, o.flags);
+  return {dt, shape, std::move(p)};
+}
+
 /* ---- forward ----------------------------------------------------------------- */
 
 template <class B>
@@ -378,12 +403,7 @@ Forward<B> forward(B &b, Norm kind, const typename B::Array &x, Dims norm,
                    const typename B::Array &weight, const typename B::Array &bias,
                    const Options &o, bool want_mean, bool want_rstd,
                    const typename B::Array *out = nullptr) {
-  check_normalized(norm);
-  int dt = data_dtype<B>(x, "input");
-  Dims shape = B::shape(x);
-  check_input(shape, norm, "input");
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(kind, o.flags);
+  auto [dt, shape, p] = norm_in(b, kind, x, "input", norm, weight, bias, o);
   std::size_t k = norm.size();
   if (kind == LAYER && (want_mean || want_rstd)) want_mean = want_rstd = true;  // both or none
   int64_t ldy = prod(norm);
@@ -469,13 +489,7 @@ Grads<B> backward(B &b, Norm kind, const typename B::Array &dy, const typename B
                   const typename B::Array &weight, const typename B::Array &bias,
                   const typename B::Array &mean, const typename B::Array &rstd, const Options &o,
                   bool want_dweight, bool want_dbias) {
-  check_normalized(norm);
-  int dt = data_dtype<B>(x, "input");
-  Dims shape = B::shape(x);
-  check_input(shape, norm, "input");
-  check_same<B>(dy, shape, dt, "grad_output", "input");
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(kind, o.flags);
+  auto [dt, shape, p] = norm_in(b, kind, x, "input", norm, weight, bias, o, {{&dy, "grad_output"}});
   want_dweight = want_dweight && B::defined(p.weight);
   want_dbias = want_dbias && B::defined(p.bias);
   std::size_t k = norm.size();
@@ -660,13 +674,7 @@ template <class B>
 AddForward<B> add_forward(B &b, const typename B::Array &u, const typename B::Array &h, Dims norm,
                           const typename B::Array &weight, const typename B::Array &bias,
                           const Options &o, bool want_rstd, bool inplace) {
-  check_normalized(norm);
-  int dt = data_dtype<B>(u, "input");
-  Dims shape = B::shape(u);
-  check_input(shape, norm, "input");
-  check_same<B>(h, shape, dt, "residual", "input");
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(RMS, o.flags);
+  auto [dt, shape, p] = norm_in(b, RMS, u, "input", norm, weight, bias, o, {{&h, "residual"}});
   std::size_t k = norm.size();
   int64_t d = prod(norm), rows = prod(shape.first(shape.size() - k));
   AddForward<B> r;
@@ -706,14 +714,8 @@ Grads<B> add_backward(B &b, const typename B::Array &dy, const typename B::Array
                       const typename B::Array &h, Dims norm, const typename B::Array &weight,
                       const typename B::Array &bias, const typename B::Array &rstd, const Options &o,
                       bool want_dweight, bool want_dbias) {
-  check_normalized(norm);
-  int dt = data_dtype<B>(h, "new_residual");
-  Dims shape = B::shape(h);
-  check_input(shape, norm, "new_residual");
-  check_same<B>(dy, shape, dt, "grad_output", "new_residual");
-  if (B::defined(dres)) check_same<B>(dres, shape, dt, "grad_residual", "new_residual");
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(RMS, o.flags);
+  auto [dt, shape, p] = norm_in(b, RMS, h, "new_residual", norm, weight, bias, o,
+                                {{&dy, "grad_output"}, {&dres, "grad_residual"}});
   want_dweight = want_dweight && B::defined(p.weight);
   want_dbias = want_dbias && B::defined(p.bias);
   std::size_t k = norm.size();
@@ -926,12 +928,7 @@ template <class B>
 Quant<B> forward_quant(B &b, rmsnorm_qtype qtype, const typename B::Array &x, Dims norm,
                        const typename B::Array &weight, const typename B::Array &bias,
                        const Options &o, std::optional<double> scale) {
-  check_normalized(norm);
-  int dt = data_dtype<B>(x, "input");
-  Dims shape = B::shape(x);
-  check_input(shape, norm, "input");
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(RMS, o.flags);
+  auto [dt, shape, p] = norm_in(b, RMS, x, "input", norm, weight, bias, o);
   std::size_t k = norm.size();
   Rows<B> xr = as_rows(b, x, k);
   Quant<B> r;

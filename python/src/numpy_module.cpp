@@ -514,53 +514,43 @@ PyObject *grads(rncore::Grads<B> &g) {
 
 /* ---- the functions (their arguments: the op table's RN_FN rows) ---------------------- */
 
-PyObject *rms_norm(const Args &a) {
-  constexpr Fn F = FN_rms_norm;
+/* rms_norm and layer_norm (K), and their backward. */
+template <Fn F, rncore::Norm K>
+PyObject *norm(const Args &a) {
   NumpyBackend b;
   NormShape norm;
   normalized_shape(A(normalized_shape), &norm);
-  bool want = as_bool(A(return_rstd));
+  bool want;
+  if constexpr (K == rncore::RMS) want = as_bool(A(return_rstd));
+  else want = as_bool(A(return_mean_rstd));
   Ref out = given(A(out)) ? output_array(A(out), "out") : Ref();
-  auto r = rncore::forward(b, rncore::RMS, input_array(A(input)), norm.dims(),
-                           optional_array(A(weight)), optional_array(A(bias)), options<F>(a), false,
+  auto r = rncore::forward(b, K, input_array(A(input)), norm.dims(), optional_array(A(weight)),
+                           optional_array(A(bias)), options<F>(a), want && K == rncore::LAYER,
                            want, out.get() ? &out : nullptr);
-  return with_stats(want, r.y, {&r.rstd});
+  if constexpr (K == rncore::RMS) return with_stats(want, r.y, {&r.rstd});
+  else return with_stats(want, r.y, {&r.mean, &r.rstd});
 }
 
-PyObject *rms_norm_backward(const Args &a) {
-  constexpr Fn F = FN_rms_norm_backward;
+template <Fn F, rncore::Norm K>
+PyObject *norm_backward(const Args &a) {
   NumpyBackend b;
   NormShape norm;
   normalized_shape(A(normalized_shape), &norm);
-  auto g = rncore::backward(b, rncore::RMS, input_array(A(grad_output)), input_array(A(input)),
-                            norm.dims(), optional_array(A(weight)), optional_array(A(bias)), Ref(),
+  Ref mean;
+  if constexpr (K == rncore::LAYER) mean = optional_array(A(mean));
+  auto g = rncore::backward(b, K, input_array(A(grad_output)), input_array(A(input)), norm.dims(),
+                            optional_array(A(weight)), optional_array(A(bias)), mean,
                             optional_array(A(rstd)), options<F>(a), true, true);
   return grads(g);
 }
 
-PyObject *layer_norm(const Args &a) {
-  constexpr Fn F = FN_layer_norm;
-  NumpyBackend b;
-  NormShape norm;
-  normalized_shape(A(normalized_shape), &norm);
-  bool want = as_bool(A(return_mean_rstd));
-  Ref out = given(A(out)) ? output_array(A(out), "out") : Ref();
-  auto r = rncore::forward(b, rncore::LAYER, input_array(A(input)), norm.dims(),
-                           optional_array(A(weight)), optional_array(A(bias)), options<F>(a), want,
-                           want, out.get() ? &out : nullptr);
-  return with_stats(want, r.y, {&r.mean, &r.rstd});
+PyObject *rms_norm(const Args &a) { return norm<FN_rms_norm, rncore::RMS>(a); }
+PyObject *layer_norm(const Args &a) { return norm<FN_layer_norm, rncore::LAYER>(a); }
+PyObject *rms_norm_backward(const Args &a) {
+  return norm_backward<FN_rms_norm_backward, rncore::RMS>(a);
 }
-
 PyObject *layer_norm_backward(const Args &a) {
-  constexpr Fn F = FN_layer_norm_backward;
-  NumpyBackend b;
-  NormShape norm;
-  normalized_shape(A(normalized_shape), &norm);
-  auto g = rncore::backward(b, rncore::LAYER, input_array(A(grad_output)), input_array(A(input)),
-                            norm.dims(), optional_array(A(weight)), optional_array(A(bias)),
-                            optional_array(A(mean)), optional_array(A(rstd)), options<F>(a), true,
-                            true);
-  return grads(g);
+  return norm_backward<FN_layer_norm_backward, rncore::LAYER>(a);
 }
 
 PyObject *fused_add_rms_norm(const Args &a) {

@@ -1143,18 +1143,12 @@ TORCH_LIBRARY(rmsnorm, m) {
 #undef RN_OP
 }
 
-TORCH_LIBRARY_IMPL(rmsnorm, CPU, m) { rnops::cpu_kernels(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) { rnops::cpu_kernels(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, XPU, m) { rnops::cpu_kernels(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, MPS, m) { rnops::cpu_kernels(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, PrivateUse1, m) { rnops::cpu_kernels(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, SparseCPU, m) { rnops::cpu_kernels(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, SparseCUDA, m) { rnops::cpu_kernels(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, SparseCsrCPU, m) { rnops::cpu_kernels(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, SparseCsrCUDA, m) { rnops::cpu_kernels(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, QuantizedCPU, m) { rnops::cpu_kernels(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, QuantizedCUDA, m) { rnops::cpu_kernels(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, MkldnnCPU, m) { rnops::cpu_kernels(m); }
+#define RN_CPU_KERNELS(key) \
+  TORCH_LIBRARY_IMPL(rmsnorm, key, m) { rnops::cpu_kernels(m); }
+RN_CPU_KERNELS(CPU) RN_CPU_KERNELS(CUDA) RN_CPU_KERNELS(XPU) RN_CPU_KERNELS(MPS)
+RN_CPU_KERNELS(PrivateUse1) RN_CPU_KERNELS(SparseCPU) RN_CPU_KERNELS(SparseCUDA)
+RN_CPU_KERNELS(SparseCsrCPU) RN_CPU_KERNELS(SparseCsrCUDA) RN_CPU_KERNELS(QuantizedCPU)
+RN_CPU_KERNELS(QuantizedCUDA) RN_CPU_KERNELS(MkldnnCPU)
 
 TORCH_LIBRARY_IMPL(rmsnorm, Autograd, m) {
 #define RN_OP(id, kind, schema) m.impl(rnops::name_of(schema).c_str(), RN_AUTOGRAD_##kind(id));
