@@ -409,7 +409,8 @@ struct NormShape {
   Dims dims() const { return Dims(v, n); }
 };
 
-void normalized_shape(PyObject *o, NormShape *out) {
+NormShape normalized_shape(PyObject *o) {
+  NormShape shape;
   auto bad = [&]() {
     PyErr_Clear();
     Ref r(PyObject_Repr(o));
@@ -420,9 +421,9 @@ void normalized_shape(PyObject *o, NormShape *out) {
   if (PyIndex_Check(o)) {
     Py_ssize_t v = PyNumber_AsSsize_t(o, PyExc_OverflowError);
     if (v == -1 && PyErr_Occurred()) bad();
-    out->v[0] = v;
-    out->n = 1;
-    return;
+    shape.v[0] = v;
+    shape.n = 1;
+    return shape;
   }
   // the items held by a tuple (a list's copied, any other sequence's listed):
   // an item's __index__ may change or empty the list, which must not free
@@ -437,9 +438,10 @@ void normalized_shape(PyObject *o, NormShape *out) {
     if (!PyIndex_Check(item)) bad();
     Py_ssize_t v = PyNumber_AsSsize_t(item, PyExc_OverflowError);
     if (v == -1 && PyErr_Occurred()) bad();
-    out->v[i] = v;
+    shape.v[i] = v;
   }
-  out->n = static_cast<std::size_t>(n);
+  shape.n = static_cast<std::size_t>(n);
+  return shape;
 }
 
 double as_double(PyObject *o, const char *what) {
@@ -518,8 +520,7 @@ PyObject *grads(rncore::Grads<B> &g) {
 template <Fn F, rncore::Norm K>
 PyObject *norm(const Args &a) {
   NumpyBackend b;
-  NormShape norm;
-  normalized_shape(A(normalized_shape), &norm);
+  NormShape norm = normalized_shape(A(normalized_shape));
   bool want;
   if constexpr (K == rncore::RMS) want = as_bool(A(return_rstd));
   else want = as_bool(A(return_mean_rstd));
@@ -534,8 +535,7 @@ PyObject *norm(const Args &a) {
 template <Fn F, rncore::Norm K>
 PyObject *norm_backward(const Args &a) {
   NumpyBackend b;
-  NormShape norm;
-  normalized_shape(A(normalized_shape), &norm);
+  NormShape norm = normalized_shape(A(normalized_shape));
   Ref mean;
   if constexpr (K == rncore::LAYER) mean = optional_array(A(mean));
   auto g = rncore::backward(b, K, input_array(A(grad_output)), input_array(A(input)), norm.dims(),
@@ -559,8 +559,7 @@ PyObject *fused_add_rms_norm(const Args &a) {
   bool inplace = as_bool(A(inplace)), want = as_bool(A(return_rstd));
   Ref u = inplace ? output_array(A(input), "input") : input_array(A(input));
   Ref h = inplace ? output_array(A(residual), "residual") : input_array(A(residual));
-  NormShape norm;
-  normalized_shape(A(normalized_shape), &norm);
+  NormShape norm = normalized_shape(A(normalized_shape));
   auto r = rncore::add_forward(b, u, h, norm.dims(), optional_array(A(weight)),
                                optional_array(A(bias)), options<F>(a), want, inplace);
   if (!want) return tuple({r.y.release(), r.h.release()});
@@ -570,8 +569,7 @@ PyObject *fused_add_rms_norm(const Args &a) {
 PyObject *fused_add_rms_norm_backward(const Args &a) {
   constexpr Fn F = FN_fused_add_rms_norm_backward;
   NumpyBackend b;
-  NormShape norm;
-  normalized_shape(A(normalized_shape), &norm);
+  NormShape norm = normalized_shape(A(normalized_shape));
   auto g = rncore::add_backward(b, input_array(A(grad_output)), optional_array(A(grad_residual)),
                                 input_array(A(new_residual)), norm.dims(), optional_array(A(weight)),
                                 optional_array(A(bias)), optional_array(A(rstd)), options<F>(a),
@@ -603,8 +601,7 @@ PyObject *quant(const Args &a) {
   constexpr Fn F = FN_rms_norm_int8;  // rms_norm_fp8's parameters are the same
   static_assert(kSig[FN_rms_norm_int8] == kSig[FN_rms_norm_fp8]);
   NumpyBackend b;
-  NormShape norm;
-  normalized_shape(A(normalized_shape), &norm);
+  NormShape norm = normalized_shape(A(normalized_shape));
   auto r = rncore::forward_quant(b, Q, input_array(A(input)), norm.dims(), optional_array(A(weight)),
                                  optional_array(A(bias)), options<F>(a),
                                  optional_double(A(scale), "scale"));

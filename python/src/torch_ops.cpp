@@ -46,6 +46,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -61,64 +62,28 @@ using Tensor2 = std::tuple<Tensor, Tensor>;
 using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
 using Tensor4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
 
-// (input, normalized_shape, weight, eps, *, bias, offset, eps_outside, partial, round_before_weight)
-#define RN_RMS_ARGS const Tensor &, c10::SymIntArrayRef, const OptTensor &, OptDouble, \
-                    const OptTensor &, bool, bool, double, bool
-using RmsNormSig = Tensor(RN_RMS_ARGS);
-using RmsNormForwardSig = Tensor2(RN_RMS_ARGS);
-// (grad_output, input, normalized_shape, weight, rstd, eps, output_mask, *, bias, offset,
-//  eps_outside, partial)
-using RmsNormBackwardSig = Tensor3(const Tensor &, const Tensor &, c10::SymIntArrayRef,
-                                   const OptTensor &, const OptTensor &, OptDouble,
-                                   std::array<bool, 3>, const OptTensor &, bool, bool, double);
+/* rmsnorm::<op> called through the dispatcher (so autograd, tracing, modes and subclasses
+ * see it), its arguments boxed in schema order: its outputs. */
+struct BoxedOp {
+  c10::OperatorHandle handle;
+  template <class... A>
+  torch::jit::Stack call(A &&...a) const {
+    torch::jit::Stack s{c10::IValue(std::forward<A>(a))...};
+    handle.callBoxed(s);
+    return s;
+  }
+};
 
-// (input, normalized_shape, weight, bias, eps, *, offset, round_before_weight)
-#define RN_LN_ARGS const Tensor &, c10::SymIntArrayRef, const OptTensor &, const OptTensor &, \
-                   OptDouble, bool, bool
-using LayerNormSig = Tensor(RN_LN_ARGS);
-using LayerNormForwardSig = Tensor3(RN_LN_ARGS);
-// (grad_output, input, normalized_shape, weight, bias, mean, rstd, eps, output_mask, *, offset)
-using LayerNormBackwardSig = Tensor3(const Tensor &, const Tensor &, c10::SymIntArrayRef,
-                                     const OptTensor &, const OptTensor &, const OptTensor &,
-                                     const OptTensor &, OptDouble, std::array<bool, 3>, bool);
+#define RN_HANDLE(var, name) \
+  static const BoxedOp var{c10::Dispatcher::singleton().findSchemaOrThrow(name, "")}
 
-// (input, residual, normalized_shape, weight, eps, *, bias, offset, eps_outside, partial)
-#define RN_ADD_ARGS const Tensor &, const Tensor &, c10::SymIntArrayRef, const OptTensor &, \
-                    OptDouble, const OptTensor &, bool, bool, double
-using FusedAddSig = Tensor2(RN_ADD_ARGS);
-// (grad_output, grad_residual, new_residual, normalized_shape, weight, eps, output_mask, *,
-//  bias, offset, eps_outside, partial)
-using FusedAddBackwardSig = Tensor3(const Tensor &, const OptTensor &, const Tensor &,
-                                    c10::SymIntArrayRef, const OptTensor &, OptDouble,
-                                    std::array<bool, 3>, const OptTensor &, bool, bool, double);
-
-// (input, weight, eps, *, bias, offset, eps_outside, partial)
-#define RN_QK_ARGS const Tensor &, const OptTensor &, OptDouble, const OptTensor &, bool, bool, double
-using QkNormSig = Tensor(RN_QK_ARGS);
-// (grad_output, input, weight, eps, output_mask, *, bias, offset, eps_outside, partial)
-using QkNormBackwardSig = Tensor3(const Tensor &, const Tensor &, const OptTensor &, OptDouble,
-                                  std::array<bool, 3>, const OptTensor &, bool, bool, double);
-
-// (input, weight_matrix, norm_weight, eps, bias, offset, *, eps_outside, partial)
-using LinearSig = Tensor(const Tensor &, const Tensor &, const OptTensor &, OptDouble,
-                         const OptTensor &, bool, bool, double);
-// (grad_output, input, weight_matrix, norm_weight, eps, bias, offset, output_mask, *,
-//  eps_outside, partial)
-using LinearBackwardSig = Tensor4(const Tensor &, const Tensor &, const Tensor &, const OptTensor &,
-                                  OptDouble, const OptTensor &, bool, std::array<bool, 4>, bool,
-                                  double);
-
-/* A typed handle of rmsnorm::name.overload, looked up once (the autograd kernels call the
- * ops through the dispatcher, so autograd, tracing, modes and subclasses see them). */
-template <class Sig>
-const c10::TypedOperatorHandle<Sig> &op(const char *name, const char *overload = "") {
-  // one static per (Sig, call site) is enough: each call site names one op
-  return *new c10::TypedOperatorHandle<Sig>(
-      c10::Dispatcher::singleton().findSchemaOrThrow(name, overload).typed<Sig>());
+/* The first N outputs as tensors. */
+template <std::size_t N>
+auto tensors(const torch::jit::Stack &s) {
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return std::make_tuple(s[I].toTensor()...);
+  }(std::make_index_sequence<N>());
 }
-
-#define RN_HANDLE(var, Sig, name) \
-  static const c10::TypedOperatorHandle<Sig> &var = ::rnops::op<Sig>(name)
 
 namespace {
 
@@ -649,6 +614,7 @@ struct NormNode : Node {
     for (SavedVariable &v : s) v.reset_data();
   }
   bool needs(std::size_t edge) const { return task_should_compute_output(edge); }
+  std::array<bool, 3> mask3() const { return {needs(0), needs(1), needs(2)}; }
   /* the normalized_shape of t: its last k dims */
   c10::SymIntArrayRef ns(const Tensor &t) const {
     return t.sym_sizes().slice(static_cast<std::size_t>(t.dim() - k));
@@ -713,7 +679,8 @@ Tensor affine_tangent(const Tensor &xhat, const Tensor &dxhat, const Tensor &w, 
   at::ScalarType t = xhat.scalar_type();
   Tensor dy;
   auto add = [&](Tensor v) { dy = dy.defined() ? dy + v : v; };
-  if (dxhat.defined()) add(w.defined() ? dxhat * (offset ? w.to(t) + 1 : w.to(t)).reshape(-1) : dxhat);
+  if (dxhat.defined())
+    add(w.defined() ? dxhat * (offset ? w.to(t) + 1 : w.to(t)).reshape(-1) : dxhat);
   if (tw.defined()) add(xhat * tw.to(t).reshape(-1));
   if (tb.defined()) add(tb.to(t).reshape(-1).expand_as(xhat));
   return dy;
@@ -740,12 +707,11 @@ struct RmsNormNode : NormNode {  // saved: input, weight, bias, rstd
   std::string name() const override { return "RmsNormBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    RN_HANDLE(bwd, RmsNormBackwardSig, "rmsnorm::rms_norm_backward");
+    RN_HANDLE(bwd, "rmsnorm::rms_norm_backward");
     Tensor x = get(0);
     // the backward treats rounding before the weight as the identity
-    auto [dx, dw, db] = bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(3)), eps,
-                                 {needs(0), needs(1), needs(2)}, opt_of(get(2)), offset,
-                                 eps_outside, partial);
+    auto [dx, dw, db] = tensors<3>(bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(3)), eps,
+                                            mask3(), opt_of(get(2)), offset, eps_outside, partial));
     return {dx, dw, db};
   }
 };
@@ -758,11 +724,12 @@ Tensor2 rms_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor
   {
     Guard guard;
     if (node || with_rstd) {
-      RN_HANDLE(fwd, RmsNormForwardSig, "rmsnorm::rms_norm_forward");
-      std::tie(y, rstd) = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+      RN_HANDLE(fwd, "rmsnorm::rms_norm_forward");
+      std::tie(y, rstd) =
+          tensors<2>(fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw));
     } else {
-      RN_HANDLE(fwd, RmsNormSig, "rmsnorm::rms_norm");
-      y = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+      RN_HANDLE(fwd, "rmsnorm::rms_norm");
+      y = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw)[0].toTensor();
     }
   }
   if (node) {
@@ -794,11 +761,10 @@ struct LayerNormNode : NormNode {  // saved: input, weight, bias, mean, rstd
   std::string name() const override { return "LayerNormBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    RN_HANDLE(bwd, LayerNormBackwardSig, "rmsnorm::layer_norm_backward");
+    RN_HANDLE(bwd, "rmsnorm::layer_norm_backward");
     Tensor x = get(0);
-    auto [dx, dw, db] = bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(2)),
-                                 opt_of(get(3)), opt_of(get(4)), eps,
-                                 {needs(0), needs(1), needs(2)}, offset);
+    auto [dx, dw, db] = tensors<3>(bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(2)),
+                                            opt_of(get(3)), opt_of(get(4)), eps, mask3(), offset));
     return {dx, dw, db};
   }
 };
@@ -811,11 +777,11 @@ Tensor3 layer_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTens
   {
     Guard guard;
     if (node || with_stats) {
-      RN_HANDLE(fwd, LayerNormForwardSig, "rmsnorm::layer_norm_forward");
-      std::tie(y, mean, rstd) = fwd.call(input, ns, weight, bias, eps, offset, rbw);
+      RN_HANDLE(fwd, "rmsnorm::layer_norm_forward");
+      std::tie(y, mean, rstd) = tensors<3>(fwd.call(input, ns, weight, bias, eps, offset, rbw));
     } else {
-      RN_HANDLE(fwd, LayerNormSig, "rmsnorm::layer_norm");
-      y = fwd.call(input, ns, weight, bias, eps, offset, rbw);
+      RN_HANDLE(fwd, "rmsnorm::layer_norm");
+      y = fwd.call(input, ns, weight, bias, eps, offset, rbw)[0].toTensor();
     }
   }
   if (node) {
@@ -846,28 +812,29 @@ struct FusedAddNode : NormNode {  // saved: h (an output), weight, bias
   std::string name() const override { return "FusedAddRmsNormBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
     if (!grads[0].defined() && !grads[1].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
-    RN_HANDLE(bwd, FusedAddBackwardSig, "rmsnorm::fused_add_rms_norm_backward");
+    RN_HANDLE(bwd, "rmsnorm::fused_add_rms_norm_backward");
     Tensor h = get(0);
     bool need_x = needs(0) || needs(1);
     Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(h);
-    auto [dh, dw, db] = bwd.call(dy, opt_of(grads[1]), h, ns(h), opt_of(get(1)), eps,
-                                 {need_x, needs(2), needs(3)}, opt_of(get(2)), offset, eps_outside,
-                                 partial);
+    auto [dh, dw, db] = tensors<3>(bwd.call(dy, opt_of(grads[1]), h, ns(h), opt_of(get(1)), eps,
+                                            std::array<bool, 3>{need_x, needs(2), needs(3)},
+                                            opt_of(get(2)), offset, eps_outside, partial));
     // one gradient, given to both: the same values, not one tensor
     Tensor du = needs(0) && needs(1) ? dh.clone() : dh;
     return {needs(0) ? du : Tensor(), needs(1) ? dh : Tensor(), dw, db};
   }
 };
 
-Tensor2 fused_add_rms_norm_autograd(const Tensor &input, const Tensor &residual, c10::SymIntArrayRef ns,
-                           const OptTensor &weight, OptDouble eps, const OptTensor &bias,
-                           bool offset, bool eps_outside, double partial) {
+Tensor2 fused_add_rms_norm_autograd(const Tensor &input, const Tensor &residual,
+    c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps, const OptTensor &bias,
+    bool offset, bool eps_outside, double partial) {
   Tensor w = value(weight), b = value(bias), y, h;
   auto node = node_if_needed<FusedAddNode>(input, residual, w, b);
   {
-    RN_HANDLE(fwd, FusedAddSig, "rmsnorm::fused_add_rms_norm");
+    RN_HANDLE(fwd, "rmsnorm::fused_add_rms_norm");
     Guard guard;
-    std::tie(y, h) = fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
+    std::tie(y, h) = tensors<2>(
+        fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial));
   }
   if (node) torch::autograd::set_history({y, h}, node);  // y is the node's input 0, h its 1
   if (any_tangent({&input, &residual, &w, &b})) {
@@ -891,10 +858,9 @@ struct QkNormNode : NormNode {  // saved: input, weight, bias
   std::string name() const override { return "QkNormBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    RN_HANDLE(bwd, QkNormBackwardSig, "rmsnorm::qk_norm_backward");
-    auto [dx, dw, db] = bwd.call(grads[0], get(0), opt_of(get(1)), eps,
-                                 {needs(0), needs(1), needs(2)}, opt_of(get(2)), offset,
-                                 eps_outside, partial);
+    RN_HANDLE(bwd, "rmsnorm::qk_norm_backward");
+    auto [dx, dw, db] = tensors<3>(bwd.call(grads[0], get(0), opt_of(get(1)), eps, mask3(),
+                                            opt_of(get(2)), offset, eps_outside, partial));
     return {dx, dw, db};
   }
 };
@@ -904,9 +870,9 @@ Tensor qk_norm_autograd(const Tensor &input, const OptTensor &weight, OptDouble 
   Tensor w = value(weight), b = value(bias), y;
   auto node = node_if_needed<QkNormNode>(input, w, b);
   {
-    RN_HANDLE(fwd, QkNormSig, "rmsnorm::qk_norm");
+    RN_HANDLE(fwd, "rmsnorm::qk_norm");
     Guard guard;
-    y = fwd.call(input, weight, eps, bias, offset, eps_outside, partial);
+    y = fwd.call(input, weight, eps, bias, offset, eps_outside, partial)[0].toTensor();
   }
   if (node) {
     torch::autograd::set_history(y, node);
@@ -924,23 +890,22 @@ struct LinearNode : NormNode {  // saved: input, weight_matrix, norm_weight, bia
   std::string name() const override { return "RmsNormLinearBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
-    RN_HANDLE(bwd, LinearBackwardSig, "rmsnorm::rms_norm_linear_backward");
-    auto [dx, dw, dg, db] = bwd.call(grads[0], get(0), get(1), opt_of(get(2)), eps,
-                                     opt_of(get(3)), offset,
-                                     {needs(0), needs(1), needs(2), needs(3)}, eps_outside,
-                                     partial);
+    RN_HANDLE(bwd, "rmsnorm::rms_norm_linear_backward");
+    auto [dx, dw, dg, db] = tensors<4>(bwd.call(
+        grads[0], get(0), get(1), opt_of(get(2)), eps, opt_of(get(3)), offset,
+        std::array<bool, 4>{needs(0), needs(1), needs(2), needs(3)}, eps_outside, partial));
     return {dx, dw, dg, db};
   }
 };
 
-Tensor rms_norm_linear_autograd(const Tensor &input, const Tensor &w, const OptTensor &g, OptDouble eps,
-                       const OptTensor &bias, bool offset, bool eps_outside, double partial) {
+Tensor rms_norm_linear_autograd(const Tensor &input, const Tensor &w, const OptTensor &g,
+    OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside, double partial) {
   Tensor gg = value(g), b = value(bias), z;
   auto node = node_if_needed<LinearNode>(input, w, gg, b);
   {
-    RN_HANDLE(fwd, LinearSig, "rmsnorm::rms_norm_linear");
+    RN_HANDLE(fwd, "rmsnorm::rms_norm_linear");
     Guard guard;
-    z = fwd.call(input, w, g, eps, bias, offset, eps_outside, partial);
+    z = fwd.call(input, w, g, eps, bias, offset, eps_outside, partial)[0].toTensor();
   }
   if (node) {
     torch::autograd::set_history(z, node);
@@ -975,9 +940,10 @@ Tensor3 rms_norm_backward_autograd(const Tensor &dy, const Tensor &input, c10::S
                                    bool eps_outside, double partial) {
   Tensor w = value(weight), b = value(bias);
   if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
-    RN_HANDLE(bwd, RmsNormBackwardSig, "rmsnorm::rms_norm_backward");
+    RN_HANDLE(bwd, "rmsnorm::rms_norm_backward");
     Guard guard;
-    return bwd.call(dy, input, ns, weight, rstd, eps, mask, bias, offset, eps_outside, partial);
+    return tensors<3>(
+        bwd.call(dy, input, ns, weight, rstd, eps, mask, bias, offset, eps_outside, partial));
   }
   return backward_composite(rncore::RMS, dy, input, static_cast<int64_t>(ns.size()), w, b,
                             eps_value(eps, input), offset, eps_outside, partial, mask);
@@ -989,23 +955,24 @@ Tensor3 layer_norm_backward_autograd(const Tensor &dy, const Tensor &input, c10:
                                      std::array<bool, 3> mask, bool offset) {
   Tensor w = value(weight), b = value(bias);
   if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
-    RN_HANDLE(bwd, LayerNormBackwardSig, "rmsnorm::layer_norm_backward");
+    RN_HANDLE(bwd, "rmsnorm::layer_norm_backward");
     Guard guard;
-    return bwd.call(dy, input, ns, weight, bias, mean, rstd, eps, mask, offset);
+    return tensors<3>(bwd.call(dy, input, ns, weight, bias, mean, rstd, eps, mask, offset));
   }
   return backward_composite(rncore::LAYER, dy, input, static_cast<int64_t>(ns.size()), w, b,
                             eps_value(eps, input), offset, false, 1.0, mask);
 }
 
-Tensor3 fused_add_rms_norm_backward_autograd(const Tensor &dy, const OptTensor &dres, const Tensor &h,
-                                    c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps,
-                                    std::array<bool, 3> mask, const OptTensor &bias, bool offset,
-                                    bool eps_outside, double partial) {
+Tensor3 fused_add_rms_norm_backward_autograd(const Tensor &dy, const OptTensor &dres,
+    const Tensor &h, c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps,
+    std::array<bool, 3> mask, const OptTensor &bias, bool offset, bool eps_outside,
+    double partial) {
   Tensor w = value(weight), b = value(bias), r = value(dres);
   if (!grad_needed({&dy, &r, &h, &w, &b}) && !any_tangent({&dy, &r, &h, &w, &b})) {
-    RN_HANDLE(bwd, FusedAddBackwardSig, "rmsnorm::fused_add_rms_norm_backward");
+    RN_HANDLE(bwd, "rmsnorm::fused_add_rms_norm_backward");
     Guard guard;
-    return bwd.call(dy, dres, h, ns, weight, eps, mask, bias, offset, eps_outside, partial);
+    return tensors<3>(
+        bwd.call(dy, dres, h, ns, weight, eps, mask, bias, offset, eps_outside, partial));
   }
   auto [dx, dw, db] = backward_composite(rncore::RMS, dy, h, static_cast<int64_t>(ns.size()), w, b,
                                          eps_value(eps, h), offset, eps_outside, partial, mask);
@@ -1018,9 +985,9 @@ Tensor3 qk_norm_backward_autograd(const Tensor &dy, const Tensor &input, const O
                                   bool offset, bool eps_outside, double partial) {
   Tensor w = value(weight), b = value(bias);
   if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
-    RN_HANDLE(bwd, QkNormBackwardSig, "rmsnorm::qk_norm_backward");
+    RN_HANDLE(bwd, "rmsnorm::qk_norm_backward");
     Guard guard;
-    return bwd.call(dy, input, weight, eps, mask, bias, offset, eps_outside, partial);
+    return tensors<3>(bwd.call(dy, input, weight, eps, mask, bias, offset, eps_outside, partial));
   }
   return backward_composite(rncore::RMS, dy, input, 1, w, b, eps_value(eps, input), offset,
                             eps_outside, partial, mask);
@@ -1029,14 +996,13 @@ Tensor3 qk_norm_backward_autograd(const Tensor &dy, const Tensor &input, const O
 /* Z = (xhat * w) W + bias: dY = dZ W^T is the norm's upstream gradient,
  * dW = Y^T dZ with Y = xhat * w, dbias = the sum of dZ over rows. */
 Tensor4 rms_norm_linear_backward_autograd(const Tensor &dz, const Tensor &input, const Tensor &w,
-                                 const OptTensor &g, OptDouble eps, const OptTensor &bias,
-                                 bool offset, std::array<bool, 4> mask, bool eps_outside,
-                                 double partial) {
+    const OptTensor &g, OptDouble eps, const OptTensor &bias, bool offset, std::array<bool, 4> mask,
+    bool eps_outside, double partial) {
   Tensor gg = value(g), b = value(bias);
   if (!grad_needed({&dz, &input, &w, &gg, &b}) && !any_tangent({&dz, &input, &w, &gg, &b})) {
-    RN_HANDLE(bwd, LinearBackwardSig, "rmsnorm::rms_norm_linear_backward");
+    RN_HANDLE(bwd, "rmsnorm::rms_norm_linear_backward");
     Guard guard;
-    return bwd.call(dz, input, w, g, eps, bias, offset, mask, eps_outside, partial);
+    return tensors<4>(bwd.call(dz, input, w, g, eps, bias, offset, mask, eps_outside, partial));
   }
   at::ScalarType t = opmath(input);
   double e = eps_value(eps, input);
@@ -1131,7 +1097,8 @@ void cpu_kernels(torch::Library &m) {
 
 #define RN_AUTOGRAD_DIFF(id) rnops::id##_autograd
 #define RN_AUTOGRAD_BACKWARD(id) rnops::id##_autograd
-#define RN_AUTOGRAD_INPLACE(id) torch::CppFunction::makeFromBoxedFunction<&rnops::inplace_autograd>()
+#define RN_AUTOGRAD_INPLACE(id) \
+  torch::CppFunction::makeFromBoxedFunction<&rnops::inplace_autograd>()
 #define RN_AUTOGRAD_NOGRAD(id) torch::CppFunction::makeFromBoxedFunction<&rnops::nograd>()
 
 TORCH_LIBRARY(rmsnorm, m) {
@@ -1158,7 +1125,8 @@ TORCH_LIBRARY_IMPL(rmsnorm, Autograd, m) {
 
 TORCH_LIBRARY_IMPL(rmsnorm, ADInplaceOrView, m) {
 #define RN_OP_INPLACE(schema) \
-  m.impl(rnops::name_of(schema).c_str(), torch::CppFunction::makeFromBoxedFunction<&rnops::inplace_or_view>());
+  m.impl(rnops::name_of(schema).c_str(),     \
+         torch::CppFunction::makeFromBoxedFunction<&rnops::inplace_or_view>());
 #define RN_OP_DIFF(schema)
 #define RN_OP_BACKWARD(schema)
 #define RN_OP_NOGRAD(schema)
