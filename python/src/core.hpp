@@ -113,7 +113,7 @@ inline std::string message(std::string_view key,
     if (key == k) s = text;
   for (const auto &[name, value] : fields) {
     std::string field = "{" + std::string(name) + "}";
-    for (std::size_t at = s.find(field); at != std::string::npos; at = s.find(field, at + value.size()))
+    for (auto at = s.find(field); at != std::string::npos; at = s.find(field, at + value.size()))
       s.replace(at, field.size(), value);
   }
   return s;
@@ -303,8 +303,8 @@ void check_same(const typename B::Array &a, Dims shape, int dt, const char *what
     value_error(message("same_shape", {{"what", what}, {"shape", list(s)}, {"ref", ref_what},
                                        {"ref_shape", list(shape)}}));
   if (data_dtype<B>(a, what) != dt)
-    type_error(message("same_dtype", {{"what", what}, {"dtype", B::dtype_name(a)}, {"ref", ref_what},
-                                      {"ref_dtype", dtype_name(dt)}}));
+    type_error(message("same_dtype", {{"what", what}, {"dtype", B::dtype_name(a)},
+                                      {"ref", ref_what}, {"ref_dtype", dtype_name(dt)}}));
 }
 
 /* The weight and bias as the library takes them: shape normalized_shape,
@@ -373,10 +373,10 @@ struct NormIn {
   Params<B> p;
 };
 
-template <class B>
-NormIn<B> norm_in(B &b, Norm kind, const typename B::Array &x, const char *what, Dims norm,
-                  const typename B::Array &weight, const typename B::Array &bias, const Options &o,
-                  std::initializer_list<std::pair<const typename B::Array *, const char *>> same = {}) {
+template <class B, class Array = typename B::Array>
+NormIn<B> norm_in(B &b, Norm kind, const Array &x, const char *what, Dims norm,
+                  const Array &weight, const Array &bias, const Options &o,
+                  std::initializer_list<std::pair<const Array *, const char *>> same = {}) {
   check_normalized(norm);
   int dt = data_dtype<B>(x, what);
   Dims shape = B::shape(x);

@@ -138,13 +138,15 @@ def _define(fn) -> None:
             sig.append("*")
             star = True
         sig.append(p.name if p.default is None else f"{p.name}={p.default}")
-    tensors = [p.name for p in params if p.name in ("input", "residual", "weight_matrix",
-                                                    "norm_weight", "weight", "bias", "out")]
+    names = {p.name for p in params}
+    # __torch_function__ looks at the op's Tensor arguments (and out=)
+    schema = getattr(_ops, fn.op).default._schema
+    tensors = [a.name for a in schema.arguments if "Tensor" in str(a.type)]
+    tensors += ["out"] if "out" in names else []
     call = ", ".join(p.name if not p.kwonly else f"{p.name}={p.name}" for p in params)
     lines = [f"def {fn.name}({', '.join(sig)}):",
              f"    if not _compiling() and _has_tf({', '.join(tensors)}):",
              f"        return _handle_tf({fn.name}, ({', '.join(tensors)},), {call})"]
-    names = {p.name for p in params}
     if "out" in names:
         lines += _variant(fn.op, "out", "out is not None")
     if "inplace" in names:
