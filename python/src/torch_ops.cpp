@@ -286,6 +286,16 @@ class Args {
     return v.isNone() ? Tensor() : take(op(), v.toTensor(), n);
   }
   Tensor out(const char *n) const { return take_out(op(), (*this)[n].toTensor(), n); }
+  Tensor raw(const char *n) const {  // as given (the autograd kernels' view)
+    const c10::IValue &v = (*this)[n];
+    return v.isNone() ? Tensor() : v.toTensor();
+  }
+  bool flag(const char *n) const { return has(n) && (*this)[n].toBool(); }
+  OptDouble eps() const { return has("eps") ? (*this)["eps"].toOptional<double>() : std::nullopt; }
+  double partial() const { return has("partial") ? (*this)["partial"].toDouble() : 1.0; }
+  int64_t k() const {  // the normalized dims
+    return static_cast<int64_t>((*this)["normalized_shape"].toSymIntVector().size());
+  }
   int64_t i(const char *n) const { return (*this)[n].toInt(); }
   bool mask(std::size_t k) const { return (*this)["output_mask"].toBoolList().get(k); }
   std::vector<int64_t> norm() const {
@@ -296,10 +306,9 @@ class Args {
   }
   /* eps, partial and the flags, those the op has. */
   rncore::Options options() const {
-    auto flag = [&](const char *n) { return has(n) && (*this)[n].toBool(); };
     rncore::Options o;
-    if (has("eps")) o.eps = (*this)["eps"].toOptional<double>();
-    if (has("partial")) o.partial = (*this)["partial"].toDouble();
+    o.eps = eps();
+    o.partial = partial();
     o.flags = rncore::flags_of(flag("offset"), flag("eps_outside"), flag("round_before_weight"));
     return o;
   }
@@ -934,91 +943,79 @@ Tensor rms_norm_linear_autograd(const Tensor &input, const Tensor &w, const OptT
 
 /* ---- autograd: backward ops (differentiable through the aten composition) ------------- */
 
-Tensor3 rms_norm_backward_autograd(const Tensor &dy, const Tensor &input, c10::SymIntArrayRef ns,
-                                   const OptTensor &weight, const OptTensor &rstd, OptDouble eps,
-                                   std::array<bool, 3> mask, const OptTensor &bias, bool offset,
-                                   bool eps_outside, double partial) {
-  Tensor w = value(weight), b = value(bias);
-  if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
-    RN_HANDLE(bwd, "rmsnorm::rms_norm_backward");
-    Guard guard;
-    return tensors<3>(
-        bwd.call(dy, input, ns, weight, rstd, eps, mask, bias, offset, eps_outside, partial));
+/* A backward op's Autograd kernel: with no argument that needs a gradient or carries a
+ * tangent (the saved statistics aside), the op below autograd, the library's backward;
+ * else (create_graph=True, forward-over-reverse) its formula in aten ops, K, which autograd
+ * records and can differentiate again. */
+template <void (*K)(Args &)>
+void backward_autograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
+  const auto &args = op.schema().arguments();
+  std::vector<const Tensor *> ts;
+  for (std::size_t i = 0; i < args.size(); i++) {
+    const c10::IValue &v = (*s)[s->size() - args.size() + i];
+    if (v.isTensor() && args[i].name() != "rstd" && args[i].name() != "mean")
+      ts.push_back(&v.toTensor());
   }
-  return backward_composite(rncore::RMS, dy, input, static_cast<int64_t>(ns.size()), w, b,
-                            eps_value(eps, input), offset, eps_outside, partial, mask);
+  if (!grad_needed(ts) && !any_tangent(ts)) {
+    Guard guard;
+    op.callBoxed(s);
+    return;
+  }
+  Args a(op, s);
+  K(a);
 }
 
-Tensor3 layer_norm_backward_autograd(const Tensor &dy, const Tensor &input, c10::SymIntArrayRef ns,
-                                     const OptTensor &weight, const OptTensor &bias,
-                                     const OptTensor &mean, const OptTensor &rstd, OptDouble eps,
-                                     std::array<bool, 3> mask, bool offset) {
-  Tensor w = value(weight), b = value(bias);
-  if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
-    RN_HANDLE(bwd, "rmsnorm::layer_norm_backward");
-    Guard guard;
-    return tensors<3>(bwd.call(dy, input, ns, weight, bias, mean, rstd, eps, mask, offset));
-  }
-  return backward_composite(rncore::LAYER, dy, input, static_cast<int64_t>(ns.size()), w, b,
-                            eps_value(eps, input), offset, false, 1.0, mask);
+/* The composite backward of a norm over the input's last k dims (rms, layer, qk). */
+Tensor3 norm_composite(const Args &a, rncore::Norm kind, const Tensor &x, int64_t k) {
+  return backward_composite(kind, a.raw("grad_output"), x, k, a.raw("weight"), a.raw("bias"),
+                            eps_value(a.eps(), x), a.flag("offset"), a.flag("eps_outside"),
+                            a.partial(), {a.mask(0), a.mask(1), a.mask(2)});
 }
 
-Tensor3 fused_add_rms_norm_backward_autograd(const Tensor &dy, const OptTensor &dres,
-    const Tensor &h, c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps,
-    std::array<bool, 3> mask, const OptTensor &bias, bool offset, bool eps_outside,
-    double partial) {
-  Tensor w = value(weight), b = value(bias), r = value(dres);
-  if (!grad_needed({&dy, &r, &h, &w, &b}) && !any_tangent({&dy, &r, &h, &w, &b})) {
-    RN_HANDLE(bwd, "rmsnorm::fused_add_rms_norm_backward");
-    Guard guard;
-    return tensors<3>(
-        bwd.call(dy, dres, h, ns, weight, eps, mask, bias, offset, eps_outside, partial));
-  }
-  auto [dx, dw, db] = backward_composite(rncore::RMS, dy, h, static_cast<int64_t>(ns.size()), w, b,
-                                         eps_value(eps, h), offset, eps_outside, partial, mask);
+void rms_norm_backward_composite(Args &a) {
+  auto [dx, dw, db] = norm_composite(a, rncore::RMS, a.raw("input"), a.k());
+  a.ret({dx, dw, db});
+}
+
+void layer_norm_backward_composite(Args &a) {
+  auto [dx, dw, db] = norm_composite(a, rncore::LAYER, a.raw("input"), a.k());
+  a.ret({dx, dw, db});
+}
+
+void qk_norm_backward_composite(Args &a) {
+  auto [dx, dw, db] = norm_composite(a, rncore::RMS, a.raw("input"), 1);
+  a.ret({dx, dw, db});
+}
+
+void fused_add_rms_norm_backward_composite(Args &a) {
+  auto [dx, dw, db] = norm_composite(a, rncore::RMS, a.raw("new_residual"), a.k());
+  Tensor r = a.raw("grad_residual");
   if (dx.defined() && r.defined()) dx = dx + r;
-  return Tensor3(dx, dw, db);
-}
-
-Tensor3 qk_norm_backward_autograd(const Tensor &dy, const Tensor &input, const OptTensor &weight,
-                                  OptDouble eps, std::array<bool, 3> mask, const OptTensor &bias,
-                                  bool offset, bool eps_outside, double partial) {
-  Tensor w = value(weight), b = value(bias);
-  if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
-    RN_HANDLE(bwd, "rmsnorm::qk_norm_backward");
-    Guard guard;
-    return tensors<3>(bwd.call(dy, input, weight, eps, mask, bias, offset, eps_outside, partial));
-  }
-  return backward_composite(rncore::RMS, dy, input, 1, w, b, eps_value(eps, input), offset,
-                            eps_outside, partial, mask);
+  a.ret({dx, dw, db});
 }
 
 /* Z = (xhat * w) W + bias: dY = dZ W^T is the norm's upstream gradient,
  * dW = Y^T dZ with Y = xhat * w, dbias = the sum of dZ over rows. */
-Tensor4 rms_norm_linear_backward_autograd(const Tensor &dz, const Tensor &input, const Tensor &w,
-    const OptTensor &g, OptDouble eps, const OptTensor &bias, bool offset, std::array<bool, 4> mask,
-    bool eps_outside, double partial) {
-  Tensor gg = value(g), b = value(bias);
-  if (!grad_needed({&dz, &input, &w, &gg, &b}) && !any_tangent({&dz, &input, &w, &gg, &b})) {
-    RN_HANDLE(bwd, "rmsnorm::rms_norm_linear_backward");
-    Guard guard;
-    return tensors<4>(bwd.call(dz, input, w, g, eps, bias, offset, mask, eps_outside, partial));
-  }
+void rms_norm_linear_backward_composite(Args &a) {
+  Tensor input = a.raw("input"), w = a.raw("weight_matrix"), gg = a.raw("norm_weight");
+  Tensor b = a.raw("bias");
+  bool offset = a.flag("offset"), eps_outside = a.flag("eps_outside");
   at::ScalarType t = opmath(input);
-  double e = eps_value(eps, input);
-  Tensor dzt = dz.to(t).reshape({-1, w.size(1)});  // (rows, n)
+  double e = eps_value(a.eps(), input);
+  Tensor dzt = a.raw("grad_output").to(t).reshape({-1, w.size(1)});  // (rows, n)
   Tensor dY = at::matmul(dzt, w.to(t).t()).reshape_symint(input.sym_sizes());
   auto [dx, dg, unused] = backward_composite(rncore::RMS, dY, input, 1, gg, Tensor(), e, offset,
-                                             eps_outside, partial, {mask[0], mask[2], false});
+                                             eps_outside, a.partial(),
+                                             {a.mask(0), a.mask(2), false});
   Tensor dW, db;
-  if (mask[1]) {
-    NormRows n = norm_rows(rncore::RMS, input, 1, e, eps_outside, partial);
+  if (a.mask(1)) {
+    NormRows n = norm_rows(rncore::RMS, input, 1, e, eps_outside, a.partial());
     Tensor Y = n.xhat.reshape({-1, n.d});
     if (gg.defined()) Y = Y * (offset ? gg.to(t) + 1 : gg.to(t));
     dW = at::matmul(Y.t(), dzt).to(w.scalar_type());
   }
-  if (mask[3] && b.defined()) db = dzt.sum(0).to(b.scalar_type());
-  return Tensor4(dx, dW, dg, db);
+  if (a.mask(3) && b.defined()) db = dzt.sum(0).to(b.scalar_type());
+  a.ret({dx, dW, dg, db});
 }
 
 /* ---- autograd: the ops that write in place, and ops without a gradient -------------------- */
@@ -1096,7 +1093,8 @@ void cpu_kernels(torch::Library &m) {
 /* ---- registration (the rows of ops.def) --------------------------------------------------- */
 
 #define RN_AUTOGRAD_DIFF(id) rnops::id##_autograd
-#define RN_AUTOGRAD_BACKWARD(id) rnops::id##_autograd
+#define RN_AUTOGRAD_BACKWARD(id) \
+  torch::CppFunction::makeFromBoxedFunction<&rnops::backward_autograd<&rnops::id##_composite>>()
 #define RN_AUTOGRAD_INPLACE(id) \
   torch::CppFunction::makeFromBoxedFunction<&rnops::inplace_autograd>()
 #define RN_AUTOGRAD_NOGRAD(id) torch::CppFunction::makeFromBoxedFunction<&rnops::nograd>()
