@@ -39,6 +39,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -78,17 +79,52 @@ inline void check(rmsnorm_status st, const char *fn) {
               static_cast<int>(st)};
 }
 
+/* ---- messages ------------------------------------------------------------------
+ * The checks' messages that the fake kernels (rmsnorm/_torch_fake.py, through
+ * rmsnorm._torch.messages()) make too: str.format templates, filled by message(). */
+inline constexpr std::pair<const char *, const char *> kMessages[] = {
+    {"device", "{what} is on device {device}; rmsnorm runs on CPU tensors only (move it with "
+               ".cpu(), or use torch's own norm on that device)"},
+    {"dtype", "{what} has dtype {dtype}; rmsnorm takes float32, float16, bfloat16 or float64"},
+    {"empty_norm", "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+                   "least one element, but got normalized_shape = []"},
+    {"input_shape", "Given normalized_shape={norm}, expected {what} with shape [*, {dims}], but "
+                    "got {what} of size {shape}"},
+    {"param_shape", "Expected {what} to be of same shape as normalized_shape, but got {what} of "
+                    "shape {shape} and normalized_shape = {norm}"},
+    {"same_shape", "{what} has shape {shape}; expected {ref}'s, {ref_shape}"},
+    {"same_dtype", "{what} has dtype {dtype}; expected {ref}'s, {ref_dtype}"},
+    {"heads", "{what} must have shape (*, heads, head_dim), got {shape}"},
+    {"linear_rank", "input must have at least one dimension (the normalized one)"},
+    {"linear_matrix", "weight_matrix has shape {shape}; expected (d, n) with d = {d}, the "
+                      "input's last dim"},
+    {"shard_rank", "input must have at least one dim (the last: the shard's columns)"},
+    {"shard_columns", "the shard's columns [{begin}, {end}) are not inside a row of d_global = "
+                      "{d_global} columns"},
+    {"row_sums", "{what} has dtype {dtype}; per-row sums are float64 (as rms_norm_shard_stats "
+                 "returns them)"},
+};
+
+/* The message `key` with its {name} fields replaced. */
+inline std::string message(std::string_view key,
+                           std::initializer_list<std::pair<std::string_view, std::string>> fields) {
+  std::string s;
+  for (const auto &[k, text] : kMessages)
+    if (key == k) s = text;
+  for (const auto &[name, value] : fields) {
+    std::string field = "{" + std::string(name) + "}";
+    for (auto at = s.find(field); at != std::string::npos; at = s.find(field, at + value.size()))
+      s.replace(at, field.size(), value);
+  }
+  return s;
+}
+
 /* ---- small helpers ----------------------------------------------------------- */
 
-inline const char *dtype_name(int dt) {
-  switch (dt) {
-    case RMSNORM_F32: return "float32";
-    case RMSNORM_F16: return "float16";
-    case RMSNORM_BF16: return "bfloat16";
-    case RMSNORM_F64: return "float64";
-    default: return "unknown";
-  }
-}
+/* The data dtypes' names, by rmsnorm_dtype code (numpy's and torch's names alike). */
+inline constexpr const char *kDtypeNames[] = {"float32", "float16", "bfloat16", "float64"};
+
+inline const char *dtype_name(int dt) { return dt >= 0 && dt < 4 ? kDtypeNames[dt] : "unknown"; }
 
 inline int64_t prod(Dims d) {
   int64_t p = 1;
@@ -217,12 +253,23 @@ int64_t writable_rows(B &b, const typename B::Array &a, std::size_t k, const cha
               "contiguous array, or a row slice of one) to be written in place");
 }
 
+/* Runs the library call f(ctx) on the calling thread's context with the backend's guard held
+ * (the GIL released for numpy, for `elements` elements), then checks its status. */
+template <class B, class F>
+void run(B &b, std::size_t elements, const char *fn, F &&f) {
+  rmsnorm_context *ctx = b.context();
+  rmsnorm_status st;
+  {
+    [[maybe_unused]] auto unlocked = b.unlocked(elements);
+    st = f(ctx);
+  }
+  check(st, fn);
+}
+
 /* ---- argument checks ---------------------------------------------------------- */
 
 inline void check_normalized(Dims norm) {
-  if (norm.empty())
-    value_error("Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
-                "least one element, but got normalized_shape = []");
+  if (norm.empty()) value_error(message("empty_norm", {}));
   for (int64_t v : norm)
     if (v < 0) value_error("normalized_shape must not be negative, got " + list(norm));
 }
@@ -231,8 +278,7 @@ template <class B>
 int data_dtype(const typename B::Array &a, const char *what) {
   int dt = B::dtype(a);
   if (dt < 0)
-    type_error(std::string(what) + " has dtype " + B::dtype_name(a) +
-               "; rmsnorm takes float32, float16, bfloat16 or float64");
+    type_error(message("dtype", {{"what", what}, {"dtype", B::dtype_name(a)}}));
   return dt;
 }
 
@@ -242,9 +288,9 @@ inline void check_input(Dims shape, Dims norm, const char *what) {
   for (std::size_t i = 0; ok && i < k; i++) ok = shape[shape.size() - k + i] == norm[i];
   if (!ok) {
     std::string star = list(norm);
-    star = star.substr(1, star.size() - 2);
-    value_error("Given normalized_shape=" + list(norm) + ", expected " + what +
-                " with shape [*, " + star + "], but got " + what + " of size " + list(shape));
+    value_error(message("input_shape", {{"norm", star}, {"what", what},
+                                        {"dims", star.substr(1, star.size() - 2)},
+                                        {"shape", list(shape)}}));
   }
 }
 
@@ -254,11 +300,11 @@ void check_same(const typename B::Array &a, Dims shape, int dt, const char *what
                 const char *ref_what) {
   Dims s = B::shape(a);
   if (!std::equal(s.begin(), s.end(), shape.begin(), shape.end()))
-    value_error(std::string(what) + " has shape " + list(s) + "; expected " + ref_what + "'s, " +
-                list(shape));
+    value_error(message("same_shape", {{"what", what}, {"shape", list(s)}, {"ref", ref_what},
+                                       {"ref_shape", list(shape)}}));
   if (data_dtype<B>(a, what) != dt)
-    type_error(std::string(what) + " has dtype " + B::dtype_name(a) + "; expected " + ref_what +
-               "'s, " + dtype_name(dt));
+    type_error(message("same_dtype", {{"what", what}, {"dtype", B::dtype_name(a)},
+                                      {"ref", ref_what}, {"ref_dtype", dtype_name(dt)}}));
 }
 
 /* The weight and bias as the library takes them: shape normalized_shape,
@@ -276,17 +322,17 @@ int param_code(const typename B::Array &p, const char *name, Dims norm) {
   int code = data_dtype<B>(p, name);
   Dims s = B::shape(p);
   if (!std::equal(s.begin(), s.end(), norm.begin(), norm.end()))
-    value_error(std::string("Expected ") + name + " to be of same shape as normalized_shape, but got " +
-                name + " of shape " + list(s) + " and normalized_shape = " + list(norm));
+    value_error(message("param_shape", {{"what", name}, {"shape", list(s)}, {"norm", list(norm)}}));
   return code;
 }
 
 template <class B>
 Params<B> params(B &b, int dt, Dims norm, const typename B::Array &weight,
-                 const typename B::Array &bias, const char *weight_name = "weight") {
+                 const typename B::Array &bias, const char *weight_name = "weight",
+                 std::optional<Dims> bias_shape = std::nullopt) {
   Params<B> p;
   if (B::defined(weight)) p.weight_dtype = param_code<B>(weight, weight_name, norm);
-  if (B::defined(bias)) p.bias_dtype = param_code<B>(bias, "bias", norm);
+  if (B::defined(bias)) p.bias_dtype = param_code<B>(bias, "bias", bias_shape.value_or(norm));
   p.param_dtype = (p.weight_dtype < 0 || p.weight_dtype == dt) && (p.bias_dtype < 0 || p.bias_dtype == dt)
                       ? dt
                       : RMSNORM_F32;
@@ -317,6 +363,31 @@ inline void check_flags(Norm kind, unsigned flags) {
     value_error("eps_outside applies to rms_norm only");
 }
 
+/* x (named what) of a norm over normalized_shape, checked in the order of the messages:
+ * normalized_shape, x's dtype and shape, the arrays of x's shape and dtype (`same`: array
+ * and name; absent ones skipped), the parameters, the flags. */
+template <class B>
+struct NormIn {
+  int dt;
+  Dims shape;
+  Params<B> p;
+};
+
+template <class B, class Array = typename B::Array>
+NormIn<B> norm_in(B &b, Norm kind, const Array &x, const char *what, Dims norm,
+                  const Array &weight, const Array &bias, const Options &o,
+                  std::initializer_list<std::pair<const Array *, const char *>> same = {}) {
+  check_normalized(norm);
+  int dt = data_dtype<B>(x, what);
+  Dims shape = B::shape(x);
+  check_input(shape, norm, what);
+  for (const auto &[a, name] : same)
+    if (B::defined(*a)) check_same<B>(*a, shape, dt, name, what);
+  Params<B> p = params(b, dt, norm, weight, bias);
+  check_flags(kind, o.flags);
+  return {dt, shape, std::move(p)};
+}
+
 /* ---- forward ----------------------------------------------------------------- */
 
 template <class B>
@@ -332,12 +403,7 @@ Forward<B> forward(B &b, Norm kind, const typename B::Array &x, Dims norm,
                    const typename B::Array &weight, const typename B::Array &bias,
                    const Options &o, bool want_mean, bool want_rstd,
                    const typename B::Array *out = nullptr) {
-  check_normalized(norm);
-  int dt = data_dtype<B>(x, "input");
-  Dims shape = B::shape(x);
-  check_input(shape, norm, "input");
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(kind, o.flags);
+  auto [dt, shape, p] = norm_in(b, kind, x, "input", norm, weight, bias, o);
   std::size_t k = norm.size();
   if (kind == LAYER && (want_mean || want_rstd)) want_mean = want_rstd = true;  // both or none
   int64_t ldy = prod(norm);
@@ -359,19 +425,16 @@ Forward<B> forward(B &b, Norm kind, const typename B::Array &x, Dims norm,
   if (want_mean) r.mean = b.empty(sshape, sdt);
   if (want_rstd) r.rstd = b.empty(sshape, sdt);
   rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  rmsnorm_context *ctx = b.context();
-  rmsnorm_status st;
-  {
-    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(r.x.rows * r.x.d));
+  run(b, static_cast<std::size_t>(r.x.rows * r.x.d),
+      kind == RMS ? "rmsnorm_forward" : "rmsnorm_layernorm_forward", [&](rmsnorm_context *ctx) {
     if (kind == RMS)
-      st = rmsnorm_forward(ctx, &cfg, r.x.rows, r.x.d, r.x.ptr, r.x.ld, ptr_or_null<B>(p.weight),
-                           ptr_or_null<B>(p.bias), B::ptr(r.y), ldy, ptr_or_null<B>(r.rstd));
+      return rmsnorm_forward(ctx, &cfg, r.x.rows, r.x.d, r.x.ptr, r.x.ld, ptr_or_null<B>(p.weight),
+                             ptr_or_null<B>(p.bias), B::ptr(r.y), ldy, ptr_or_null<B>(r.rstd));
     else
-      st = rmsnorm_layernorm_forward(ctx, &cfg, r.x.rows, r.x.d, r.x.ptr, r.x.ld,
-                                     ptr_or_null<B>(p.weight), ptr_or_null<B>(p.bias), B::ptr(r.y),
-                                     ldy, ptr_or_null<B>(r.mean), ptr_or_null<B>(r.rstd));
-  }
-  check(st, kind == RMS ? "rmsnorm_forward" : "rmsnorm_layernorm_forward");
+      return rmsnorm_layernorm_forward(ctx, &cfg, r.x.rows, r.x.d, r.x.ptr, r.x.ld,
+                                       ptr_or_null<B>(p.weight), ptr_or_null<B>(p.bias), B::ptr(r.y),
+                                       ldy, ptr_or_null<B>(r.mean), ptr_or_null<B>(r.rstd));
+  });
   return r;
 }
 
@@ -403,6 +466,22 @@ void give_back(B &b, Grads<B> &g, const Params<B> &p) {
   if (B::defined(g.dbias) && p.bias_dtype != p.param_dtype) g.dbias = b.cast(g.dbias, p.bias_dtype);
 }
 
+/* g's dx and the wanted parameter gradients, new; those start at 0 when there are no rows
+ * (the library writes nothing then). false when d == 0: nothing to compute, g is the
+ * result (zero parameter gradients in the caller's dtypes). */
+template <class B>
+bool start_grads(B &b, Grads<B> *g, const Params<B> &p, Dims shape, int dt, Dims norm, int64_t rows,
+                 int64_t d, bool want_dweight, bool want_dbias) {
+  g->dx = b.empty(shape, dt);
+  auto grad = [&](bool want, int code) {
+    if (!want) return typename B::Array();
+    return d && rows ? b.empty(norm, code) : b.full(norm, code, 0.0);
+  };
+  g->dweight = grad(want_dweight, d ? p.param_dtype : p.weight_dtype);
+  g->dbias = grad(want_dbias, d ? p.param_dtype : p.bias_dtype);
+  return d != 0;
+}
+
 /* (dx, dweight, dbias); dweight/dbias only when wanted and their parameter is
  * given (bias only tells the dtype and shape of dbias). */
 template <class B>
@@ -410,28 +489,14 @@ Grads<B> backward(B &b, Norm kind, const typename B::Array &dy, const typename B
                   const typename B::Array &weight, const typename B::Array &bias,
                   const typename B::Array &mean, const typename B::Array &rstd, const Options &o,
                   bool want_dweight, bool want_dbias) {
-  check_normalized(norm);
-  int dt = data_dtype<B>(x, "input");
-  Dims shape = B::shape(x);
-  check_input(shape, norm, "input");
-  check_same<B>(dy, shape, dt, "grad_output", "input");
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(kind, o.flags);
+  auto [dt, shape, p] = norm_in(b, kind, x, "input", norm, weight, bias, o, {{&dy, "grad_output"}});
   want_dweight = want_dweight && B::defined(p.weight);
   want_dbias = want_dbias && B::defined(p.bias);
   std::size_t k = norm.size();
   Rows<B> xr = as_rows(b, x, k), dyr = as_rows(b, dy, k);
   int64_t rows = xr.rows, d = xr.d;
   Grads<B> g;
-  g.dx = b.empty(shape, dt);
-  if (d == 0) {
-    if (want_dweight) g.dweight = b.full(norm, p.weight_dtype, 0.0);
-    if (want_dbias) g.dbias = b.full(norm, p.bias_dtype, 0.0);
-    return g;
-  }
-  // rows == 0: the library writes nothing, so the parameter gradients start at 0
-  if (want_dweight) g.dweight = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
-  if (want_dbias) g.dbias = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
+  if (!start_grads(b, &g, p, shape, dt, norm, rows, d, want_dweight, want_dbias)) return g;
   auto r = stat_arg(b, rstd, "rstd", dt, rows);
   typename B::Array m;
   if (kind == LAYER) {
@@ -440,21 +505,18 @@ Grads<B> backward(B &b, Norm kind, const typename B::Array &dy, const typename B
       value_error("layer_norm_backward takes both mean and rstd, or neither");
   }
   rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  rmsnorm_context *ctx = b.context();
-  rmsnorm_status st;
-  {
-    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(rows * d));
+  run(b, static_cast<std::size_t>(rows * d),
+      kind == RMS ? "rmsnorm_backward" : "rmsnorm_layernorm_backward", [&](rmsnorm_context *ctx) {
     if (kind == RMS)
-      st = rmsnorm_backward(ctx, &cfg, rows, d, xr.ptr, xr.ld, dyr.ptr, dyr.ld, ptr_or_null<B>(p.weight),
-                            ptr_or_null<B>(r), B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
-                            ptr_or_null<B>(g.dbias));
+      return rmsnorm_backward(ctx, &cfg, rows, d, xr.ptr, xr.ld, dyr.ptr, dyr.ld, ptr_or_null<B>(p.weight),
+                              ptr_or_null<B>(r), B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
+                              ptr_or_null<B>(g.dbias));
     else
-      st = rmsnorm_layernorm_backward(ctx, &cfg, rows, d, xr.ptr, xr.ld, dyr.ptr, dyr.ld,
-                                      ptr_or_null<B>(p.weight), ptr_or_null<B>(m), ptr_or_null<B>(r),
-                                      B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
-                                      ptr_or_null<B>(g.dbias));
-  }
-  check(st, kind == RMS ? "rmsnorm_backward" : "rmsnorm_layernorm_backward");
+      return rmsnorm_layernorm_backward(ctx, &cfg, rows, d, xr.ptr, xr.ld, dyr.ptr, dyr.ld,
+                                        ptr_or_null<B>(p.weight), ptr_or_null<B>(m), ptr_or_null<B>(r),
+                                        B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
+                                        ptr_or_null<B>(g.dbias));
+  });
   give_back(b, g, p);
   return g;
 }
@@ -478,12 +540,12 @@ Shard<B> shard_of(B &b, const typename B::Array &x, int64_t d_global, int64_t of
   Shard<B> s;
   s.dt = data_dtype<B>(x, "input");
   Dims shape = B::shape(x);
-  if (shape.empty()) value_error("input must have at least one dim (the last: the shard's columns)");
+  if (shape.empty()) value_error(message("shard_rank", {}));
   int64_t width = shape.back();
   if (d_global < 1 || offset < 0 || offset > d_global - width)
-    value_error("the shard's columns [" + std::to_string(offset) + ", " +
-                std::to_string(offset + width) + ") are not inside a row of d_global = " +
-                std::to_string(d_global) + " columns");
+    value_error(message("shard_columns", {{"begin", std::to_string(offset)},
+                                          {"end", std::to_string(offset + width)},
+                                          {"d_global", std::to_string(d_global)}}));
   s.lead.assign(shape.begin(), shape.end() - 1);
   s.shape = {width};
   s.x = as_rows(b, x, 1);
@@ -499,25 +561,12 @@ Shard<B> shard_of(B &b, const typename B::Array &x, int64_t d_global, int64_t of
 template <class B>
 typename B::Array row_sums_arg(B &b, const typename B::Array &s, const char *name, std::size_t rows) {
   if (B::dtype(s) != RMSNORM_F64)
-    type_error(std::string(name) + " has dtype " + B::dtype_name(s) +
-               "; per-row sums are float64 (as rms_norm_shard_stats returns them)");
+    type_error(message("row_sums", {{"what", name}, {"dtype", B::dtype_name(s)}}));
   if (prod(B::shape(s)) != static_cast<int64_t>(rows))
     value_error(std::string(name) + " has " + std::to_string(prod(B::shape(s))) +
                 " values (shape " + list(B::shape(s)) + "); expected one per row, " +
                 std::to_string(rows));
   return B::is_contiguous(s) ? s : b.contiguous(s);
-}
-
-/* Runs the library call f(ctx) with the backend's guard held (the GIL released for numpy),
- * then checks its status. */
-template <class B, class F>
-void shard_call(B &b, const Shard<B> &s, const char *fn, F &&f) {
-  rmsnorm_status st;
-  {
-    [[maybe_unused]] auto unlocked = b.unlocked(s.rows * s.width);
-    st = f(b.context());
-  }
-  check(st, fn);
 }
 
 template <class B>
@@ -530,7 +579,7 @@ typename B::Array shard_stats(B &b, const typename B::Array &x, int64_t d_global
   Shard<B> s = shard_of(b, x, d_global, offset);
   auto out = b.empty(s.lead, RMSNORM_F64);
   rmsnorm_config cfg = config(s.dt, s.dt, o);
-  shard_call(b, s, "rmsnorm_shard_stats", [&](rmsnorm_context *ctx) {
+  run(b, s.rows * s.width, "rmsnorm_shard_stats", [&](rmsnorm_context *ctx) {
     return rmsnorm_shard_stats(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr, s.ldx,
                                f64<B>(out));
   });
@@ -547,7 +596,7 @@ typename B::Array shard_forward(B &b, const typename B::Array &x, const typename
   auto st = row_sums_arg(b, stats, "stats", s.rows);
   auto y = b.empty(B::shape(x), s.dt);
   rmsnorm_config cfg = config(s.dt, p.param_dtype, o);
-  shard_call(b, s, "rmsnorm_shard_forward", [&](rmsnorm_context *ctx) {
+  run(b, s.rows * s.width, "rmsnorm_shard_forward", [&](rmsnorm_context *ctx) {
     return rmsnorm_shard_forward(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr, s.ldx,
                                  ptr_or_null<B>(p.weight), ptr_or_null<B>(p.bias), f64<B>(st),
                                  B::ptr(y), s.width, nullptr);
@@ -568,7 +617,7 @@ typename B::Array shard_backward_dots(B &b, const typename B::Array &dy, const t
   Rows<B> dyr = as_rows(b, dy, 1);
   auto out = b.empty(s.lead, RMSNORM_F64);
   rmsnorm_config cfg = config(s.dt, p.param_dtype, o);
-  shard_call(b, s, "rmsnorm_shard_backward_dots", [&](rmsnorm_context *ctx) {
+  run(b, s.rows * s.width, "rmsnorm_shard_backward_dots", [&](rmsnorm_context *ctx) {
     return rmsnorm_shard_backward_dots(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr,
                                        s.ldx, dyr.ptr, static_cast<std::size_t>(dyr.ld),
                                        ptr_or_null<B>(p.weight), f64<B>(st), f64<B>(out));
@@ -600,7 +649,7 @@ Grads<B> shard_backward(B &b, const typename B::Array &dy, const typename B::Arr
   g.dweight = param_grad(want_dweight && B::defined(p.weight));
   g.dbias = param_grad(want_dbias && B::defined(p.bias));
   rmsnorm_config cfg = config(s.dt, p.param_dtype, o);
-  shard_call(b, s, "rmsnorm_shard_backward", [&](rmsnorm_context *ctx) {
+  run(b, s.rows * s.width, "rmsnorm_shard_backward", [&](rmsnorm_context *ctx) {
     return rmsnorm_shard_backward(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr, s.ldx,
                                   dyr.ptr, static_cast<std::size_t>(dyr.ld),
                                   ptr_or_null<B>(p.weight), f64<B>(st), f64<B>(dsum), B::ptr(g.dx),
@@ -625,13 +674,7 @@ template <class B>
 AddForward<B> add_forward(B &b, const typename B::Array &u, const typename B::Array &h, Dims norm,
                           const typename B::Array &weight, const typename B::Array &bias,
                           const Options &o, bool want_rstd, bool inplace) {
-  check_normalized(norm);
-  int dt = data_dtype<B>(u, "input");
-  Dims shape = B::shape(u);
-  check_input(shape, norm, "input");
-  check_same<B>(h, shape, dt, "residual", "input");
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(RMS, o.flags);
+  auto [dt, shape, p] = norm_in(b, RMS, u, "input", norm, weight, bias, o, {{&h, "residual"}});
   std::size_t k = norm.size();
   int64_t d = prod(norm), rows = prod(shape.first(shape.size() - k));
   AddForward<B> r;
@@ -657,14 +700,10 @@ AddForward<B> add_forward(B &b, const typename B::Array &u, const typename B::Ar
   }
   if (want_rstd) r.rstd = b.empty(sshape, stats_dtype(dt));
   rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  rmsnorm_context *ctx = b.context();
-  rmsnorm_status st;
-  {
-    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(rows * d));
-    st = rmsnorm_add_forward(ctx, &cfg, rows, d, hr.ptr, hr.ld, ur.ptr, ur.ld, ptr_or_null<B>(p.weight),
-                             ptr_or_null<B>(p.bias), B::ptr(r.y), ldy, ptr_or_null<B>(r.rstd));
-  }
-  check(st, "rmsnorm_add_forward");
+  run(b, static_cast<std::size_t>(rows * d), "rmsnorm_add_forward", [&](rmsnorm_context *ctx) {
+    return rmsnorm_add_forward(ctx, &cfg, rows, d, hr.ptr, hr.ld, ur.ptr, ur.ld, ptr_or_null<B>(p.weight),
+                               ptr_or_null<B>(p.bias), B::ptr(r.y), ldy, ptr_or_null<B>(r.rstd));
+  });
   return r;
 }
 
@@ -675,14 +714,8 @@ Grads<B> add_backward(B &b, const typename B::Array &dy, const typename B::Array
                       const typename B::Array &h, Dims norm, const typename B::Array &weight,
                       const typename B::Array &bias, const typename B::Array &rstd, const Options &o,
                       bool want_dweight, bool want_dbias) {
-  check_normalized(norm);
-  int dt = data_dtype<B>(h, "new_residual");
-  Dims shape = B::shape(h);
-  check_input(shape, norm, "new_residual");
-  check_same<B>(dy, shape, dt, "grad_output", "new_residual");
-  if (B::defined(dres)) check_same<B>(dres, shape, dt, "grad_residual", "new_residual");
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(RMS, o.flags);
+  auto [dt, shape, p] = norm_in(b, RMS, h, "new_residual", norm, weight, bias, o,
+                                {{&dy, "grad_output"}, {&dres, "grad_residual"}});
   want_dweight = want_dweight && B::defined(p.weight);
   want_dbias = want_dbias && B::defined(p.bias);
   std::size_t k = norm.size();
@@ -690,26 +723,15 @@ Grads<B> add_backward(B &b, const typename B::Array &dy, const typename B::Array
   if (B::defined(dres)) drr = as_rows(b, dres, k);
   int64_t rows = hr.rows, d = hr.d;
   Grads<B> g;
-  g.dx = b.empty(shape, dt);
-  if (d == 0) {
-    if (want_dweight) g.dweight = b.full(norm, p.weight_dtype, 0.0);
-    if (want_dbias) g.dbias = b.full(norm, p.bias_dtype, 0.0);
-    return g;
-  }
-  if (want_dweight) g.dweight = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
-  if (want_dbias) g.dbias = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
+  if (!start_grads(b, &g, p, shape, dt, norm, rows, d, want_dweight, want_dbias)) return g;
   auto r = stat_arg(b, rstd, "rstd", dt, rows);
   rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  rmsnorm_context *ctx = b.context();
-  rmsnorm_status st;
-  {
-    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(rows * d));
-    st = rmsnorm_add_backward(ctx, &cfg, rows, d, hr.ptr, hr.ld, dyr.ptr, dyr.ld, drr.ptr,
-                              B::defined(dres) ? drr.ld : d, ptr_or_null<B>(p.weight),
-                              ptr_or_null<B>(r), B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
-                              ptr_or_null<B>(g.dbias));
-  }
-  check(st, "rmsnorm_add_backward");
+  run(b, static_cast<std::size_t>(rows * d), "rmsnorm_add_backward", [&](rmsnorm_context *ctx) {
+    return rmsnorm_add_backward(ctx, &cfg, rows, d, hr.ptr, hr.ld, dyr.ptr, dyr.ld, drr.ptr,
+                                B::defined(dres) ? drr.ld : d, ptr_or_null<B>(p.weight),
+                                ptr_or_null<B>(r), B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
+                                ptr_or_null<B>(g.dbias));
+  });
   give_back(b, g, p);
   return g;
 }
@@ -724,7 +746,7 @@ struct HeadLayout {
 
 inline void check_heads_shape(Dims shape, const char *what) {
   if (shape.size() < 2)
-    value_error(std::string(what) + " must have shape (*, heads, head_dim), got " + list(shape));
+    value_error(message("heads", {{"what", what}, {"shape", list(shape)}}));
 }
 
 /* The layout of a (already checked) (*, heads, head_dim) array, or none. */
@@ -806,16 +828,13 @@ QKForward<B> qk_forward(B &b, const typename B::Array &x, const typename B::Arra
   }
   if (want_rstd) r.rstd = b.empty(sshape, stats_dtype(dt));
   rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  rmsnorm_context *ctx = b.context();
-  rmsnorm_status st;
-  {
-    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(ly.tokens * ly.heads * ly.head_dim));
-    st = rmsnorm_qk_norm_forward(ctx, &cfg, ly.tokens, ly.heads, ly.head_dim, B::ptr(xr.array),
-                                 xr.l.ld_token, xr.l.ld_head, ptr_or_null<B>(p.weight),
-                                 ptr_or_null<B>(p.bias), B::ptr(r.y), ly.ld_token, ly.ld_head,
-                                 ptr_or_null<B>(r.rstd));
-  }
-  check(st, "rmsnorm_qk_norm_forward");
+  run(b, static_cast<std::size_t>(ly.tokens * ly.heads * ly.head_dim),
+      "rmsnorm_qk_norm_forward", [&](rmsnorm_context *ctx) {
+    return rmsnorm_qk_norm_forward(ctx, &cfg, ly.tokens, ly.heads, ly.head_dim, B::ptr(xr.array),
+                                   xr.l.ld_token, xr.l.ld_head, ptr_or_null<B>(p.weight),
+                                   ptr_or_null<B>(p.bias), B::ptr(r.y), ly.ld_token, ly.ld_head,
+                                   ptr_or_null<B>(r.rstd));
+  });
   return r;
 }
 
@@ -839,27 +858,17 @@ Grads<B> qk_backward(B &b, const typename B::Array &dy, const typename B::Array 
   const HeadLayout &l = xr.l;
   int64_t rows = l.tokens * l.heads;
   Grads<B> g;
-  g.dx = b.empty(shape, dt);
-  if (l.head_dim == 0) {
-    if (want_dweight) g.dweight = b.full(norm, p.weight_dtype, 0.0);
-    if (want_dbias) g.dbias = b.full(norm, p.bias_dtype, 0.0);
-    return g;
-  }
-  if (want_dweight) g.dweight = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
-  if (want_dbias) g.dbias = rows ? b.empty(norm, p.param_dtype) : b.full(norm, p.param_dtype, 0.0);
+  if (!start_grads(b, &g, p, shape, dt, norm, rows, l.head_dim, want_dweight, want_dbias)) return g;
   auto r = stat_arg(b, rstd, "rstd", dt, rows);
   rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  rmsnorm_context *ctx = b.context();
-  rmsnorm_status st;
-  {
-    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(rows * l.head_dim));
-    st = rmsnorm_qk_norm_backward(ctx, &cfg, l.tokens, l.heads, l.head_dim, B::ptr(xr.array),
-                                  l.ld_token, l.ld_head, B::ptr(dyr.array), dyr.l.ld_token,
-                                  dyr.l.ld_head, ptr_or_null<B>(p.weight), ptr_or_null<B>(r),
-                                  B::ptr(g.dx), l.heads * l.head_dim, l.head_dim,
-                                  ptr_or_null<B>(g.dweight), ptr_or_null<B>(g.dbias));
-  }
-  check(st, "rmsnorm_qk_norm_backward");
+  run(b, static_cast<std::size_t>(rows * l.head_dim),
+      "rmsnorm_qk_norm_backward", [&](rmsnorm_context *ctx) {
+    return rmsnorm_qk_norm_backward(ctx, &cfg, l.tokens, l.heads, l.head_dim, B::ptr(xr.array),
+                                    l.ld_token, l.ld_head, B::ptr(dyr.array), dyr.l.ld_token,
+                                    dyr.l.ld_head, ptr_or_null<B>(p.weight), ptr_or_null<B>(r),
+                                    B::ptr(g.dx), l.heads * l.head_dim, l.head_dim,
+                                    ptr_or_null<B>(g.dweight), ptr_or_null<B>(g.dbias));
+  });
   give_back(b, g, p);
   return g;
 }
@@ -919,12 +928,7 @@ template <class B>
 Quant<B> forward_quant(B &b, rmsnorm_qtype qtype, const typename B::Array &x, Dims norm,
                        const typename B::Array &weight, const typename B::Array &bias,
                        const Options &o, std::optional<double> scale) {
-  check_normalized(norm);
-  int dt = data_dtype<B>(x, "input");
-  Dims shape = B::shape(x);
-  check_input(shape, norm, "input");
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(RMS, o.flags);
+  auto [dt, shape, p] = norm_in(b, RMS, x, "input", norm, weight, bias, o);
   std::size_t k = norm.size();
   Rows<B> xr = as_rows(b, x, k);
   Quant<B> r;
@@ -937,15 +941,12 @@ Quant<B> forward_quant(B &b, rmsnorm_qtype qtype, const typename B::Array &x, Di
     if (!scale) r.scale = b.full(stats_shape(shape, k), RMSNORM_F32, 0.0);
     return r;
   }
-  rmsnorm_context *ctx = b.context();
-  rmsnorm_status st;
-  {
-    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(xr.rows * xr.d));
-    st = rmsnorm_forward_quant(ctx, &cfg, xr.rows, xr.d, xr.ptr, xr.ld, ptr_or_null<B>(p.weight),
-                               ptr_or_null<B>(p.bias), qtype, scale ? &s : nullptr, B::ptr(r.q), xr.d,
-                               scale ? nullptr : static_cast<float *>(B::ptr(r.scale)), nullptr);
-  }
-  check(st, "rmsnorm_forward_quant");
+  run(b, static_cast<std::size_t>(xr.rows * xr.d),
+      "rmsnorm_forward_quant", [&](rmsnorm_context *ctx) {
+    return rmsnorm_forward_quant(ctx, &cfg, xr.rows, xr.d, xr.ptr, xr.ld, ptr_or_null<B>(p.weight),
+                                 ptr_or_null<B>(p.bias), qtype, scale ? &s : nullptr, B::ptr(r.q), xr.d,
+                                 scale ? nullptr : static_cast<float *>(B::ptr(r.scale)), nullptr);
+  });
   return r;
 }
 
@@ -977,13 +978,12 @@ Linear<B> linear_args(B &b, const typename B::Array &x, const typename B::Array 
   Linear<B> a;
   a.dt = data_dtype<B>(x, "input");
   Dims shape = B::shape(x);
-  if (shape.empty()) value_error("input must have at least one dimension (the normalized one)");
+  if (shape.empty()) value_error(message("linear_rank", {}));
   int64_t d = shape.back();
   a.w_dtype = data_dtype<B>(w, "weight_matrix");
   Dims ws = B::shape(w);
   if (ws.size() != 2 || ws[0] != d)
-    value_error("weight_matrix has shape " + list(ws) + "; expected (d, n) with d = " +
-                std::to_string(d) + ", the input's last dim");
+    value_error(message("linear_matrix", {{"shape", list(ws)}, {"d", std::to_string(d)}}));
   a.n = ws[1];
   if (d == 0 || a.n == 0)
     value_error("rms_norm_linear needs d > 0 and n > 0, got d = " + std::to_string(d) +
@@ -991,20 +991,7 @@ Linear<B> linear_args(B &b, const typename B::Array &x, const typename B::Array 
   int cdt = compute_dtype(a.dt);
   a.w = a.w_dtype != cdt ? b.cast(w, cdt) : (B::is_contiguous(w) ? w : b.contiguous(w));
   int64_t dd[1] = {d}, nn[1] = {a.n};
-  // g and bias have different shapes: check each, then share the dtype rule
-  int gc = B::defined(g) ? param_code<B>(g, "norm_weight", Dims(dd, 1)) : -1;
-  int bc = B::defined(bias) ? param_code<B>(bias, "bias", Dims(nn, 1)) : -1;
-  Params<B> &p = a.p;
-  p.weight_dtype = gc;
-  p.bias_dtype = bc;
-  p.param_dtype = (gc < 0 || gc == a.dt) && (bc < 0 || bc == a.dt) ? a.dt : RMSNORM_F32;
-  auto prep = [&](const typename B::Array &t, int code) -> typename B::Array {
-    if (!B::defined(t)) return t;
-    if (code != p.param_dtype) return b.cast(t, p.param_dtype);
-    return B::is_contiguous(t) ? t : b.contiguous(t);
-  };
-  p.weight = prep(g, gc);
-  p.bias = prep(bias, bc);
+  a.p = params(b, a.dt, Dims(dd, 1), g, bias, "norm_weight", Dims(nn, 1));
   a.x = as_rows(b, x, 1);
   return a;
 }
@@ -1037,14 +1024,11 @@ std::pair<typename B::Array, typename B::Array> linear_forward(B &b, const Linea
     rstd = b.empty(zs, stats_dtype(a.dt));
   }
   rmsnorm_config cfg = config(a.dt, a.p.param_dtype, o);
-  rmsnorm_context *ctx = b.context();
-  rmsnorm_status st;
-  {
-    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(a.x.rows * a.x.d));
-    st = rmsnorm_linear_forward(ctx, &cfg, a.x.rows, a.x.d, a.n, a.x.ptr, a.x.ld, B::ptr(wf), a.n,
-                                ptr_or_null<B>(a.p.bias), B::ptr(z), a.n, ptr_or_null<B>(rstd));
-  }
-  check(st, "rmsnorm_linear_forward");
+  run(b, static_cast<std::size_t>(a.x.rows * a.x.d),
+      "rmsnorm_linear_forward", [&](rmsnorm_context *ctx) {
+    return rmsnorm_linear_forward(ctx, &cfg, a.x.rows, a.x.d, a.n, a.x.ptr, a.x.ld, B::ptr(wf), a.n,
+                                  ptr_or_null<B>(a.p.bias), B::ptr(z), a.n, ptr_or_null<B>(rstd));
+  });
   return {z, rstd};
 }
 
@@ -1078,15 +1062,11 @@ LinearGrads<B> linear_backward(B &b, const Linear<B> &a, const typename B::Array
   if (want_dw) g.dw = make(Dims(wshape, 2), cdt);
   if (want_db) g.db = make(Dims(nshape, 1), a.p.param_dtype);
   rmsnorm_config cfg = config(dt, a.p.param_dtype, o);
-  rmsnorm_context *ctx = b.context();
-  rmsnorm_status st;
-  {
-    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(rows * d));
-    st = rmsnorm_linear_backward(ctx, &cfg, rows, d, n, a.x.ptr, a.x.ld, ptr_or_null<B>(a.p.weight),
-                                 B::ptr(a.w), n, B::ptr(wf), n, dzr.ptr, dzr.ld, B::ptr(g.dx), d,
-                                 ptr_or_null<B>(g.dg), ptr_or_null<B>(g.dw), n, ptr_or_null<B>(g.db));
-  }
-  check(st, "rmsnorm_linear_backward");
+  run(b, static_cast<std::size_t>(rows * d), "rmsnorm_linear_backward", [&](rmsnorm_context *ctx) {
+    return rmsnorm_linear_backward(ctx, &cfg, rows, d, n, a.x.ptr, a.x.ld, ptr_or_null<B>(a.p.weight),
+                                   B::ptr(a.w), n, B::ptr(wf), n, dzr.ptr, dzr.ld, B::ptr(g.dx), d,
+                                   ptr_or_null<B>(g.dg), ptr_or_null<B>(g.dw), n, ptr_or_null<B>(g.db));
+  });
   if (B::defined(g.dg) && a.p.weight_dtype != a.p.param_dtype) g.dg = b.cast(g.dg, a.p.weight_dtype);
   if (B::defined(g.db) && a.p.bias_dtype != a.p.param_dtype) g.db = b.cast(g.db, a.p.bias_dtype);
   if (B::defined(g.dw) && a.w_dtype != cdt) g.dw = b.cast(g.dw, a.w_dtype);

@@ -11,10 +11,15 @@
 #define PY_ARRAY_UNIQUE_SYMBOL rmsnorm_native_ARRAY_API
 #include <numpy/arrayobject.h>
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "core.hpp"
@@ -28,8 +33,9 @@ using rncore::Dims;
 
 /* ---- module state (one interpreter) ------------------------------------------ */
 
-int g_bf16_num = -1;             // ml_dtypes.bfloat16's type number, -1 without ml_dtypes
-PyArray_Descr *g_bf16 = nullptr; // its descriptor
+// numpy's type numbers by rmsnorm_dtype code; bfloat16's is ml_dtypes' (-1 without it)
+int g_type_num[] = {NPY_FLOAT32, NPY_FLOAT16, -1, NPY_FLOAT64};
+PyArray_Descr *g_bf16 = nullptr; // ml_dtypes.bfloat16
 PyArray_Descr *g_fp8 = nullptr;  // ml_dtypes.float8_e4m3fn (uint8 without ml_dtypes)
 PyObject *g_error_cls[4];        // rmsnorm.ArgumentError, DtypeError, OutOfMemoryError, NotAvailableError
 std::atomic<int> g_threads{0};   // rmsnorm.set_num_threads (0: the library's default)
@@ -75,13 +81,9 @@ Ref checked(PyObject *p) {
 }
 
 PyArray_Descr *descr_of(int code) {
-  switch (code) {
-    case RMSNORM_F32: return PyArray_DescrFromType(NPY_FLOAT32);
-    case RMSNORM_F16: return PyArray_DescrFromType(NPY_FLOAT16);
-    case RMSNORM_F64: return PyArray_DescrFromType(NPY_FLOAT64);
-    case RMSNORM_BF16: Py_INCREF(g_bf16); return g_bf16;
-    default: return nullptr;
-  }
+  if (code != RMSNORM_BF16) return PyArray_DescrFromType(g_type_num[code]);
+  Py_INCREF(g_bf16);
+  return g_bf16;
 }
 
 /* The capsule that owns a cache block under a numpy array (its base). */
@@ -142,12 +144,9 @@ struct NumpyBackend {
   static bool defined(const Ref &a) { return a.get() != nullptr; }
   static int dtype(const Ref &a) {
     int num = PyArray_DESCR(a.arr())->type_num;
-    switch (num) {
-      case NPY_FLOAT32: return RMSNORM_F32;
-      case NPY_FLOAT16: return RMSNORM_F16;
-      case NPY_FLOAT64: return RMSNORM_F64;
-      default: return num == g_bf16_num && g_bf16_num >= 0 ? RMSNORM_BF16 : -1;
-    }
+    for (int code = 0; code < 4; code++)
+      if (num == g_type_num[code]) return code;
+    return -1;
   }
   static std::string dtype_name(const Ref &a) {
     Ref s(PyObject_Str(reinterpret_cast<PyObject *>(PyArray_DESCR(a.arr()))));
@@ -258,53 +257,119 @@ PyObject *guarded(F &&f) {
 
 /* ---- argument parsing ----------------------------------------------------------- */
 
-/* A function's parameters: the first `positional` may be passed by position,
- * the first `required` must be given; all may be passed by keyword. */
-struct Signature {
-  const char *fname;
-  std::vector<const char *> names;
-  int positional;
-  int required;
+/* The numpy functions, their signatures from the op table (ops.def). */
+enum Fn {
+#define RN_OP(...)
+#define RN_FN(name, where, op, sig) FN_##name,
+#include "ops.def"
+#undef RN_FN
+  FN_COUNT
 };
+
+constexpr std::string_view kSig[] = {
+#define RN_FN(name, where, op, sig) sig,
+#include "ops.def"
+#undef RN_FN
+};
+
+/* The position of parameter `name` in signature `sig` (a compile error when absent). */
+consteval int arg_index(std::string_view sig, std::string_view name) {
+  int i = 0;
+  for (std::size_t at = 0; at <= sig.size();) {
+    std::size_t end = std::min(sig.find(',', at), sig.size());
+    std::string_view item = sig.substr(at, end - at);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    if (item != "*") {
+      if (item.substr(0, item.find('=')) == name) return i;
+      i++;
+    }
+    at = end + 1;
+  }
+  throw "no such parameter";
+}
+
+/* Parameter n of the function being defined (its Fn is F in the scope). */
+#define A(n) a.v[std::integral_constant<int, arg_index(kSig[F], #n)>::value]
 
 constexpr int kMaxArgs = 16;
 
-/* Fills out[i] with the borrowed value of parameter i, or nullptr. */
+/* A function's parameters, parsed from its signature once: the first `positional` may be
+ * passed by position, those without a default must be given; all may be passed by keyword. */
+struct Signature {
+  const char *fname = nullptr;
+  std::vector<std::string> names;
+  std::vector<PyObject *> defaults;  // nullptr: required
+  int positional = 0;
+};
+
+Signature g_sig[FN_COUNT];
+
+int parse_signature(Signature *out, const char *fname, std::string_view sig) {
+  out->fname = fname;
+  out->positional = -1;
+  for (std::size_t at = 0; at <= sig.size();) {
+    std::size_t end = std::min(sig.find(',', at), sig.size());
+    std::string item(sig.substr(at, end - at));
+    at = end + 1;
+    item.erase(0, item.find_first_not_of(' '));
+    if (item == "*") {
+      out->positional = static_cast<int>(out->names.size());
+      continue;
+    }
+    std::size_t eq = item.find('=');
+    out->names.push_back(item.substr(0, eq));
+    PyObject *d = nullptr;
+    if (eq != std::string::npos) {
+      std::string v = item.substr(eq + 1);
+      d = v == "None" ? (Py_INCREF(Py_None), Py_None)
+          : v == "False" ? PyBool_FromLong(0)
+          : v == "True" ? PyBool_FromLong(1)
+                        : PyFloat_FromDouble(std::strtod(v.c_str(), nullptr));
+      if (!d) return -1;
+    }
+    out->defaults.push_back(d);  // kept for the process
+  }
+  if (out->positional < 0) out->positional = static_cast<int>(out->names.size());
+  return 0;
+}
+
+struct Args {
+  PyObject *v[kMaxArgs];  // borrowed: the given value, or the default
+};
+
 void parse(const Signature &sig, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-           PyObject **out) {
+           Args *out) {
   int n = static_cast<int>(sig.names.size());
-  for (int i = 0; i < n; i++) out[i] = nullptr;
+  for (int i = 0; i < n; i++) out->v[i] = nullptr;
   if (nargs > sig.positional) {
     PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", sig.fname,
                  sig.positional, nargs);
     throw PyErrorSet{};
   }
-  for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
+  for (Py_ssize_t i = 0; i < nargs; i++) out->v[i] = args[i];
   Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
   for (Py_ssize_t j = 0; j < nkw; j++) {
     PyObject *key = PyTuple_GET_ITEM(kwnames, j);
     int i = 0;
-    for (const char *name : sig.names) {
-      if (PyUnicode_CompareWithASCIIString(key, name) == 0) break;
-      i++;
-    }
+    while (i < n && PyUnicode_CompareWithASCIIString(key, sig.names[i].c_str()) != 0) i++;
     if (i == n) {
       PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", sig.fname, key);
       throw PyErrorSet{};
     }
-    if (out[i]) {
+    if (out->v[i]) {
       PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%U'", sig.fname, key);
       throw PyErrorSet{};
     }
-    out[i] = args[nargs + j];
+    out->v[i] = args[nargs + j];
   }
-  int i = 0;
-  for (const char *name : sig.names) {
-    if (i < sig.required && !out[i]) {
-      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", sig.fname, name);
+  for (int i = 0; i < n; i++) {
+    if (out->v[i]) continue;
+    if (!sig.defaults[i]) {
+      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", sig.fname,
+                   sig.names[i].c_str());
       throw PyErrorSet{};
     }
-    i++;
+    out->v[i] = sig.defaults[i];
   }
 }
 
@@ -344,7 +409,8 @@ struct NormShape {
   Dims dims() const { return Dims(v, n); }
 };
 
-void normalized_shape(PyObject *o, NormShape *out) {
+NormShape normalized_shape(PyObject *o) {
+  NormShape shape;
   auto bad = [&]() {
     PyErr_Clear();
     Ref r(PyObject_Repr(o));
@@ -355,9 +421,9 @@ void normalized_shape(PyObject *o, NormShape *out) {
   if (PyIndex_Check(o)) {
     Py_ssize_t v = PyNumber_AsSsize_t(o, PyExc_OverflowError);
     if (v == -1 && PyErr_Occurred()) bad();
-    out->v[0] = v;
-    out->n = 1;
-    return;
+    shape.v[0] = v;
+    shape.n = 1;
+    return shape;
   }
   // the items held by a tuple (a list's copied, any other sequence's listed):
   // an item's __index__ may change or empty the list, which must not free
@@ -372,9 +438,10 @@ void normalized_shape(PyObject *o, NormShape *out) {
     if (!PyIndex_Check(item)) bad();
     Py_ssize_t v = PyNumber_AsSsize_t(item, PyExc_OverflowError);
     if (v == -1 && PyErr_Occurred()) bad();
-    out->v[i] = v;
+    shape.v[i] = v;
   }
-  out->n = static_cast<std::size_t>(n);
+  shape.n = static_cast<std::size_t>(n);
+  return shape;
 }
 
 double as_double(PyObject *o, const char *what) {
@@ -386,26 +453,31 @@ double as_double(PyObject *o, const char *what) {
   return v;
 }
 
-std::optional<double> optional_double(PyObject *o, const char *what, std::optional<double> dflt) {
-  if (!o) return dflt;
+std::optional<double> optional_double(PyObject *o, const char *what) {
   if (o == Py_None) return std::nullopt;
   return as_double(o, what);
 }
 
-bool as_bool(PyObject *o, bool dflt = false) {
-  if (!o) return dflt;
+bool as_bool(PyObject *o) {
   int v = PyObject_IsTrue(o);
   if (v < 0) throw PyErrorSet{};
   return v != 0;
 }
 
-/* The options every norm takes: eps, partial and the flag keywords. */
-rncore::Options options(PyObject *eps, std::optional<double> eps_default, PyObject *partial,
-                        bool offset, bool eps_outside, bool round_before_weight) {
+consteval bool has_arg(std::string_view sig, std::string_view name) {
+  return sig.find(std::string(name) + "=") != std::string_view::npos;
+}
+
+/* The options of function F: eps, partial and the flag keywords it has. */
+template <Fn F>
+rncore::Options options(const Args &a) {
   rncore::Options o;
-  o.eps = optional_double(eps, "eps", eps_default);
-  o.partial = partial ? as_double(partial, "partial") : 1.0;
-  o.flags = rncore::flags_of(offset, eps_outside, round_before_weight);
+  o.eps = optional_double(A(eps), "eps");
+  bool offset = as_bool(A(offset)), outside = false, rbw = false;
+  if constexpr (has_arg(kSig[F], "partial")) o.partial = as_double(A(partial), "partial");
+  if constexpr (has_arg(kSig[F], "eps_outside")) outside = as_bool(A(eps_outside));
+  if constexpr (has_arg(kSig[F], "round_before_weight")) rbw = as_bool(A(round_before_weight));
+  o.flags = rncore::flags_of(offset, outside, rbw);
   return o;
 }
 
@@ -427,243 +499,147 @@ PyObject *tuple(std::initializer_list<PyObject *> items) {
   return t;
 }
 
-#define FASTCALL_ARGS PyObject *, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+/* The result: r, or r and the statistics when asked for. */
+PyObject *with_stats(bool want, Ref r, std::initializer_list<Ref *> stats) {
+  if (!want) return r.release();
+  PyObject *t = PyTuple_New(static_cast<Py_ssize_t>(stats.size() + 1));
+  if (!t) return nullptr;
+  PyTuple_SET_ITEM(t, 0, r.release());
+  Py_ssize_t i = 1;
+  for (Ref *s : stats) PyTuple_SET_ITEM(t, i++, s->release());
+  return t;
+}
 
-/* ---- the norms ---------------------------------------------------------------------- */
+PyObject *grads(rncore::Grads<B> &g) {
+  return tuple({g.dx.release(), none_or(g.dweight), none_or(g.dbias)});
+}
 
-PyObject *py_rms_norm(FASTCALL_ARGS) {
+/* ---- the functions (their arguments: the op table's RN_FN rows) ---------------------- */
+
+/* rms_norm and layer_norm (K), and their backward. */
+template <Fn F, rncore::Norm K>
+PyObject *norm(const Args &a) {
+  NumpyBackend b;
+  NormShape norm = normalized_shape(A(normalized_shape));
+  bool want;
+  if constexpr (K == rncore::RMS) want = as_bool(A(return_rstd));
+  else want = as_bool(A(return_mean_rstd));
+  Ref out = given(A(out)) ? output_array(A(out), "out") : Ref();
+  auto r = rncore::forward(b, K, input_array(A(input)), norm.dims(), optional_array(A(weight)),
+                           optional_array(A(bias)), options<F>(a), want && K == rncore::LAYER,
+                           want, out.get() ? &out : nullptr);
+  if constexpr (K == rncore::RMS) return with_stats(want, r.y, {&r.rstd});
+  else return with_stats(want, r.y, {&r.mean, &r.rstd});
+}
+
+template <Fn F, rncore::Norm K>
+PyObject *norm_backward(const Args &a) {
+  NumpyBackend b;
+  NormShape norm = normalized_shape(A(normalized_shape));
+  Ref mean;
+  if constexpr (K == rncore::LAYER) mean = optional_array(A(mean));
+  auto g = rncore::backward(b, K, input_array(A(grad_output)), input_array(A(input)), norm.dims(),
+                            optional_array(A(weight)), optional_array(A(bias)), mean,
+                            optional_array(A(rstd)), options<F>(a), true, true);
+  return grads(g);
+}
+
+PyObject *rms_norm(const Args &a) { return norm<FN_rms_norm, rncore::RMS>(a); }
+PyObject *layer_norm(const Args &a) { return norm<FN_layer_norm, rncore::LAYER>(a); }
+PyObject *rms_norm_backward(const Args &a) {
+  return norm_backward<FN_rms_norm_backward, rncore::RMS>(a);
+}
+PyObject *layer_norm_backward(const Args &a) {
+  return norm_backward<FN_layer_norm_backward, rncore::LAYER>(a);
+}
+
+PyObject *fused_add_rms_norm(const Args &a) {
+  constexpr Fn F = FN_fused_add_rms_norm;
+  NumpyBackend b;
+  bool inplace = as_bool(A(inplace)), want = as_bool(A(return_rstd));
+  Ref u = inplace ? output_array(A(input), "input") : input_array(A(input));
+  Ref h = inplace ? output_array(A(residual), "residual") : input_array(A(residual));
+  NormShape norm = normalized_shape(A(normalized_shape));
+  auto r = rncore::add_forward(b, u, h, norm.dims(), optional_array(A(weight)),
+                               optional_array(A(bias)), options<F>(a), want, inplace);
+  if (!want) return tuple({r.y.release(), r.h.release()});
+  return tuple({r.y.release(), r.h.release(), r.rstd.release()});
+}
+
+PyObject *fused_add_rms_norm_backward(const Args &a) {
+  constexpr Fn F = FN_fused_add_rms_norm_backward;
+  NumpyBackend b;
+  NormShape norm = normalized_shape(A(normalized_shape));
+  auto g = rncore::add_backward(b, input_array(A(grad_output)), optional_array(A(grad_residual)),
+                                input_array(A(new_residual)), norm.dims(), optional_array(A(weight)),
+                                optional_array(A(bias)), optional_array(A(rstd)), options<F>(a),
+                                true, true);
+  return grads(g);
+}
+
+PyObject *qk_norm(const Args &a) {
+  constexpr Fn F = FN_qk_norm;
+  NumpyBackend b;
+  bool inplace = as_bool(A(inplace)), want = as_bool(A(return_rstd));
+  Ref x = inplace ? output_array(A(input), "input") : input_array(A(input));
+  auto r = rncore::qk_forward(b, x, optional_array(A(weight)), optional_array(A(bias)),
+                              options<F>(a), want, inplace);
+  return with_stats(want, r.y, {&r.rstd});
+}
+
+PyObject *qk_norm_backward(const Args &a) {
+  constexpr Fn F = FN_qk_norm_backward;
+  NumpyBackend b;
+  auto g = rncore::qk_backward(b, input_array(A(grad_output)), input_array(A(input)),
+                               optional_array(A(weight)), optional_array(A(bias)),
+                               optional_array(A(rstd)), options<F>(a), true, true);
+  return grads(g);
+}
+
+template <rmsnorm_qtype Q>
+PyObject *quant(const Args &a) {
+  constexpr Fn F = FN_rms_norm_int8;  // rms_norm_fp8's parameters are the same
+  static_assert(kSig[FN_rms_norm_int8] == kSig[FN_rms_norm_fp8]);
+  NumpyBackend b;
+  NormShape norm = normalized_shape(A(normalized_shape));
+  auto r = rncore::forward_quant(b, Q, input_array(A(input)), norm.dims(), optional_array(A(weight)),
+                                 optional_array(A(bias)), options<F>(a),
+                                 optional_double(A(scale), "scale"));
+  return tuple({r.q.release(), r.scale.release()});
+}
+
+PyObject *rms_norm_int8(const Args &a) { return quant<RMSNORM_Q_INT8>(a); }
+PyObject *rms_norm_fp8(const Args &a) { return quant<RMSNORM_Q_FP8_E4M3>(a); }
+
+PyObject *rms_norm_linear(const Args &a) {
+  constexpr Fn F = FN_rms_norm_linear;
+  NumpyBackend b;
+  auto o = options<F>(a);
+  bool want = as_bool(A(return_rstd));
+  auto la = rncore::linear_args(b, input_array(A(input)), input_array(A(weight_matrix)),
+                                optional_array(A(norm_weight)), optional_array(A(bias)));
+  auto [z, rstd] = rncore::linear_forward(b, la, rncore::fold(b, la, o), o, want);
+  return with_stats(want, z, {&rstd});
+}
+
+PyObject *rms_norm_linear_backward(const Args &a) {
+  constexpr Fn F = FN_rms_norm_linear_backward;
+  NumpyBackend b;
+  auto o = options<F>(a);
+  auto la = rncore::linear_args(b, input_array(A(input)), input_array(A(weight_matrix)),
+                                optional_array(A(norm_weight)), optional_array(A(bias)));
+  auto g = rncore::linear_backward(b, la, rncore::fold(b, la, o), input_array(A(grad_output)), o,
+                                   true, true, true);
+  return tuple({g.dx.release(), g.dw.release(), none_or(g.dg), none_or(g.db)});
+}
+
+/* The METH_FASTCALL function of F. */
+template <Fn F, PyObject *(*impl)(const Args &)>
+PyObject *fastcall(PyObject *, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   return guarded([&]() -> PyObject * {
-    static const Signature sig{"rms_norm",
-                               {"input", "normalized_shape", "weight", "eps", "bias", "offset",
-                                "eps_outside", "partial", "round_before_weight", "return_rstd", "out"},
-                               4, 2};
-    PyObject *a[kMaxArgs];
-    parse(sig, args, nargs, kwnames, a);
-    NumpyBackend b;
-    Ref x = input_array(a[0]);
-    NormShape norm;
-    normalized_shape(a[1], &norm);
-    Ref w = optional_array(a[2]), bias = optional_array(a[4]);
-    auto o = options(a[3], std::nullopt, a[7], as_bool(a[5]), as_bool(a[6]), as_bool(a[8]));
-    bool want_rstd = as_bool(a[9]);
-    Ref out = given(a[10]) ? output_array(a[10], "out") : Ref();
-    auto r = rncore::forward(b, rncore::RMS, x, norm.dims(), w, bias, o, false, want_rstd,
-                             out.get() ? &out : nullptr);
-    if (!want_rstd) return r.y.release();
-    return tuple({r.y.release(), r.rstd.release()});
-  });
-}
-
-PyObject *py_rms_norm_backward(FASTCALL_ARGS) {
-  return guarded([&]() -> PyObject * {
-    static const Signature sig{"rms_norm_backward",
-                               {"grad_output", "input", "normalized_shape", "weight", "eps", "bias",
-                                "rstd", "offset", "eps_outside", "partial"},
-                               5, 3};
-    PyObject *a[kMaxArgs];
-    parse(sig, args, nargs, kwnames, a);
-    NumpyBackend b;
-    Ref dy = input_array(a[0]), x = input_array(a[1]);
-    NormShape norm;
-    normalized_shape(a[2], &norm);
-    Ref w = optional_array(a[3]), bias = optional_array(a[5]), rstd = optional_array(a[6]);
-    auto o = options(a[4], std::nullopt, a[9], as_bool(a[7]), as_bool(a[8]), false);
-    auto g = rncore::backward(b, rncore::RMS, dy, x, norm.dims(), w, bias, Ref(), rstd, o, true, true);
-    return tuple({g.dx.release(), none_or(g.dweight), none_or(g.dbias)});
-  });
-}
-
-PyObject *py_layer_norm(FASTCALL_ARGS) {
-  return guarded([&]() -> PyObject * {
-    static const Signature sig{"layer_norm",
-                               {"input", "normalized_shape", "weight", "bias", "eps", "offset",
-                                "round_before_weight", "return_mean_rstd", "out"},
-                               5, 2};
-    PyObject *a[kMaxArgs];
-    parse(sig, args, nargs, kwnames, a);
-    NumpyBackend b;
-    Ref x = input_array(a[0]);
-    NormShape norm;
-    normalized_shape(a[1], &norm);
-    Ref w = optional_array(a[2]), bias = optional_array(a[3]);
-    auto o = options(a[4], 1e-5, nullptr, as_bool(a[5]), false, as_bool(a[6]));
-    bool want = as_bool(a[7]);
-    Ref out = given(a[8]) ? output_array(a[8], "out") : Ref();
-    auto r = rncore::forward(b, rncore::LAYER, x, norm.dims(), w, bias, o, want, want,
-                             out.get() ? &out : nullptr);
-    if (!want) return r.y.release();
-    return tuple({r.y.release(), r.mean.release(), r.rstd.release()});
-  });
-}
-
-PyObject *py_layer_norm_backward(FASTCALL_ARGS) {
-  return guarded([&]() -> PyObject * {
-    static const Signature sig{"layer_norm_backward",
-                               {"grad_output", "input", "normalized_shape", "weight", "bias", "eps",
-                                "mean", "rstd", "offset"},
-                               6, 3};
-    PyObject *a[kMaxArgs];
-    parse(sig, args, nargs, kwnames, a);
-    NumpyBackend b;
-    Ref dy = input_array(a[0]), x = input_array(a[1]);
-    NormShape norm;
-    normalized_shape(a[2], &norm);
-    Ref w = optional_array(a[3]), bias = optional_array(a[4]);
-    Ref mean = optional_array(a[6]), rstd = optional_array(a[7]);
-    auto o = options(a[5], 1e-5, nullptr, as_bool(a[8]), false, false);
-    auto g = rncore::backward(b, rncore::LAYER, dy, x, norm.dims(), w, bias, mean, rstd, o, true, true);
-    return tuple({g.dx.release(), none_or(g.dweight), none_or(g.dbias)});
-  });
-}
-
-/* ---- fused operations ------------------------------------------------------------------ */
-
-PyObject *py_fused_add_rms_norm(FASTCALL_ARGS) {
-  return guarded([&]() -> PyObject * {
-    static const Signature sig{"fused_add_rms_norm",
-                               {"input", "residual", "normalized_shape", "weight", "eps", "bias",
-                                "offset", "eps_outside", "partial", "inplace", "return_rstd"},
-                               5, 3};
-    PyObject *a[kMaxArgs];
-    parse(sig, args, nargs, kwnames, a);
-    NumpyBackend b;
-    bool inplace = as_bool(a[9]);
-    Ref u = inplace ? output_array(a[0], "input") : input_array(a[0]);
-    Ref h = inplace ? output_array(a[1], "residual") : input_array(a[1]);
-    NormShape norm;
-    normalized_shape(a[2], &norm);
-    Ref w = optional_array(a[3]), bias = optional_array(a[5]);
-    auto o = options(a[4], std::nullopt, a[8], as_bool(a[6]), as_bool(a[7]), false);
-    bool want_rstd = as_bool(a[10]);
-    auto r = rncore::add_forward(b, u, h, norm.dims(), w, bias, o, want_rstd, inplace);
-    if (!want_rstd) return tuple({r.y.release(), r.h.release()});
-    return tuple({r.y.release(), r.h.release(), r.rstd.release()});
-  });
-}
-
-PyObject *py_fused_add_rms_norm_backward(FASTCALL_ARGS) {
-  return guarded([&]() -> PyObject * {
-    static const Signature sig{"fused_add_rms_norm_backward",
-                               {"grad_output", "grad_residual", "new_residual", "normalized_shape",
-                                "weight", "eps", "bias", "rstd", "offset", "eps_outside", "partial"},
-                               6, 4};
-    PyObject *a[kMaxArgs];
-    parse(sig, args, nargs, kwnames, a);
-    NumpyBackend b;
-    Ref dy = input_array(a[0]), dres = optional_array(a[1]), h = input_array(a[2]);
-    NormShape norm;
-    normalized_shape(a[3], &norm);
-    Ref w = optional_array(a[4]), bias = optional_array(a[6]), rstd = optional_array(a[7]);
-    auto o = options(a[5], std::nullopt, a[10], as_bool(a[8]), as_bool(a[9]), false);
-    auto g = rncore::add_backward(b, dy, dres, h, norm.dims(), w, bias, rstd, o, true, true);
-    return tuple({g.dx.release(), none_or(g.dweight), none_or(g.dbias)});
-  });
-}
-
-PyObject *py_qk_norm(FASTCALL_ARGS) {
-  return guarded([&]() -> PyObject * {
-    static const Signature sig{"qk_norm",
-                               {"input", "weight", "eps", "bias", "offset", "eps_outside", "partial",
-                                "inplace", "return_rstd"},
-                               3, 1};
-    PyObject *a[kMaxArgs];
-    parse(sig, args, nargs, kwnames, a);
-    NumpyBackend b;
-    bool inplace = as_bool(a[7]);
-    Ref x = inplace ? output_array(a[0], "input") : input_array(a[0]);
-    Ref w = optional_array(a[1]), bias = optional_array(a[3]);
-    auto o = options(a[2], std::nullopt, a[6], as_bool(a[4]), as_bool(a[5]), false);
-    bool want_rstd = as_bool(a[8]);
-    auto r = rncore::qk_forward(b, x, w, bias, o, want_rstd, inplace);
-    if (!want_rstd) return r.y.release();
-    return tuple({r.y.release(), r.rstd.release()});
-  });
-}
-
-PyObject *py_qk_norm_backward(FASTCALL_ARGS) {
-  return guarded([&]() -> PyObject * {
-    static const Signature sig{"qk_norm_backward",
-                               {"grad_output", "input", "weight", "eps", "bias", "rstd", "offset",
-                                "eps_outside", "partial"},
-                               4, 2};
-    PyObject *a[kMaxArgs];
-    parse(sig, args, nargs, kwnames, a);
-    NumpyBackend b;
-    Ref dy = input_array(a[0]), x = input_array(a[1]);
-    Ref w = optional_array(a[2]), bias = optional_array(a[4]), rstd = optional_array(a[5]);
-    auto o = options(a[3], std::nullopt, a[8], as_bool(a[6]), as_bool(a[7]), false);
-    auto g = rncore::qk_backward(b, dy, x, w, bias, rstd, o, true, true);
-    return tuple({g.dx.release(), none_or(g.dweight), none_or(g.dbias)});
-  });
-}
-
-PyObject *quant(rmsnorm_qtype qtype, const Signature &sig, PyObject *const *args, Py_ssize_t nargs,
-                PyObject *kwnames) {
-  return guarded([&]() -> PyObject * {
-    PyObject *a[kMaxArgs];
-    parse(sig, args, nargs, kwnames, a);
-    NumpyBackend b;
-    Ref x = input_array(a[0]);
-    NormShape norm;
-    normalized_shape(a[1], &norm);
-    Ref w = optional_array(a[2]), bias = optional_array(a[4]);
-    auto o = options(a[3], std::nullopt, a[8], as_bool(a[6]), as_bool(a[7]), false);
-    auto scale = optional_double(a[5], "scale", std::nullopt);
-    auto r = rncore::forward_quant(b, qtype, x, norm.dims(), w, bias, o, scale);
-    return tuple({r.q.release(), r.scale.release()});
-  });
-}
-
-#define QUANT_NAMES {"input", "normalized_shape", "weight", "eps", "bias", "scale", "offset", \
-                     "eps_outside", "partial"}
-
-PyObject *py_rms_norm_int8(FASTCALL_ARGS) {
-  static const Signature sig{"rms_norm_int8", QUANT_NAMES, 4, 2};
-  return quant(RMSNORM_Q_INT8, sig, args, nargs, kwnames);
-}
-
-PyObject *py_rms_norm_fp8(FASTCALL_ARGS) {
-  static const Signature sig{"rms_norm_fp8", QUANT_NAMES, 4, 2};
-  return quant(RMSNORM_Q_FP8_E4M3, sig, args, nargs, kwnames);
-}
-
-PyObject *py_rms_norm_linear(FASTCALL_ARGS) {
-  return guarded([&]() -> PyObject * {
-    static const Signature sig{"rms_norm_linear",
-                               {"input", "weight_matrix", "norm_weight", "eps", "bias", "offset",
-                                "eps_outside", "partial", "return_rstd"},
-                               6, 2};
-    PyObject *a[kMaxArgs];
-    parse(sig, args, nargs, kwnames, a);
-    NumpyBackend b;
-    Ref x = input_array(a[0]), W = input_array(a[1]);
-    Ref g = optional_array(a[2]), bias = optional_array(a[4]);
-    auto o = options(a[3], std::nullopt, a[7], as_bool(a[5]), as_bool(a[6]), false);
-    bool want_rstd = as_bool(a[8]);
-    auto la = rncore::linear_args(b, x, W, g, bias);
-    Ref wf = rncore::fold(b, la, o);
-    auto [z, rstd] = rncore::linear_forward(b, la, wf, o, want_rstd);
-    if (!want_rstd) return z.release();
-    return tuple({z.release(), rstd.release()});
-  });
-}
-
-PyObject *py_rms_norm_linear_backward(FASTCALL_ARGS) {
-  return guarded([&]() -> PyObject * {
-    static const Signature sig{"rms_norm_linear_backward",
-                               {"grad_output", "input", "weight_matrix", "norm_weight", "eps", "bias",
-                                "offset", "eps_outside", "partial"},
-                               7, 3};
-    PyObject *a[kMaxArgs];
-    parse(sig, args, nargs, kwnames, a);
-    NumpyBackend b;
-    Ref dz = input_array(a[0]), x = input_array(a[1]), W = input_array(a[2]);
-    Ref g = optional_array(a[3]), bias = optional_array(a[5]);
-    auto o = options(a[4], std::nullopt, a[8], as_bool(a[6]), as_bool(a[7]), false);
-    auto la = rncore::linear_args(b, x, W, g, bias);
-    Ref wf = rncore::fold(b, la, o);
-    auto gr = rncore::linear_backward(b, la, wf, dz, o, true, true, true);
-    return tuple({gr.dx.release(), gr.dw.release(), none_or(gr.dg), none_or(gr.db)});
+    Args a;
+    parse(g_sig[F], args, nargs, kwnames, &a);
+    return impl(a);
   });
 }
 
@@ -673,8 +649,7 @@ PyObject *py_set_num_threads(PyObject *, PyObject *arg) {
   return guarded([&]() -> PyObject * {
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) throw PyErrorSet{};
-    if (n < 0 || n > 1024)
-      rncore::check(RMSNORM_ERROR_BAD_ARGUMENT, "rmsnorm_context_set_threads");
+    if (n < INT_MIN || n > INT_MAX) n = -1;  // the library refuses it (not 0..1024)
     rmsnorm_context *ctx = nullptr;
     rncore::check(rnpy::thread_context(static_cast<int>(n), &ctx), "rmsnorm_context_set_threads");
     g_threads.store(static_cast<int>(n));
@@ -753,113 +728,100 @@ PyObject *py_empty_cache(PyObject *, PyObject *) {
 
 /* ---- the module ------------------------------------------------------------------------ */
 
-#define FAST(name) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_##name)), \
-                   METH_FASTCALL | METH_KEYWORDS
+/* The functions' docstrings after their signature line (which comes from the op table). */
+const char *doc_body(Fn f) {
+  switch (f) {
+    case FN_rms_norm:
+      return "RMSNorm over the trailing dims `normalized_shape` of `input`, as\n"
+             "torch.nn.functional.rms_norm: y = x / sqrt(mean(x^2) + eps) * weight (+ bias).\n\n"
+             "input: a numpy array (or anything np.asarray takes) of float32, float16,\n"
+             "bfloat16 (ml_dtypes) or float64, any leading shape, any strides. weight, bias:\n"
+             "arrays of shape normalized_shape, of the input's dtype or float32. eps None:\n"
+             "float32's machine epsilon (float64's for float64 data), as torch. offset:\n"
+             "multiply by (1 + weight), as Gemma. eps_outside: 1/(sqrt(mean(x^2)) + eps).\n"
+             "partial: pRMSNorm, the statistic over the first ceil(partial*d) elements.\n"
+             "round_before_weight: for float16/bfloat16, round the normalized value to the\n"
+             "input dtype before the weight (HF Llama's order).\n\n"
+             "Returns y (a new C-contiguous array of the input's shape and dtype, or `out`),\n"
+             "or (y, rstd) with return_rstd, rstd of shape (*leading, 1, ..., 1) in float32\n"
+             "(float64 for float64 data). out: a numpy array of the input's shape and dtype,\n"
+             "native byte order, writable, rows at one stride, written in place (it may be\n"
+             "the input itself); any other is refused (ValueError/TypeError), never copied.";
+    case FN_rms_norm_backward:
+      return "Gradients of rms_norm, called with the forward's arguments after grad_output:\n"
+             "(grad_input, grad_weight, grad_bias), grad_weight when a weight is given (the\n"
+             "gradient of weight itself, also with offset), grad_bias when a bias is given\n"
+             "(its values are not used), each in its parameter's dtype, else None. rstd: what\n"
+             "rms_norm(..., return_rstd=True) returned; None recomputes it.";
+    case FN_layer_norm:
+      return "LayerNorm over the trailing dims `normalized_shape`, as\n"
+             "torch.nn.functional.layer_norm: y = (x - mean) / sqrt(var + eps) * weight + bias\n"
+             "(biased variance). Dtypes, layouts and out= as rms_norm's; eps None is the\n"
+             "dtype's default. Returns y, or (y, mean, rstd) with return_mean_rstd.";
+    case FN_layer_norm_backward:
+      return "Gradients of layer_norm, called with the forward's arguments after grad_output:\n"
+             "(grad_input, grad_weight or None, grad_bias or None). mean and rstd: what\n"
+             "layer_norm(..., return_mean_rstd=True) returned (both or neither).";
+    case FN_fused_add_rms_norm:
+      return "Residual add + RMSNorm in one pass over memory (rmsnorm_add_forward):\n"
+             "new_residual = residual + input (rounded to the dtype), output =\n"
+             "rms_norm(new_residual, ...). Returns (output, new_residual[, rstd]). inplace=False\n"
+             "leaves both arguments untouched and returns new arrays; inplace=True (vLLM's)\n"
+             "writes new_residual into `residual` and output into `input` and returns those\n"
+             "two arrays, which must be numpy arrays of one dtype, native byte order, writable,\n"
+             "rows at one stride (anything else is refused, never copied).";
+    case FN_fused_add_rms_norm_backward:
+      return "Gradients of fused_add_rms_norm (rmsnorm_add_backward): (grad, grad_weight,\n"
+             "grad_bias) where grad = grad_residual + the norm's grad_input at new_residual is\n"
+             "the gradient of both input and residual (grad_residual None: zero).";
+    case FN_qk_norm:
+      return "QK-norm (rmsnorm_qk_norm_forward): RMSNorm over head_dim of input of shape\n"
+             "(*, heads, head_dim), one weight (head_dim,) shared by every head. The heads\n"
+             "may lie at any stride and the leading dims at one token stride, as Q or K\n"
+             "do inside a fused QKV array, and are read there without a copy. Returns y\n"
+             "(new, contiguous), or input itself with inplace=True (then it must be\n"
+             "writable, native byte order and of that layout); (y, rstd) with return_rstd,\n"
+             "rstd of shape (*, heads, 1).";
+    case FN_qk_norm_backward:
+      return "Gradients of qk_norm (rmsnorm_qk_norm_backward): (grad_input, grad_weight or\n"
+             "None, grad_bias or None), the parameter gradients summed over tokens and heads.";
+    case FN_rms_norm_linear:
+      return "RMSNorm followed by a linear layer, Z = rms_norm(input, d, norm_weight, eps) @\n"
+             "weight_matrix + bias, with the gain folded into the matrix (FlashNorm):\n"
+             "W' = diag(norm_weight) @ weight_matrix, then Z = diag(r) (X W') + bias.\n"
+             "input (*, d); weight_matrix (d, n), converted to the compute type (float32;\n"
+             "float64 for float64 input); norm_weight (d,), bias (n,) of the input's dtype or\n"
+             "float32. Z: (*, n) in the input's dtype. Raises rmsnorm.NotAvailableError when\n"
+             "the library was built without a BLAS.";
+    case FN_rms_norm_linear_backward:
+      return "Gradients of rms_norm_linear (rmsnorm_linear_backward): (grad_input,\n"
+             "grad_weight_matrix, grad_norm_weight or None, grad_bias or None).";
+    case FN_rms_norm_int8:
+      return "RMSNorm with an int8 output and a symmetric scale (rmsnorm_forward_quant), y\n"
+             "being rms_norm's value in the compute type: scale None: s = max|y| / 127 per\n"
+             "row (float32); else s = float32(scale) (finite, > 0, neither 0 nor inf as a\n"
+             "float32: ValueError otherwise); q = round_half_even(clip(y * inv,\n"
+             "-128, 127)), NaN -> 0, inv = 1/s rounded to float32 once per row (y / s\n"
+             "where s < 2**-126 or s > 2**126). Returns (q, s): q int8 of the input's shape, s float32\n"
+             "of shape (*leading, 1, ..., 1) or a 0-d array. Dequantize with q * s.";
+    case FN_rms_norm_fp8:
+      return "RMSNorm with an fp8 E4M3 (OCP FN, max 448) output, as rms_norm_int8 with\n"
+             "s = max|y| / 448 and q = e4m3(y * inv) rounded to nearest even, saturated to\n"
+             "+-448; q is an ml_dtypes.float8_e4m3fn array.";
+    default: return nullptr;  // torch only
+  }
+}
+
+#define NUMPY_FN(name) {#name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>( \
+  fastcall<FN_##name, name>)), METH_FASTCALL | METH_KEYWORDS, nullptr},
+#define RN_FN_NUMPY(name) NUMPY_FN(name)
+#define RN_FN_BOTH(name) NUMPY_FN(name)
+#define RN_FN_TORCH(name)
 
 PyMethodDef methods[] = {
-    {"rms_norm", FAST(rms_norm),
-     "rms_norm($module, input, normalized_shape, weight=None, eps=None, *, bias=None, offset=False, "
-     "eps_outside=False, partial=1.0, round_before_weight=False, return_rstd=False, out=None)\n--\n\n"
-     "RMSNorm over the trailing dims `normalized_shape` of `input`, as\n"
-     "torch.nn.functional.rms_norm: y = x / sqrt(mean(x^2) + eps) * weight (+ bias).\n\n"
-     "input: a numpy array (or anything np.asarray takes) of float32, float16,\n"
-     "bfloat16 (ml_dtypes) or float64, any leading shape, any strides. weight, bias:\n"
-     "arrays of shape normalized_shape, of the input's dtype or float32. eps None:\n"
-     "float32's machine epsilon (float64's for float64 data), as torch. offset:\n"
-     "multiply by (1 + weight), as Gemma. eps_outside: 1/(sqrt(mean(x^2)) + eps).\n"
-     "partial: pRMSNorm, the statistic over the first ceil(partial*d) elements.\n"
-     "round_before_weight: for float16/bfloat16, round the normalized value to the\n"
-     "input dtype before the weight (HF Llama's order).\n\n"
-     "Returns y (a new C-contiguous array of the input's shape and dtype, or `out`),\n"
-     "or (y, rstd) with return_rstd, rstd of shape (*leading, 1, ..., 1) in float32\n"
-     "(float64 for float64 data). out: a numpy array of the input's shape and dtype,\n"
-     "native byte order, writable, rows at one stride, written in place (it may be\n"
-     "the input itself); any other is refused (ValueError/TypeError), never copied."},
-    {"rms_norm_backward", FAST(rms_norm_backward),
-     "rms_norm_backward($module, grad_output, input, normalized_shape, weight=None, eps=None, *, "
-     "bias=None, rstd=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
-     "Gradients of rms_norm, called with the forward's arguments after grad_output:\n"
-     "(grad_input, grad_weight, grad_bias), grad_weight when a weight is given (the\n"
-     "gradient of weight itself, also with offset), grad_bias when a bias is given\n"
-     "(its values are not used), each in its parameter's dtype, else None. rstd: what\n"
-     "rms_norm(..., return_rstd=True) returned; None recomputes it."},
-    {"layer_norm", FAST(layer_norm),
-     "layer_norm($module, input, normalized_shape, weight=None, bias=None, eps=1e-05, *, "
-     "offset=False, round_before_weight=False, return_mean_rstd=False, out=None)\n--\n\n"
-     "LayerNorm over the trailing dims `normalized_shape`, as\n"
-     "torch.nn.functional.layer_norm: y = (x - mean) / sqrt(var + eps) * weight + bias\n"
-     "(biased variance). Dtypes, layouts and out= as rms_norm's; eps None is the\n"
-     "dtype's default. Returns y, or (y, mean, rstd) with return_mean_rstd."},
-    {"layer_norm_backward", FAST(layer_norm_backward),
-     "layer_norm_backward($module, grad_output, input, normalized_shape, weight=None, bias=None, "
-     "eps=1e-05, *, mean=None, rstd=None, offset=False)\n--\n\n"
-     "Gradients of layer_norm, called with the forward's arguments after grad_output:\n"
-     "(grad_input, grad_weight or None, grad_bias or None). mean and rstd: what\n"
-     "layer_norm(..., return_mean_rstd=True) returned (both or neither)."},
-    {"fused_add_rms_norm", FAST(fused_add_rms_norm),
-     "fused_add_rms_norm($module, input, residual, normalized_shape, weight=None, eps=None, *, "
-     "bias=None, offset=False, eps_outside=False, partial=1.0, inplace=False, return_rstd=False)\n"
-     "--\n\n"
-     "Residual add + RMSNorm in one pass over memory (rmsnorm_add_forward):\n"
-     "new_residual = residual + input (rounded to the dtype), output =\n"
-     "rms_norm(new_residual, ...). Returns (output, new_residual[, rstd]). inplace=False\n"
-     "leaves both arguments untouched and returns new arrays; inplace=True (vLLM's)\n"
-     "writes new_residual into `residual` and output into `input` and returns those\n"
-     "two arrays, which must be numpy arrays of one dtype, native byte order, writable,\n"
-     "rows at one stride (anything else is refused, never copied)."},
-    {"fused_add_rms_norm_backward", FAST(fused_add_rms_norm_backward),
-     "fused_add_rms_norm_backward($module, grad_output, grad_residual, new_residual, "
-     "normalized_shape, weight=None, eps=None, *, bias=None, rstd=None, offset=False, "
-     "eps_outside=False, partial=1.0)\n--\n\n"
-     "Gradients of fused_add_rms_norm (rmsnorm_add_backward): (grad, grad_weight,\n"
-     "grad_bias) where grad = grad_residual + the norm's grad_input at new_residual is\n"
-     "the gradient of both input and residual (grad_residual None: zero)."},
-    {"qk_norm", FAST(qk_norm),
-     "qk_norm($module, input, weight=None, eps=None, *, bias=None, offset=False, "
-     "eps_outside=False, partial=1.0, inplace=False, return_rstd=False)\n--\n\n"
-     "QK-norm (rmsnorm_qk_norm_forward): RMSNorm over head_dim of input of shape\n"
-     "(*, heads, head_dim), one weight (head_dim,) shared by every head. The heads\n"
-     "may lie at any stride and the leading dims at one token stride, as Q or K\n"
-     "do inside a fused QKV array, and are read there without a copy. Returns y\n"
-     "(new, contiguous), or input itself with inplace=True (then it must be\n"
-     "writable, native byte order and of that layout); (y, rstd) with return_rstd,\n"
-     "rstd of shape (*, heads, 1)."},
-    {"qk_norm_backward", FAST(qk_norm_backward),
-     "qk_norm_backward($module, grad_output, input, weight=None, eps=None, *, bias=None, "
-     "rstd=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
-     "Gradients of qk_norm (rmsnorm_qk_norm_backward): (grad_input, grad_weight or\n"
-     "None, grad_bias or None), the parameter gradients summed over tokens and heads."},
-    {"rms_norm_linear", FAST(rms_norm_linear),
-     "rms_norm_linear($module, input, weight_matrix, norm_weight=None, eps=None, bias=None, "
-     "offset=False, *, eps_outside=False, partial=1.0, return_rstd=False)\n--\n\n"
-     "RMSNorm followed by a linear layer, Z = rms_norm(input, d, norm_weight, eps) @\n"
-     "weight_matrix + bias, with the gain folded into the matrix (FlashNorm):\n"
-     "W' = diag(norm_weight) @ weight_matrix, then Z = diag(r) (X W') + bias.\n"
-     "input (*, d); weight_matrix (d, n), converted to the compute type (float32;\n"
-     "float64 for float64 input); norm_weight (d,), bias (n,) of the input's dtype or\n"
-     "float32. Z: (*, n) in the input's dtype. Raises rmsnorm.NotAvailableError when\n"
-     "the library was built without a BLAS."},
-    {"rms_norm_linear_backward", FAST(rms_norm_linear_backward),
-     "rms_norm_linear_backward($module, grad_output, input, weight_matrix, norm_weight=None, "
-     "eps=None, bias=None, offset=False, *, eps_outside=False, partial=1.0)\n--\n\n"
-     "Gradients of rms_norm_linear (rmsnorm_linear_backward): (grad_input,\n"
-     "grad_weight_matrix, grad_norm_weight or None, grad_bias or None)."},
-    {"rms_norm_int8", FAST(rms_norm_int8),
-     "rms_norm_int8($module, input, normalized_shape, weight=None, eps=None, *, bias=None, "
-     "scale=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
-     "RMSNorm with an int8 output and a symmetric scale (rmsnorm_forward_quant), y\n"
-     "being rms_norm's value in the compute type: scale None: s = max|y| / 127 per\n"
-     "row (float32); else s = float32(scale) (finite, > 0, neither 0 nor inf as a\n"
-     "float32: ValueError otherwise); q = round_half_even(clip(y * inv,\n"
-     "-128, 127)), NaN -> 0, inv = 1/s rounded to float32 once per row (y / s\n"
-     "where s < 2**-126 or s > 2**126). Returns (q, s): q int8 of the input's shape, s float32\n"
-     "of shape (*leading, 1, ..., 1) or a 0-d array. Dequantize with q * s."},
-    {"rms_norm_fp8", FAST(rms_norm_fp8),
-     "rms_norm_fp8($module, input, normalized_shape, weight=None, eps=None, *, bias=None, "
-     "scale=None, offset=False, eps_outside=False, partial=1.0)\n--\n\n"
-     "RMSNorm with an fp8 E4M3 (OCP FN, max 448) output, as rms_norm_int8 with\n"
-     "s = max|y| / 448 and q = e4m3(y * inv) rounded to nearest even, saturated to\n"
-     "+-448; q is an ml_dtypes.float8_e4m3fn array."},
+#define RN_FN(name, where, op, sig) RN_FN_##where(name)
+#include "ops.def"
+#undef RN_FN
     {"set_num_threads", py_set_num_threads, METH_O,
      "set_num_threads($module, threads, /)\n--\n\n"
      "The most threads one call of the numpy functions may use, for every Python\n"
@@ -909,7 +871,7 @@ int load_ml_dtypes() {
     Ref type(PyObject_GetAttrString(mod.get(), name));
     if (!type.get() || !PyArray_DescrConverter(type.get(), out)) return -1;
   }
-  g_bf16_num = g_bf16->type_num;
+  g_type_num[RMSNORM_BF16] = g_bf16->type_num;
   return 0;
 }
 
@@ -925,5 +887,20 @@ PyMODINIT_FUNC PyInit__native(void) {
     g_error_cls[i] = PyObject_GetAttrString(errors.get(), names[i]);  // kept for the process
     if (!g_error_cls[i]) return nullptr;
   }
+  // the signatures and docstrings of the op table's functions
+  static std::string docs[FN_COUNT];
+  static const char *fn_names[] = {
+#define RN_FN(name, where, op, sig) #name,
+#include "ops.def"
+#undef RN_FN
+  };
+  for (int f = 0; f < FN_COUNT; f++) {
+    if (parse_signature(&g_sig[f], fn_names[f], kSig[f]) < 0) return nullptr;
+    docs[f] = std::string(fn_names[f]) + "($module, " + std::string(kSig[f]) + ")\n--\n\n" +
+              (doc_body(static_cast<Fn>(f)) ? doc_body(static_cast<Fn>(f)) : "");
+  }
+  for (PyMethodDef *m = methods; m->ml_name; m++)
+    for (int f = 0; f < FN_COUNT; f++)
+      if (!m->ml_doc && std::string_view(m->ml_name) == fn_names[f]) m->ml_doc = docs[f].c_str();
   return PyModule_Create(&module_def);
 }

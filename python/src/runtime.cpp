@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -22,18 +21,12 @@ namespace rnpy {
 
 namespace {
 
-/* Bumped in a forked child: contexts made before it belong to the parent,
- * whose pool threads do not exist in the child. They are leaked, never freed
- * (freeing would wait for those threads). */
-std::atomic<unsigned> g_fork_generation{0};
-
+/* A forked child keeps the forking thread's context: the library's atfork
+ * handlers leave it unlocked and its pool starts new workers when needed. */
 struct ThreadContext {
   rmsnorm_context *ctx = nullptr;
   int threads = -1;  // what rmsnorm_context_set_threads was last given
-  unsigned generation = 0;
-  ~ThreadContext() {
-    if (ctx && generation == g_fork_generation.load()) rmsnorm_context_free(ctx);
-  }
+  ~ThreadContext() { rmsnorm_context_free(ctx); }
 };
 
 thread_local ThreadContext t_context;
@@ -42,17 +35,11 @@ thread_local ThreadContext t_context;
 
 rmsnorm_status thread_context(int threads, rmsnorm_context **out) {
   ThreadContext &tc = t_context;
-  unsigned gen = g_fork_generation.load(std::memory_order_relaxed);
-  if (tc.ctx && tc.generation != gen) {
-    tc.ctx = nullptr;  // the parent's, in a forked child: leaked on purpose
-    tc.threads = -1;
-  }
   if (!tc.ctx) {
     rmsnorm_context *c = nullptr;
     rmsnorm_status st = rmsnorm_context_create(&c);
     if (st != RMSNORM_OK) return st;
     tc.ctx = c;
-    tc.generation = gen;
   }
   if (threads != tc.threads) {
     rmsnorm_status st = rmsnorm_context_set_threads(tc.ctx, threads);
@@ -254,10 +241,7 @@ Cache &cache() {
 
 void before_fork() { cache().lock(); }
 void after_fork_parent() { cache().unlock(); }
-void after_fork_child() {
-  cache().unlock();
-  g_fork_generation.fetch_add(1);
-}
+void after_fork_child() { cache().unlock(); }
 
 struct AtFork {
   AtFork() {

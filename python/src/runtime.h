@@ -16,8 +16,8 @@ namespace rnpy {
 
 /* The calling thread's context (created on first use, freed when the thread
  * exits), set to run at most `threads` threads (0: the library's default).
- * After fork() the child starts new contexts: the parent's thread pools do not
- * exist there. @return RMSNORM_OK, or the status of rmsnorm_context_create /
+ * A forked child keeps using the forking thread's context (the library's
+ * atfork handlers make that safe). @return RMSNORM_OK, or the status of rmsnorm_context_create /
  * rmsnorm_context_set_threads (then *ctx is untouched). */
 RNPY_API rmsnorm_status thread_context(int threads, rmsnorm_context **ctx);
 

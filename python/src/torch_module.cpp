@@ -1,31 +1,29 @@
 /* torch_module.cpp - rmsnorm._torch: importing it registers the rmsnorm:: ops
- * (torch_ops.cpp), and it holds the eager entry points of rmsnorm.torch:
- * CPython functions that take the Python API's arguments in a fixed order,
- * convert them without Python-level work, release the GIL and call the op
- * through the dispatcher (so autograd and any mode or subclass below
- * __torch_function__ see the op itself). torch's generic path for calling a
- * torch.ops op from Python converts every argument against the schema and
- * costs 5-15 us a call; this one costs about 1 us.
- *
- * Each returns NotImplemented when an argument is symbolic (a SymInt in
- * normalized_shape): the caller then takes the torch.ops path. */
+ * (torch_ops.cpp); it also holds the eager entry point of rmsnorm.torch, call(),
+ * which converts an op's arguments by its schema's types without Python-level
+ * work, releases the GIL and calls the op through the dispatcher (so autograd
+ * and any mode or subclass below __torch_function__ see the op itself).
+ * torch's generic path for calling a torch.ops op from Python costs 5-15 us a
+ * call; this one about 1 us. It returns NotImplemented when an argument is
+ * symbolic (a SymInt in normalized_shape): the caller then takes torch.ops. */
 #include <Python.h>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/object_ptr.h>
 
-#include <c10/util/SmallVector.h>
-
 #include <string>
+#include <vector>
 
-#include "torch_ops.h"
+#include "core.hpp"
 
 namespace {
 
-using namespace rnops;
-
 PyObject *g_symint_type = nullptr;  // torch.SymInt
+
+/* The ops call() knows, by the handle op() gave for them. */
+std::vector<c10::OperatorHandle> g_ops;
 
 /* The GIL is released while an op runs (as torch's own bindings do); a
  * Python mode or subclass reached by the dispatcher takes it back. */
@@ -38,22 +36,14 @@ struct NoGil {
 
 struct Symbolic {};  // an argument only torch.ops can take
 
-const Tensor &tensor(PyObject *o, const char *name) {
+at::Tensor tensor(PyObject *o, const std::string &name) {
   TORCH_CHECK_TYPE(THPVariable_Check(o), name, " must be a torch.Tensor, got ", Py_TYPE(o)->tp_name);
   return THPVariable_Unpack(o);
 }
 
-OptTensor opt_tensor(PyObject *o, const char *name) {
-  if (o == Py_None) return std::nullopt;
-  return tensor(o, name);
-}
-
-using Shape = c10::SmallVector<c10::SymInt, 8>;
-
 int64_t shape_item(PyObject *o, PyObject *whole) {
   if (!PyLong_CheckExact(o)) {
-    if (g_symint_type && PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject *>(g_symint_type)))
-      throw Symbolic{};
+    if (PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject *>(g_symint_type))) throw Symbolic{};
     TORCH_CHECK_TYPE(PyIndex_Check(o), "normalized_shape must be an int or a sequence of ints, got ",
                      Py_TYPE(whole)->tp_name);
   }
@@ -62,30 +52,24 @@ int64_t shape_item(PyObject *o, PyObject *whole) {
   return v;
 }
 
-void shape(PyObject *o, Shape *out) {
+c10::IValue shape(PyObject *o) {
+  std::vector<int64_t> out;
   if (PyLong_Check(o) || (PyIndex_Check(o) && !PySequence_Check(o))) {
-    out->emplace_back(shape_item(o, o));
-    return;
+    out.push_back(shape_item(o, o));
+    return out;
   }
   TORCH_CHECK_TYPE(PyTuple_Check(o) || PyList_Check(o),
-                   "normalized_shape must be an int or a sequence of ints, got ",
-                   Py_TYPE(o)->tp_name);
+                   "normalized_shape must be an int or a sequence of ints, got ", Py_TYPE(o)->tp_name);
   // the items held by a tuple (a list's copied): an item's __index__ may
   // change or empty the list, which must not free the items read after it
-  THPObjectPtr items;
-  if (PyList_Check(o)) {
-    items = PyList_AsTuple(o);
-    if (!items) throw python_error();
-  } else {
-    Py_INCREF(o);
-    items = o;
-  }
-  Py_ssize_t n = PyTuple_GET_SIZE(items.get());
-  for (Py_ssize_t i = 0; i < n; i++)
-    out->emplace_back(shape_item(PyTuple_GET_ITEM(items.get(), i), o));
+  THPObjectPtr items(PyList_Check(o) ? PyList_AsTuple(o) : (Py_INCREF(o), o));
+  if (!items) throw python_error();
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items.get()); i++)
+    out.push_back(shape_item(PyTuple_GET_ITEM(items.get(), i), o));
+  return out;
 }
 
-double number(PyObject *o, const char *name) {
+double number(PyObject *o, const std::string &name) {
   double v = PyFloat_AsDouble(o);
   if (v == -1.0 && PyErr_Occurred()) {
     PyErr_Clear();
@@ -94,290 +78,113 @@ double number(PyObject *o, const char *name) {
   return v;
 }
 
-OptDouble opt_number(PyObject *o, const char *name) {
-  if (o == Py_None) return std::nullopt;
-  return number(o, name);
-}
-
-bool flag(PyObject *o) {
-  int v = PyObject_IsTrue(o);
-  if (v < 0) throw python_error();
-  return v != 0;
-}
-
-void nargs_is(Py_ssize_t nargs, Py_ssize_t want, const char *fname) {
-  TORCH_CHECK_TYPE(nargs == want, "rmsnorm._torch.", fname, "() takes ", want,
-                   " positional arguments (", nargs, " given)");
-}
-
-PyObject *wrap(Tensor t) { return THPVariable_Wrap(std::move(t)); }
-
-PyObject *tuple_of(std::initializer_list<Tensor> ts) {
-  PyObject *t = PyTuple_New(static_cast<Py_ssize_t>(ts.size()));
-  if (!t) return nullptr;
-  Py_ssize_t i = 0;
-  for (const Tensor &x : ts) {
-    PyObject *o = wrap(x);
-    if (!o) {
-      Py_DECREF(t);
-      return nullptr;
+/* o as the schema argument `arg` takes it. */
+c10::IValue convert(PyObject *o, const c10::Argument &arg) {
+  const c10::TypePtr &t = arg.real_type();
+  if (o == Py_None && t->kind() == c10::TypeKind::OptionalType) return c10::IValue();
+  const c10::TypePtr &base = t->kind() == c10::TypeKind::OptionalType
+                                 ? t->expectRef<c10::OptionalType>().getElementType()
+                                 : t;
+  switch (base->kind()) {
+    case c10::TypeKind::TensorType: return tensor(o, arg.name());
+    case c10::TypeKind::FloatType: return number(o, arg.name());
+    case c10::TypeKind::BoolType: {
+      int v = PyObject_IsTrue(o);
+      if (v < 0) throw python_error();
+      return v != 0;
     }
-    PyTuple_SET_ITEM(t, i++, o);
+    case c10::TypeKind::IntType: {
+      int64_t v = PyLong_AsLongLong(o);
+      if (v == -1 && PyErr_Occurred()) throw python_error();
+      return v;
+    }
+    case c10::TypeKind::ListType: return shape(o);  // SymInt[] normalized_shape
+    default: TORCH_CHECK(false, "rmsnorm._torch.call: no conversion for ", t->str());
   }
-  return t;
 }
 
-PyObject *same(PyObject *o) {
-  Py_INCREF(o);
-  return o;
+PyObject *wrap(const c10::IValue &v) {
+  if (v.isNone()) Py_RETURN_NONE;
+  return THPVariable_Wrap(v.toTensor());
 }
 
-/* Runs an entry point body: torch's error translation, and NotImplemented
- * for symbolic arguments. */
-template <class F>
-PyObject *entry(F &&f) {
+/* op(name, overload) -> a handle for call(). */
+PyObject *op(PyObject *, PyObject *args) {
+  HANDLE_TH_ERRORS
+  const char *name, *overload;
+  if (!PyArg_ParseTuple(args, "ss", &name, &overload)) return nullptr;
+  g_ops.push_back(c10::Dispatcher::singleton().findSchemaOrThrow(name, overload));
+  return PyLong_FromSize_t(g_ops.size() - 1);
+  END_HANDLE_TH_ERRORS
+}
+
+/* call(handle, *args): the op with every schema argument given by position; its
+ * result (None for an op that returns nothing, a tuple for several). */
+PyObject *call(PyObject *, PyObject *const *a, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   try {
-    return f();
+    std::size_t h = nargs > 0 ? PyLong_AsSize_t(a[0]) : g_ops.size();
+    TORCH_CHECK(h < g_ops.size(), "rmsnorm._torch.call: not an op handle");
+    const c10::OperatorHandle &handle = g_ops[h];
+    const auto &args = handle.schema().arguments();
+    TORCH_CHECK_TYPE(static_cast<std::size_t>(nargs - 1) == args.size(), "rmsnorm._torch.call(",
+                     handle.schema().name(), ") takes ", args.size(), " arguments (", nargs - 1,
+                     " given)");
+    torch::jit::Stack stack;
+    stack.reserve(args.size());
+    for (std::size_t i = 0; i < args.size(); i++) stack.push_back(convert(a[i + 1], args[i]));
+    {
+      NoGil nogil;
+      handle.callBoxed(stack);
+    }
+    if (stack.empty()) Py_RETURN_NONE;
+    if (stack.size() == 1) return wrap(stack[0]);
+    THPObjectPtr t(PyTuple_New(static_cast<Py_ssize_t>(stack.size())));
+    if (!t) return nullptr;
+    for (std::size_t i = 0; i < stack.size(); i++) {
+      PyObject *o = wrap(stack[i]);
+      if (!o) return nullptr;
+      PyTuple_SET_ITEM(t.get(), static_cast<Py_ssize_t>(i), o);
+    }
+    return t.release();
   } catch (const Symbolic &) {
     Py_RETURN_NOTIMPLEMENTED;
   }
   END_HANDLE_TH_ERRORS
 }
 
-#define ARGS PyObject *, PyObject *const *a, Py_ssize_t nargs
-
-// rms_norm(input, normalized_shape, weight, eps, bias, offset, eps_outside, partial,
-//          round_before_weight, out)
-PyObject *rms_norm(ARGS) {
-  return entry([&]() -> PyObject * {
-    nargs_is(nargs, 10, "rms_norm");
-    const Tensor &x = tensor(a[0], "input");
-    Shape ns;
-    shape(a[1], &ns);
-    OptTensor w = opt_tensor(a[2], "weight"), b = opt_tensor(a[4], "bias");
-    OptDouble eps = opt_number(a[3], "eps");
-    bool offset = flag(a[5]), outside = flag(a[6]), rbw = flag(a[8]);
-    double partial = number(a[7], "partial");
-    if (a[9] != Py_None) {
-      const Tensor &out = tensor(a[9], "out");
-      RN_OP(op, RmsNormOutSig, "rmsnorm::rms_norm", "out");
-      {
-        NoGil nogil;
-        op.call(x, ns, w, eps, b, offset, outside, partial, rbw, out);
-      }
-      return same(a[9]);
-    }
-    RN_OP(op, RmsNormSig, "rmsnorm::rms_norm", "");
-    Tensor y;
-    {
-      NoGil nogil;
-      y = op.call(x, ns, w, eps, b, offset, outside, partial, rbw);
-    }
-    return wrap(std::move(y));
-  });
+/* The messages the fake kernels share with core.hpp, as str.format templates. */
+PyObject *messages(PyObject *, PyObject *) {
+  THPObjectPtr d(PyDict_New());
+  if (!d) return nullptr;
+  for (const auto &[key, text] : rncore::kMessages) {
+    THPObjectPtr s(PyUnicode_FromString(text));
+    if (!s || PyDict_SetItemString(d.get(), key, s.get()) < 0) return nullptr;
+  }
+  return d.release();
 }
 
-// rms_norm_forward(input, normalized_shape, weight, eps, bias, offset, eps_outside, partial,
-//                  round_before_weight) -> (output, rstd)
-PyObject *rms_norm_forward(ARGS) {
-  return entry([&]() -> PyObject * {
-    nargs_is(nargs, 9, "rms_norm_forward");
-    const Tensor &x = tensor(a[0], "input");
-    Shape ns;
-    shape(a[1], &ns);
-    OptTensor w = opt_tensor(a[2], "weight"), b = opt_tensor(a[4], "bias");
-    OptDouble eps = opt_number(a[3], "eps");
-    bool offset = flag(a[5]), outside = flag(a[6]), rbw = flag(a[8]);
-    double partial = number(a[7], "partial");
-    RN_OP(op, RmsNormForwardSig, "rmsnorm::rms_norm_forward", "");
-    Tensor2 r;
-    {
-      NoGil nogil;
-      r = op.call(x, ns, w, eps, b, offset, outside, partial, rbw);
-    }
-    return tuple_of({std::get<0>(r), std::get<1>(r)});
-  });
+/* The data dtypes' names, by rmsnorm_dtype code. */
+PyObject *dtypes(PyObject *, PyObject *) {
+  THPObjectPtr l(PyList_New(0));
+  for (const char *name : rncore::kDtypeNames) {
+    THPObjectPtr s(PyUnicode_FromString(name));
+    if (!l || !s || PyList_Append(l.get(), s.get()) < 0) return nullptr;
+  }
+  return l.release();
 }
 
-// layer_norm(input, normalized_shape, weight, bias, eps, offset, round_before_weight, out)
-PyObject *layer_norm(ARGS) {
-  return entry([&]() -> PyObject * {
-    nargs_is(nargs, 8, "layer_norm");
-    const Tensor &x = tensor(a[0], "input");
-    Shape ns;
-    shape(a[1], &ns);
-    OptTensor w = opt_tensor(a[2], "weight"), b = opt_tensor(a[3], "bias");
-    OptDouble eps = opt_number(a[4], "eps");
-    bool offset = flag(a[5]), rbw = flag(a[6]);
-    if (a[7] != Py_None) {
-      const Tensor &out = tensor(a[7], "out");
-      RN_OP(op, LayerNormOutSig, "rmsnorm::layer_norm", "out");
-      {
-        NoGil nogil;
-        op.call(x, ns, w, b, eps, offset, rbw, out);
-      }
-      return same(a[7]);
-    }
-    RN_OP(op, LayerNormSig, "rmsnorm::layer_norm", "");
-    Tensor y;
-    {
-      NoGil nogil;
-      y = op.call(x, ns, w, b, eps, offset, rbw);
-    }
-    return wrap(std::move(y));
-  });
-}
-
-// layer_norm_forward(input, normalized_shape, weight, bias, eps, offset, round_before_weight)
-//   -> (output, mean, rstd)
-PyObject *layer_norm_forward(ARGS) {
-  return entry([&]() -> PyObject * {
-    nargs_is(nargs, 7, "layer_norm_forward");
-    const Tensor &x = tensor(a[0], "input");
-    Shape ns;
-    shape(a[1], &ns);
-    OptTensor w = opt_tensor(a[2], "weight"), b = opt_tensor(a[3], "bias");
-    OptDouble eps = opt_number(a[4], "eps");
-    bool offset = flag(a[5]), rbw = flag(a[6]);
-    RN_OP(op, LayerNormForwardSig, "rmsnorm::layer_norm_forward", "");
-    Tensor3 r;
-    {
-      NoGil nogil;
-      r = op.call(x, ns, w, b, eps, offset, rbw);
-    }
-    return tuple_of({std::get<0>(r), std::get<1>(r), std::get<2>(r)});
-  });
-}
-
-// fused_add_rms_norm(input, residual, normalized_shape, weight, eps, bias, offset, eps_outside,
-//                    partial, inplace) -> (output, new_residual)
-PyObject *fused_add_rms_norm(ARGS) {
-  return entry([&]() -> PyObject * {
-    nargs_is(nargs, 10, "fused_add_rms_norm");
-    const Tensor &u = tensor(a[0], "input");
-    const Tensor &h = tensor(a[1], "residual");
-    Shape ns;
-    shape(a[2], &ns);
-    OptTensor w = opt_tensor(a[3], "weight"), b = opt_tensor(a[5], "bias");
-    OptDouble eps = opt_number(a[4], "eps");
-    bool offset = flag(a[6]), outside = flag(a[7]), inplace = flag(a[9]);
-    double partial = number(a[8], "partial");
-    if (inplace) {
-      RN_OP(op, FusedAddInplaceSig, "rmsnorm::fused_add_rms_norm_inplace", "");
-      {
-        NoGil nogil;
-        op.call(u, h, ns, w, eps, b, offset, outside, partial);
-      }
-      return PyTuple_Pack(2, a[0], a[1]);
-    }
-    RN_OP(op, FusedAddSig, "rmsnorm::fused_add_rms_norm", "");
-    Tensor2 r;
-    {
-      NoGil nogil;
-      r = op.call(u, h, ns, w, eps, b, offset, outside, partial);
-    }
-    return tuple_of({std::get<0>(r), std::get<1>(r)});
-  });
-}
-
-// qk_norm(input, weight, eps, bias, offset, eps_outside, partial, inplace)
-PyObject *qk_norm(ARGS) {
-  return entry([&]() -> PyObject * {
-    nargs_is(nargs, 8, "qk_norm");
-    const Tensor &x = tensor(a[0], "input");
-    OptTensor w = opt_tensor(a[1], "weight"), b = opt_tensor(a[3], "bias");
-    OptDouble eps = opt_number(a[2], "eps");
-    bool offset = flag(a[4]), outside = flag(a[5]), inplace = flag(a[7]);
-    double partial = number(a[6], "partial");
-    if (inplace) {
-      RN_OP(op, QkNormInplaceSig, "rmsnorm::qk_norm_inplace", "");
-      {
-        NoGil nogil;
-        op.call(x, w, eps, b, offset, outside, partial);
-      }
-      return same(a[0]);
-    }
-    RN_OP(op, QkNormSig, "rmsnorm::qk_norm", "");
-    Tensor y;
-    {
-      NoGil nogil;
-      y = op.call(x, w, eps, b, offset, outside, partial);
-    }
-    return wrap(std::move(y));
-  });
-}
-
-// rms_norm_int8 / rms_norm_fp8(input, normalized_shape, weight, eps, bias, scale, offset,
-//                              eps_outside, partial) -> (q, scale)
-PyObject *quant(const char *fname, const c10::TypedOperatorHandle<QuantSig> &op, PyObject *const *a,
-                Py_ssize_t nargs) {
-  return entry([&]() -> PyObject * {
-    nargs_is(nargs, 9, fname);
-    const Tensor &x = tensor(a[0], "input");
-    Shape ns;
-    shape(a[1], &ns);
-    OptTensor w = opt_tensor(a[2], "weight"), b = opt_tensor(a[4], "bias");
-    OptDouble eps = opt_number(a[3], "eps"), scale = opt_number(a[5], "scale");
-    bool offset = flag(a[6]), outside = flag(a[7]);
-    double partial = number(a[8], "partial");
-    Tensor2 r;
-    {
-      NoGil nogil;
-      r = op.call(x, ns, w, eps, b, scale, offset, outside, partial);
-    }
-    return tuple_of({std::get<0>(r), std::get<1>(r)});
-  });
-}
-
-PyObject *rms_norm_int8(ARGS) {
-  RN_OP(op, QuantSig, "rmsnorm::rms_norm_int8", "");
-  return quant("rms_norm_int8", op, a, nargs);
-}
-
-PyObject *rms_norm_fp8(ARGS) {
-  RN_OP(op, QuantSig, "rmsnorm::rms_norm_fp8", "");
-  return quant("rms_norm_fp8", op, a, nargs);
-}
-
-// rms_norm_linear(input, weight_matrix, norm_weight, eps, bias, offset, eps_outside, partial)
-PyObject *rms_norm_linear(ARGS) {
-  return entry([&]() -> PyObject * {
-    nargs_is(nargs, 8, "rms_norm_linear");
-    const Tensor &x = tensor(a[0], "input");
-    const Tensor &W = tensor(a[1], "weight_matrix");
-    OptTensor g = opt_tensor(a[2], "norm_weight"), b = opt_tensor(a[4], "bias");
-    OptDouble eps = opt_number(a[3], "eps");
-    bool offset = flag(a[5]), outside = flag(a[6]);
-    double partial = number(a[7], "partial");
-    RN_OP(op, LinearSig, "rmsnorm::rms_norm_linear", "");
-    Tensor z;
-    {
-      NoGil nogil;
-      z = op.call(x, W, g, eps, b, offset, outside, partial);
-    }
-    return wrap(std::move(z));
-  });
-}
-
-#define FAST(name) \
-  { #name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(name)), METH_FASTCALL, \
-    "The eager entry point of rmsnorm.torch." #name " (positional arguments, in its order)." }
-
-PyMethodDef methods[] = {FAST(rms_norm),
-                         FAST(rms_norm_forward),
-                         FAST(layer_norm),
-                         FAST(layer_norm_forward),
-                         FAST(fused_add_rms_norm),
-                         FAST(qk_norm),
-                         FAST(rms_norm_int8),
-                         FAST(rms_norm_fp8),
-                         FAST(rms_norm_linear),
-                         {nullptr, nullptr, 0, nullptr}};
+PyMethodDef methods[] = {
+    {"op", op, METH_VARARGS, "op(name, overload): a handle of the op rmsnorm::name.overload for call()."},
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(call)), METH_FASTCALL,
+     "call(handle, *args): the op, every schema argument by position (rmsnorm.torch's eager path)."},
+    {"messages", messages, METH_NOARGS, "The error messages of core.hpp, as str.format templates."},
+    {"dtypes", dtypes, METH_NOARGS, "The data dtypes' names, by rmsnorm_dtype code."},
+    {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "rmsnorm._torch",
                           "The rmsnorm:: torch ops (registered on import) and rmsnorm.torch's eager "
-                          "entry points.",
+                          "entry point.",
                           -1, methods, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace

@@ -1,8 +1,8 @@
-/* torch_ops.cpp - the rmsnorm:: torch ops: their schemas (TORCH_LIBRARY), the
- * CPU kernels (core.hpp over tensors), the kernels that refuse tensors rmsnorm
- * cannot take (CUDA and other devices, sparse, quantized: TypeError naming the
- * op), and the autograd kernels. The fake (meta) kernels are in Python
- * (rmsnorm/_torch_fake.py), used only when tracing.
+/* torch_ops.cpp - the rmsnorm:: torch ops, registered from the op table (ops.def):
+ * their schemas, the CPU kernels (core.hpp over tensors; they also refuse tensors
+ * rmsnorm cannot take: CUDA and other devices, sparse, quantized, with a TypeError
+ * naming the op) and the autograd kernels. The fake (meta) kernels are in Python
+ * (rmsnorm/_torch_fake.py, from the same table), used only when tracing.
  *
  * Autograd. Each differentiable op has an Autograd kernel: it runs the CPU
  * kernel below autograd and, when a gradient is needed, records a Node whose
@@ -30,6 +30,7 @@
 #include <ATen/ops/zeros_like.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/GradMode.h>
@@ -43,15 +44,47 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
 #include "core.hpp"
 #include "runtime.h"
-#include "torch_ops.h"
 
 namespace rnops {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+using OptDouble = std::optional<double>;
+using Tensor2 = std::tuple<Tensor, Tensor>;
+using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
+using Tensor4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
+
+/* rmsnorm::<op> called through the dispatcher (so autograd, tracing, modes and subclasses
+ * see it), its arguments boxed in schema order: its outputs. */
+struct BoxedOp {
+  c10::OperatorHandle handle;
+  template <class... A>
+  torch::jit::Stack call(A &&...a) const {
+    torch::jit::Stack s{c10::IValue(std::forward<A>(a))...};
+    handle.callBoxed(s);
+    return s;
+  }
+};
+
+#define RN_HANDLE(var, name) \
+  static const BoxedOp var{c10::Dispatcher::singleton().findSchemaOrThrow(name, "")}
+
+/* The first N outputs as tensors. */
+template <std::size_t N>
+auto tensors(const torch::jit::Stack &s) {
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return std::make_tuple(s[I].toTensor()...);
+  }(std::make_index_sequence<N>());
+}
+
 namespace {
 
 using rncore::Dims;
@@ -209,19 +242,14 @@ const char *layout_name(at::Layout l) {
 /* A tensor the kernels can read: on the CPU, dense, not quantized (the dtype
  * is checked by core.hpp). A lazily negated view is made real. */
 Tensor take(const char *op, const Tensor &t, const char *what) {
-  TORCH_CHECK_TYPE(t.device().is_cpu(), "rmsnorm::", op, ": ", what, " is on device ", t.device(),
-                   "; rmsnorm runs on CPU tensors only (move it with .cpu(), or use torch's own "
-                   "norm on that device)");
+  TORCH_CHECK_TYPE(t.device().is_cpu(), "rmsnorm::", op, ": ",
+                   rncore::message("device", {{"what", what}, {"device", t.device().str()}}));
   TORCH_CHECK_TYPE(t.layout() == at::kStrided, "rmsnorm::", op, ": ", what, " has layout ",
                    layout_name(t.layout()), "; rmsnorm takes dense (strided) tensors");
   TORCH_CHECK_TYPE(!t.is_quantized(), "rmsnorm::", op, ": ", what, " is a quantized tensor (",
                    torch_dtype_name(t.scalar_type()),
                    "); rmsnorm takes float32, float16, bfloat16 or float64");
   return t.is_neg() ? t.resolve_neg() : t;
-}
-
-Tensor take(const char *op, const OptTensor &t, const char *what) {
-  return t && t->defined() ? take(op, *t, what) : Tensor();
 }
 
 /* An output written in place (out=, in-place ops): taken as it is. */
@@ -231,309 +259,210 @@ Tensor take_out(const char *op, const Tensor &t, const char *what) {
   return take(op, t, what);
 }
 
-std::vector<int64_t> concrete(c10::SymIntArrayRef s) {
-  std::vector<int64_t> v;
-  v.reserve(s.size());
-  for (const c10::SymInt &i : s) v.push_back(i.guard_int(__FILE__, __LINE__));
-  return v;
+std::string op_name(const c10::OperatorHandle &op) {
+  const auto &n = op.operator_name();
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
 }
 
-rncore::Options options(OptDouble eps, double partial, bool offset, bool eps_outside,
-                        bool round_before_weight) {
-  rncore::Options o;
-  o.eps = eps;
-  o.partial = partial;
-  o.flags = rncore::flags_of(offset, eps_outside, round_before_weight);
-  return o;
+/* ---- CPU kernels ---------------------------------------------------------------------------
+ * Boxed: each reads its op's arguments by their schema names (ops.def), so no kernel
+ * restates an argument list. */
+
+/* An op's arguments on the dispatcher's stack, by name. */
+class Args {
+ public:
+  Args(const c10::OperatorHandle &op, torch::jit::Stack *s)
+      : args_(op.schema().arguments()), s_(*s), base_(s->size() - args_.size()),
+        name_(op_name(op).substr(std::string("rmsnorm::").size())) {}
+  const char *op() const { return name_.c_str(); }
+  bool has(std::string_view n) const { return index(n) < args_.size(); }
+  const c10::IValue &operator[](std::string_view n) const {
+    TORCH_INTERNAL_ASSERT(has(n), name_, " has no argument ", n);
+    return s_[base_ + index(n)];
+  }
+  /* A tensor argument as the kernels read it (take), undefined for None. */
+  Tensor t(const char *n) const {
+    const c10::IValue &v = (*this)[n];
+    return v.isNone() ? Tensor() : take(op(), v.toTensor(), n);
+  }
+  Tensor out(const char *n) const { return take_out(op(), (*this)[n].toTensor(), n); }
+  Tensor raw(const char *n) const {  // as given (the autograd kernels' view)
+    const c10::IValue &v = (*this)[n];
+    return v.isNone() ? Tensor() : v.toTensor();
+  }
+  bool flag(const char *n) const { return has(n) && (*this)[n].toBool(); }
+  OptDouble eps() const { return has("eps") ? (*this)["eps"].toOptional<double>() : std::nullopt; }
+  double partial() const { return has("partial") ? (*this)["partial"].toDouble() : 1.0; }
+  int64_t k() const {  // the normalized dims
+    return static_cast<int64_t>((*this)["normalized_shape"].toSymIntVector().size());
+  }
+  int64_t i(const char *n) const { return (*this)[n].toInt(); }
+  bool mask(std::size_t k) const { return (*this)["output_mask"].toBoolList().get(k); }
+  std::vector<int64_t> norm() const {
+    std::vector<int64_t> v;
+    for (const c10::SymInt &d : (*this)["normalized_shape"].toSymIntVector())
+      v.push_back(d.guard_int(__FILE__, __LINE__));
+    return v;
+  }
+  /* eps, partial and the flags, those the op has. */
+  rncore::Options options() const {
+    rncore::Options o;
+    o.eps = eps();
+    o.partial = partial();
+    o.flags = rncore::flags_of(flag("offset"), flag("eps_outside"), flag("round_before_weight"));
+    return o;
+  }
+  /* Replaces the arguments with the outputs. */
+  void ret(std::initializer_list<Tensor> outs) {
+    s_.erase(s_.begin() + static_cast<std::ptrdiff_t>(base_), s_.end());
+    for (const Tensor &t : outs) s_.emplace_back(t);
+  }
+
+ private:
+  std::size_t index(std::string_view n) const {
+    std::size_t i = 0;
+    while (i < args_.size() && args_[i].name() != n) i++;
+    return i;
+  }
+  const std::vector<c10::Argument> &args_;
+  torch::jit::Stack &s_;
+  std::size_t base_;
+  std::string name_;
+};
+
+template <void (*K)(Args &)>
+void boxed(const c10::OperatorHandle &op, torch::jit::Stack *s) {
+  Args a(op, s);
+  guarded(a.op(), [&] { K(a); });
 }
 
-Tensor opt(const Tensor &t, bool keep = true) { return keep ? t : Tensor(); }
+Tensor opt(const Tensor &t, bool keep) { return keep ? t : Tensor(); }
 
-/* ---- CPU kernels ------------------------------------------------------------------------- */
-
-Tensor rms_norm_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                    OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
-                    double partial, bool rbw) {
-  return guarded("rms_norm", [&] {
-    B b;
-    auto norm = concrete(ns);
-    return rncore::forward(b, rncore::RMS, take("rms_norm", input, "input"), norm,
-                           take("rms_norm", weight, "weight"), take("rms_norm", bias, "bias"),
-                           options(eps, partial, offset, eps_outside, rbw), false, false)
-        .y;
-  });
+/* RMSNorm and LayerNorm: y (new, or into out=), and the statistics when asked for. */
+void norm(Args &a, rncore::Norm kind, bool stats) {
+  B b;
+  Tensor out = a.has("out") ? a.out("out") : Tensor();
+  auto r = rncore::forward(b, kind, a.t("input"), a.norm(), a.t("weight"), a.t("bias"),
+                           a.options(), stats && kind == rncore::LAYER, stats,
+                           out.defined() ? &out : nullptr);
+  if (out.defined()) a.ret({});
+  else if (!stats) a.ret({r.y});
+  else if (kind == rncore::RMS) a.ret({r.y, r.rstd});
+  else a.ret({r.y, r.mean, r.rstd});
 }
 
-void rms_norm_out_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                      OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
-                      double partial, bool rbw, const Tensor &out) {
-  guarded("rms_norm.out", [&] {
-    B b;
-    auto norm = concrete(ns);
-    Tensor o = take_out("rms_norm.out", out, "out");
-    rncore::forward(b, rncore::RMS, take("rms_norm.out", input, "input"), norm,
-                    take("rms_norm.out", weight, "weight"), take("rms_norm.out", bias, "bias"),
-                    options(eps, partial, offset, eps_outside, rbw), false, false, &o);
-  });
+void norm_backward(Args &a, rncore::Norm kind) {
+  B b;
+  auto g = rncore::backward(b, kind, a.t("grad_output"), a.t("input"), a.norm(), a.t("weight"),
+                            a.t("bias"), a.has("mean") ? a.t("mean") : Tensor(), a.t("rstd"),
+                            a.options(), a.mask(1), a.mask(2));
+  a.ret({opt(g.dx, a.mask(0)), g.dweight, g.dbias});
 }
 
-Tensor2 rms_norm_forward_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                             OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
-                             double partial, bool rbw) {
-  return guarded("rms_norm_forward", [&] {
-    B b;
-    auto norm = concrete(ns);
-    const char *op = "rms_norm_forward";
-    auto r = rncore::forward(b, rncore::RMS, take(op, input, "input"), norm,
-                             take(op, weight, "weight"), take(op, bias, "bias"),
-                             options(eps, partial, offset, eps_outside, rbw), false, true);
-    return Tensor2(r.y, r.rstd);
-  });
+void rms_norm_cpu(Args &a) { norm(a, rncore::RMS, false); }
+void rms_norm_out_cpu(Args &a) { norm(a, rncore::RMS, false); }
+void rms_norm_forward_cpu(Args &a) { norm(a, rncore::RMS, true); }
+void rms_norm_backward_cpu(Args &a) { norm_backward(a, rncore::RMS); }
+void layer_norm_cpu(Args &a) { norm(a, rncore::LAYER, false); }
+void layer_norm_out_cpu(Args &a) { norm(a, rncore::LAYER, false); }
+void layer_norm_forward_cpu(Args &a) { norm(a, rncore::LAYER, true); }
+void layer_norm_backward_cpu(Args &a) { norm_backward(a, rncore::LAYER); }
+
+void fused_add(Args &a, bool inplace) {
+  B b;
+  auto r = rncore::add_forward(b, inplace ? a.out("input") : a.t("input"),
+                               inplace ? a.out("residual") : a.t("residual"), a.norm(),
+                               a.t("weight"), a.t("bias"), a.options(), false, inplace);
+  if (inplace) a.ret({});
+  else a.ret({r.y, r.h});
 }
 
-Tensor3 rms_norm_backward_cpu(const Tensor &dy, const Tensor &input, c10::SymIntArrayRef ns,
-                              const OptTensor &weight, const OptTensor &rstd, OptDouble eps,
-                              std::array<bool, 3> mask, const OptTensor &bias, bool offset,
-                              bool eps_outside, double partial) {
-  const char *op = "rms_norm_backward";
-  return guarded(op, [&] {
-    B b;
-    auto norm = concrete(ns);
-    auto g = rncore::backward(b, rncore::RMS, take(op, dy, "grad_output"), take(op, input, "input"),
-                              norm, take(op, weight, "weight"), take(op, bias, "bias"), Tensor(),
-                              take(op, rstd, "rstd"), options(eps, partial, offset, eps_outside, false),
-                              mask[1], mask[2]);
-    return Tensor3(opt(g.dx, mask[0]), g.dweight, g.dbias);
-  });
+void fused_add_rms_norm_cpu(Args &a) { fused_add(a, false); }
+void fused_add_rms_norm_inplace_cpu(Args &a) { fused_add(a, true); }
+
+void fused_add_rms_norm_backward_cpu(Args &a) {
+  B b;
+  auto g = rncore::add_backward(b, a.t("grad_output"), a.t("grad_residual"), a.t("new_residual"),
+                                a.norm(), a.t("weight"), a.t("bias"), Tensor(), a.options(),
+                                a.mask(1), a.mask(2));
+  a.ret({opt(g.dx, a.mask(0)), g.dweight, g.dbias});
 }
 
-Tensor layer_norm_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                      const OptTensor &bias, OptDouble eps, bool offset, bool rbw) {
-  const char *op = "layer_norm";
-  return guarded(op, [&] {
-    B b;
-    auto norm = concrete(ns);
-    return rncore::forward(b, rncore::LAYER, take(op, input, "input"), norm, take(op, weight, "weight"),
-                           take(op, bias, "bias"), options(eps, 1.0, offset, false, rbw), false, false)
-        .y;
-  });
+void qk(Args &a, bool inplace) {
+  B b;
+  auto r = rncore::qk_forward(b, inplace ? a.out("input") : a.t("input"), a.t("weight"),
+                              a.t("bias"), a.options(), false, inplace);
+  if (inplace) a.ret({});
+  else a.ret({r.y});
 }
 
-void layer_norm_out_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                        const OptTensor &bias, OptDouble eps, bool offset, bool rbw,
-                        const Tensor &out) {
-  const char *op = "layer_norm.out";
-  guarded(op, [&] {
-    B b;
-    auto norm = concrete(ns);
-    Tensor o = take_out(op, out, "out");
-    rncore::forward(b, rncore::LAYER, take(op, input, "input"), norm, take(op, weight, "weight"),
-                    take(op, bias, "bias"), options(eps, 1.0, offset, false, rbw), false, false, &o);
-  });
+void qk_norm_cpu(Args &a) { qk(a, false); }
+void qk_norm_inplace_cpu(Args &a) { qk(a, true); }
+
+void qk_norm_backward_cpu(Args &a) {
+  B b;
+  auto g = rncore::qk_backward(b, a.t("grad_output"), a.t("input"), a.t("weight"), a.t("bias"),
+                               Tensor(), a.options(), a.mask(1), a.mask(2));
+  a.ret({opt(g.dx, a.mask(0)), g.dweight, g.dbias});
 }
 
-Tensor3 layer_norm_forward_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                               const OptTensor &bias, OptDouble eps, bool offset, bool rbw) {
-  const char *op = "layer_norm_forward";
-  return guarded(op, [&] {
-    B b;
-    auto norm = concrete(ns);
-    auto r = rncore::forward(b, rncore::LAYER, take(op, input, "input"), norm,
-                             take(op, weight, "weight"), take(op, bias, "bias"),
-                             options(eps, 1.0, offset, false, rbw), true, true);
-    return Tensor3(r.y, r.mean, r.rstd);
-  });
+void quant(Args &a, rmsnorm_qtype q) {
+  B b;
+  auto r = rncore::forward_quant(b, q, a.t("input"), a.norm(), a.t("weight"), a.t("bias"),
+                                 a.options(), a["scale"].toOptional<double>());
+  a.ret({r.q, r.scale});
 }
 
-Tensor3 layer_norm_backward_cpu(const Tensor &dy, const Tensor &input, c10::SymIntArrayRef ns,
-                                const OptTensor &weight, const OptTensor &bias, const OptTensor &mean,
-                                const OptTensor &rstd, OptDouble eps, std::array<bool, 3> mask,
-                                bool offset) {
-  const char *op = "layer_norm_backward";
-  return guarded(op, [&] {
-    B b;
-    auto norm = concrete(ns);
-    auto g = rncore::backward(b, rncore::LAYER, take(op, dy, "grad_output"), take(op, input, "input"),
-                              norm, take(op, weight, "weight"), take(op, bias, "bias"),
-                              take(op, mean, "mean"), take(op, rstd, "rstd"),
-                              options(eps, 1.0, offset, false, false), mask[1], mask[2]);
-    return Tensor3(opt(g.dx, mask[0]), g.dweight, g.dbias);
-  });
+void rms_norm_int8_cpu(Args &a) { quant(a, RMSNORM_Q_INT8); }
+void rms_norm_fp8_cpu(Args &a) { quant(a, RMSNORM_Q_FP8_E4M3); }
+
+rncore::Linear<B> linear(B &b, const Args &a) {
+  return rncore::linear_args(b, a.t("input"), a.t("weight_matrix"), a.t("norm_weight"),
+                             a.t("bias"));
 }
 
-Tensor2 fused_add_cpu(const Tensor &input, const Tensor &residual, c10::SymIntArrayRef ns,
-                      const OptTensor &weight, OptDouble eps, const OptTensor &bias, bool offset,
-                      bool eps_outside, double partial) {
-  const char *op = "fused_add_rms_norm";
-  return guarded(op, [&] {
-    B b;
-    auto norm = concrete(ns);
-    auto r = rncore::add_forward(b, take(op, input, "input"), take(op, residual, "residual"), norm,
-                                 take(op, weight, "weight"), take(op, bias, "bias"),
-                                 options(eps, partial, offset, eps_outside, false), false, false);
-    return Tensor2(r.y, r.h);
-  });
+void rms_norm_linear_cpu(Args &a) {
+  B b;
+  auto o = a.options();
+  auto l = linear(b, a);
+  a.ret({rncore::linear_forward(b, l, rncore::fold(b, l, o), o, false).first});
 }
 
-void fused_add_inplace_cpu(const Tensor &input, const Tensor &residual, c10::SymIntArrayRef ns,
-                           const OptTensor &weight, OptDouble eps, const OptTensor &bias,
-                           bool offset, bool eps_outside, double partial) {
-  const char *op = "fused_add_rms_norm_inplace";
-  guarded(op, [&] {
-    B b;
-    auto norm = concrete(ns);
-    rncore::add_forward(b, take_out(op, input, "input"), take_out(op, residual, "residual"), norm,
-                        take(op, weight, "weight"), take(op, bias, "bias"),
-                        options(eps, partial, offset, eps_outside, false), false, true);
-  });
-}
-
-Tensor3 fused_add_backward_cpu(const Tensor &dy, const OptTensor &dres, const Tensor &h,
-                               c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps,
-                               std::array<bool, 3> mask, const OptTensor &bias, bool offset,
-                               bool eps_outside, double partial) {
-  const char *op = "fused_add_rms_norm_backward";
-  return guarded(op, [&] {
-    B b;
-    auto norm = concrete(ns);
-    auto g = rncore::add_backward(b, take(op, dy, "grad_output"), take(op, dres, "grad_residual"),
-                                  take(op, h, "new_residual"), norm, take(op, weight, "weight"),
-                                  take(op, bias, "bias"), Tensor(),
-                                  options(eps, partial, offset, eps_outside, false), mask[1], mask[2]);
-    return Tensor3(opt(g.dx, mask[0]), g.dweight, g.dbias);
-  });
-}
-
-Tensor qk_norm_cpu(const Tensor &input, const OptTensor &weight, OptDouble eps,
-                   const OptTensor &bias, bool offset, bool eps_outside, double partial) {
-  const char *op = "qk_norm";
-  return guarded(op, [&] {
-    B b;
-    return rncore::qk_forward(b, take(op, input, "input"), take(op, weight, "weight"),
-                              take(op, bias, "bias"), options(eps, partial, offset, eps_outside, false),
-                              false, false)
-        .y;
-  });
-}
-
-void qk_norm_inplace_cpu(const Tensor &input, const OptTensor &weight, OptDouble eps,
-                         const OptTensor &bias, bool offset, bool eps_outside, double partial) {
-  const char *op = "qk_norm_inplace";
-  guarded(op, [&] {
-    B b;
-    rncore::qk_forward(b, take_out(op, input, "input"), take(op, weight, "weight"),
-                       take(op, bias, "bias"), options(eps, partial, offset, eps_outside, false),
-                       false, true);
-  });
-}
-
-Tensor3 qk_norm_backward_cpu(const Tensor &dy, const Tensor &input, const OptTensor &weight,
-                             OptDouble eps, std::array<bool, 3> mask, const OptTensor &bias,
-                             bool offset, bool eps_outside, double partial) {
-  const char *op = "qk_norm_backward";
-  return guarded(op, [&] {
-    B b;
-    auto g = rncore::qk_backward(b, take(op, dy, "grad_output"), take(op, input, "input"),
-                                 take(op, weight, "weight"), take(op, bias, "bias"), Tensor(),
-                                 options(eps, partial, offset, eps_outside, false), mask[1], mask[2]);
-    return Tensor3(opt(g.dx, mask[0]), g.dweight, g.dbias);
-  });
-}
-
-template <rmsnorm_qtype Q>
-Tensor2 quant_cpu(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                  OptDouble eps, const OptTensor &bias, OptDouble scale, bool offset,
-                  bool eps_outside, double partial) {
-  const char *op = Q == RMSNORM_Q_INT8 ? "rms_norm_int8" : "rms_norm_fp8";
-  return guarded(op, [&] {
-    B b;
-    auto norm = concrete(ns);
-    auto r = rncore::forward_quant(b, Q, take(op, input, "input"), norm, take(op, weight, "weight"),
-                                   take(op, bias, "bias"),
-                                   options(eps, partial, offset, eps_outside, false), scale);
-    return Tensor2(r.q, r.scale);
-  });
-}
-
-Tensor linear_cpu(const Tensor &input, const Tensor &w, const OptTensor &g, OptDouble eps,
-                  const OptTensor &bias, bool offset, bool eps_outside, double partial) {
-  const char *op = "rms_norm_linear";
-  return guarded(op, [&] {
-    B b;
-    auto o = options(eps, partial, offset, eps_outside, false);
-    auto a = rncore::linear_args(b, take(op, input, "input"), take(op, w, "weight_matrix"),
-                                 take(op, g, "norm_weight"), take(op, bias, "bias"));
-    Tensor wf = rncore::fold(b, a, o);
-    return rncore::linear_forward(b, a, wf, o, false).first;
-  });
-}
-
-Tensor4 linear_backward_cpu(const Tensor &dz, const Tensor &input, const Tensor &w,
-                            const OptTensor &g, OptDouble eps, const OptTensor &bias, bool offset,
-                            std::array<bool, 4> mask, bool eps_outside, double partial) {
-  const char *op = "rms_norm_linear_backward";
-  return guarded(op, [&] {
-    B b;
-    auto o = options(eps, partial, offset, eps_outside, false);
-    auto a = rncore::linear_args(b, take(op, input, "input"), take(op, w, "weight_matrix"),
-                                 take(op, g, "norm_weight"), take(op, bias, "bias"));
-    Tensor wf = rncore::fold(b, a, o);
-    auto gr = rncore::linear_backward(b, a, wf, take(op, dz, "grad_output"), o, mask[2], mask[1],
-                                      mask[3]);
-    return Tensor4(opt(gr.dx, mask[0]), gr.dw, gr.dg, gr.db);
-  });
+void rms_norm_linear_backward_cpu(Args &a) {
+  B b;
+  auto o = a.options();
+  auto l = linear(b, a);
+  auto g = rncore::linear_backward(b, l, rncore::fold(b, l, o), a.t("grad_output"), o, a.mask(2),
+                                   a.mask(1), a.mask(3));
+  a.ret({opt(g.dx, a.mask(0)), g.dw, g.dg, g.db});
 }
 
 /* The shard steps (core.hpp, "sharded hidden dimension"). */
 
-Tensor shard_stats_cpu(const Tensor &input, int64_t d_global, int64_t col, double partial) {
-  const char *op = "rms_norm_shard_stats";
-  return guarded(op, [&] {
-    B b;
-    return rncore::shard_stats(b, take(op, input, "input"), d_global, col,
-                               options(std::nullopt, partial, false, false, false));
-  });
+void rms_norm_shard_stats_cpu(Args &a) {
+  B b;
+  a.ret({rncore::shard_stats(b, a.t("input"), a.i("d_global"), a.i("column_offset"), a.options())});
 }
 
-Tensor shard_forward_cpu(const Tensor &input, const Tensor &stats, int64_t d_global, int64_t col,
-                         const OptTensor &weight, OptDouble eps, const OptTensor &bias,
-                         bool offset, bool eps_outside, double partial, bool rbw) {
-  const char *op = "rms_norm_shard_forward";
-  return guarded(op, [&] {
-    B b;
-    return rncore::shard_forward(b, take(op, input, "input"), take(op, stats, "stats"), d_global,
-                                 col, take(op, weight, "weight"), take(op, bias, "bias"),
-                                 options(eps, partial, offset, eps_outside, rbw));
-  });
+void rms_norm_shard_forward_cpu(Args &a) {
+  B b;
+  a.ret({rncore::shard_forward(b, a.t("input"), a.t("stats"), a.i("d_global"),
+                               a.i("column_offset"), a.t("weight"), a.t("bias"), a.options())});
 }
 
-Tensor shard_dots_cpu(const Tensor &dy, const Tensor &input, const Tensor &stats, int64_t d_global,
-                      int64_t col, const OptTensor &weight, OptDouble eps, bool offset,
-                      bool eps_outside, double partial) {
-  const char *op = "rms_norm_shard_backward_dots";
-  return guarded(op, [&] {
-    B b;
-    return rncore::shard_backward_dots(b, take(op, dy, "grad_output"), take(op, input, "input"),
-                                       take(op, stats, "stats"), d_global, col,
-                                       take(op, weight, "weight"),
-                                       options(eps, partial, offset, eps_outside, false));
-  });
+void rms_norm_shard_backward_dots_cpu(Args &a) {
+  B b;
+  a.ret({rncore::shard_backward_dots(b, a.t("grad_output"), a.t("input"), a.t("stats"),
+                                     a.i("d_global"), a.i("column_offset"), a.t("weight"),
+                                     a.options())});
 }
 
-Tensor3 shard_backward_cpu(const Tensor &dy, const Tensor &input, const Tensor &stats,
-                           const Tensor &dots, int64_t d_global, int64_t col,
-                           const OptTensor &weight, OptDouble eps, std::array<bool, 3> mask,
-                           const OptTensor &bias, bool offset, bool eps_outside, double partial) {
-  const char *op = "rms_norm_shard_backward";
-  return guarded(op, [&] {
-    B b;
-    auto g = rncore::shard_backward(b, take(op, dy, "grad_output"), take(op, input, "input"),
-                                    take(op, stats, "stats"), take(op, dots, "dots"), d_global,
-                                    col, take(op, weight, "weight"), take(op, bias, "bias"),
-                                    options(eps, partial, offset, eps_outside, false), mask[1],
-                                    mask[2]);
-    return Tensor3(opt(g.dx, mask[0]), g.dweight, g.dbias);
-  });
+void rms_norm_shard_backward_cpu(Args &a) {
+  B b;
+  auto g = rncore::shard_backward(b, a.t("grad_output"), a.t("input"), a.t("stats"), a.t("dots"),
+                                  a.i("d_global"), a.i("column_offset"), a.t("weight"),
+                                  a.t("bias"), a.options(), a.mask(1), a.mask(2));
+  a.ret({opt(g.dx, a.mask(0)), g.dweight, g.dbias});
 }
 
 /* ---- the backward, composed of aten ops (for gradients of gradients) ------------------- */
@@ -694,6 +623,7 @@ struct NormNode : Node {
     for (SavedVariable &v : s) v.reset_data();
   }
   bool needs(std::size_t edge) const { return task_should_compute_output(edge); }
+  std::array<bool, 3> mask3() const { return {needs(0), needs(1), needs(2)}; }
   /* the normalized_shape of t: its last k dims */
   c10::SymIntArrayRef ns(const Tensor &t) const {
     return t.sym_sizes().slice(static_cast<std::size_t>(t.dim() - k));
@@ -758,7 +688,8 @@ Tensor affine_tangent(const Tensor &xhat, const Tensor &dxhat, const Tensor &w, 
   at::ScalarType t = xhat.scalar_type();
   Tensor dy;
   auto add = [&](Tensor v) { dy = dy.defined() ? dy + v : v; };
-  if (dxhat.defined()) add(w.defined() ? dxhat * (offset ? w.to(t) + 1 : w.to(t)).reshape(-1) : dxhat);
+  if (dxhat.defined())
+    add(w.defined() ? dxhat * (offset ? w.to(t) + 1 : w.to(t)).reshape(-1) : dxhat);
   if (tw.defined()) add(xhat * tw.to(t).reshape(-1));
   if (tb.defined()) add(tb.to(t).reshape(-1).expand_as(xhat));
   return dy;
@@ -785,12 +716,11 @@ struct RmsNormNode : NormNode {  // saved: input, weight, bias, rstd
   std::string name() const override { return "RmsNormBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    RN_OP(bwd, RmsNormBackwardSig, "rmsnorm::rms_norm_backward", "");
+    RN_HANDLE(bwd, "rmsnorm::rms_norm_backward");
     Tensor x = get(0);
     // the backward treats rounding before the weight as the identity
-    auto [dx, dw, db] = bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(3)), eps,
-                                 {needs(0), needs(1), needs(2)}, opt_of(get(2)), offset,
-                                 eps_outside, partial);
+    auto [dx, dw, db] = tensors<3>(bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(3)), eps,
+                                            mask3(), opt_of(get(2)), offset, eps_outside, partial));
     return {dx, dw, db};
   }
 };
@@ -803,11 +733,12 @@ Tensor2 rms_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor
   {
     Guard guard;
     if (node || with_rstd) {
-      RN_OP(fwd, RmsNormForwardSig, "rmsnorm::rms_norm_forward", "");
-      std::tie(y, rstd) = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+      RN_HANDLE(fwd, "rmsnorm::rms_norm_forward");
+      std::tie(y, rstd) =
+          tensors<2>(fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw));
     } else {
-      RN_OP(fwd, RmsNormSig, "rmsnorm::rms_norm", "");
-      y = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw);
+      RN_HANDLE(fwd, "rmsnorm::rms_norm");
+      y = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw)[0].toTensor();
     }
   }
   if (node) {
@@ -839,11 +770,10 @@ struct LayerNormNode : NormNode {  // saved: input, weight, bias, mean, rstd
   std::string name() const override { return "LayerNormBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    RN_OP(bwd, LayerNormBackwardSig, "rmsnorm::layer_norm_backward", "");
+    RN_HANDLE(bwd, "rmsnorm::layer_norm_backward");
     Tensor x = get(0);
-    auto [dx, dw, db] = bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(2)),
-                                 opt_of(get(3)), opt_of(get(4)), eps,
-                                 {needs(0), needs(1), needs(2)}, offset);
+    auto [dx, dw, db] = tensors<3>(bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(2)),
+                                            opt_of(get(3)), opt_of(get(4)), eps, mask3(), offset));
     return {dx, dw, db};
   }
 };
@@ -856,11 +786,11 @@ Tensor3 layer_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTens
   {
     Guard guard;
     if (node || with_stats) {
-      RN_OP(fwd, LayerNormForwardSig, "rmsnorm::layer_norm_forward", "");
-      std::tie(y, mean, rstd) = fwd.call(input, ns, weight, bias, eps, offset, rbw);
+      RN_HANDLE(fwd, "rmsnorm::layer_norm_forward");
+      std::tie(y, mean, rstd) = tensors<3>(fwd.call(input, ns, weight, bias, eps, offset, rbw));
     } else {
-      RN_OP(fwd, LayerNormSig, "rmsnorm::layer_norm", "");
-      y = fwd.call(input, ns, weight, bias, eps, offset, rbw);
+      RN_HANDLE(fwd, "rmsnorm::layer_norm");
+      y = fwd.call(input, ns, weight, bias, eps, offset, rbw)[0].toTensor();
     }
   }
   if (node) {
@@ -891,28 +821,29 @@ struct FusedAddNode : NormNode {  // saved: h (an output), weight, bias
   std::string name() const override { return "FusedAddRmsNormBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
     if (!grads[0].defined() && !grads[1].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
-    RN_OP(bwd, FusedAddBackwardSig, "rmsnorm::fused_add_rms_norm_backward", "");
+    RN_HANDLE(bwd, "rmsnorm::fused_add_rms_norm_backward");
     Tensor h = get(0);
     bool need_x = needs(0) || needs(1);
     Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(h);
-    auto [dh, dw, db] = bwd.call(dy, opt_of(grads[1]), h, ns(h), opt_of(get(1)), eps,
-                                 {need_x, needs(2), needs(3)}, opt_of(get(2)), offset, eps_outside,
-                                 partial);
+    auto [dh, dw, db] = tensors<3>(bwd.call(dy, opt_of(grads[1]), h, ns(h), opt_of(get(1)), eps,
+                                            std::array<bool, 3>{need_x, needs(2), needs(3)},
+                                            opt_of(get(2)), offset, eps_outside, partial));
     // one gradient, given to both: the same values, not one tensor
     Tensor du = needs(0) && needs(1) ? dh.clone() : dh;
     return {needs(0) ? du : Tensor(), needs(1) ? dh : Tensor(), dw, db};
   }
 };
 
-Tensor2 fused_add_autograd(const Tensor &input, const Tensor &residual, c10::SymIntArrayRef ns,
-                           const OptTensor &weight, OptDouble eps, const OptTensor &bias,
-                           bool offset, bool eps_outside, double partial) {
+Tensor2 fused_add_rms_norm_autograd(const Tensor &input, const Tensor &residual,
+    c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps, const OptTensor &bias,
+    bool offset, bool eps_outside, double partial) {
   Tensor w = value(weight), b = value(bias), y, h;
   auto node = node_if_needed<FusedAddNode>(input, residual, w, b);
   {
-    RN_OP(fwd, FusedAddSig, "rmsnorm::fused_add_rms_norm", "");
+    RN_HANDLE(fwd, "rmsnorm::fused_add_rms_norm");
     Guard guard;
-    std::tie(y, h) = fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial);
+    std::tie(y, h) = tensors<2>(
+        fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial));
   }
   if (node) torch::autograd::set_history({y, h}, node);  // y is the node's input 0, h its 1
   if (any_tangent({&input, &residual, &w, &b})) {
@@ -936,10 +867,9 @@ struct QkNormNode : NormNode {  // saved: input, weight, bias
   std::string name() const override { return "QkNormBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    RN_OP(bwd, QkNormBackwardSig, "rmsnorm::qk_norm_backward", "");
-    auto [dx, dw, db] = bwd.call(grads[0], get(0), opt_of(get(1)), eps,
-                                 {needs(0), needs(1), needs(2)}, opt_of(get(2)), offset,
-                                 eps_outside, partial);
+    RN_HANDLE(bwd, "rmsnorm::qk_norm_backward");
+    auto [dx, dw, db] = tensors<3>(bwd.call(grads[0], get(0), opt_of(get(1)), eps, mask3(),
+                                            opt_of(get(2)), offset, eps_outside, partial));
     return {dx, dw, db};
   }
 };
@@ -949,9 +879,9 @@ Tensor qk_norm_autograd(const Tensor &input, const OptTensor &weight, OptDouble 
   Tensor w = value(weight), b = value(bias), y;
   auto node = node_if_needed<QkNormNode>(input, w, b);
   {
-    RN_OP(fwd, QkNormSig, "rmsnorm::qk_norm", "");
+    RN_HANDLE(fwd, "rmsnorm::qk_norm");
     Guard guard;
-    y = fwd.call(input, weight, eps, bias, offset, eps_outside, partial);
+    y = fwd.call(input, weight, eps, bias, offset, eps_outside, partial)[0].toTensor();
   }
   if (node) {
     torch::autograd::set_history(y, node);
@@ -969,23 +899,22 @@ struct LinearNode : NormNode {  // saved: input, weight_matrix, norm_weight, bia
   std::string name() const override { return "RmsNormLinearBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
-    RN_OP(bwd, LinearBackwardSig, "rmsnorm::rms_norm_linear_backward", "");
-    auto [dx, dw, dg, db] = bwd.call(grads[0], get(0), get(1), opt_of(get(2)), eps,
-                                     opt_of(get(3)), offset,
-                                     {needs(0), needs(1), needs(2), needs(3)}, eps_outside,
-                                     partial);
+    RN_HANDLE(bwd, "rmsnorm::rms_norm_linear_backward");
+    auto [dx, dw, dg, db] = tensors<4>(bwd.call(
+        grads[0], get(0), get(1), opt_of(get(2)), eps, opt_of(get(3)), offset,
+        std::array<bool, 4>{needs(0), needs(1), needs(2), needs(3)}, eps_outside, partial));
     return {dx, dw, dg, db};
   }
 };
 
-Tensor linear_autograd(const Tensor &input, const Tensor &w, const OptTensor &g, OptDouble eps,
-                       const OptTensor &bias, bool offset, bool eps_outside, double partial) {
+Tensor rms_norm_linear_autograd(const Tensor &input, const Tensor &w, const OptTensor &g,
+    OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside, double partial) {
   Tensor gg = value(g), b = value(bias), z;
   auto node = node_if_needed<LinearNode>(input, w, gg, b);
   {
-    RN_OP(fwd, LinearSig, "rmsnorm::rms_norm_linear", "");
+    RN_HANDLE(fwd, "rmsnorm::rms_norm_linear");
     Guard guard;
-    z = fwd.call(input, w, g, eps, bias, offset, eps_outside, partial);
+    z = fwd.call(input, w, g, eps, bias, offset, eps_outside, partial)[0].toTensor();
   }
   if (node) {
     torch::autograd::set_history(z, node);
@@ -1014,327 +943,192 @@ Tensor linear_autograd(const Tensor &input, const Tensor &w, const OptTensor &g,
 
 /* ---- autograd: backward ops (differentiable through the aten composition) ------------- */
 
-Tensor3 rms_norm_backward_autograd(const Tensor &dy, const Tensor &input, c10::SymIntArrayRef ns,
-                                   const OptTensor &weight, const OptTensor &rstd, OptDouble eps,
-                                   std::array<bool, 3> mask, const OptTensor &bias, bool offset,
-                                   bool eps_outside, double partial) {
-  Tensor w = value(weight), b = value(bias);
-  if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
-    RN_OP(bwd, RmsNormBackwardSig, "rmsnorm::rms_norm_backward", "");
-    Guard guard;
-    return bwd.call(dy, input, ns, weight, rstd, eps, mask, bias, offset, eps_outside, partial);
+/* A backward op's Autograd kernel: with no argument that needs a gradient or carries a
+ * tangent (the saved statistics aside), the op below autograd, the library's backward;
+ * else (create_graph=True, forward-over-reverse) its formula in aten ops, K, which autograd
+ * records and can differentiate again. */
+template <void (*K)(Args &)>
+void backward_autograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
+  const auto &args = op.schema().arguments();
+  std::vector<const Tensor *> ts;
+  for (std::size_t i = 0; i < args.size(); i++) {
+    const c10::IValue &v = (*s)[s->size() - args.size() + i];
+    if (v.isTensor() && args[i].name() != "rstd" && args[i].name() != "mean")
+      ts.push_back(&v.toTensor());
   }
-  return backward_composite(rncore::RMS, dy, input, static_cast<int64_t>(ns.size()), w, b,
-                            eps_value(eps, input), offset, eps_outside, partial, mask);
+  if (!grad_needed(ts) && !any_tangent(ts)) {
+    Guard guard;
+    op.callBoxed(s);
+    return;
+  }
+  Args a(op, s);
+  K(a);
 }
 
-Tensor3 layer_norm_backward_autograd(const Tensor &dy, const Tensor &input, c10::SymIntArrayRef ns,
-                                     const OptTensor &weight, const OptTensor &bias,
-                                     const OptTensor &mean, const OptTensor &rstd, OptDouble eps,
-                                     std::array<bool, 3> mask, bool offset) {
-  Tensor w = value(weight), b = value(bias);
-  if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
-    RN_OP(bwd, LayerNormBackwardSig, "rmsnorm::layer_norm_backward", "");
-    Guard guard;
-    return bwd.call(dy, input, ns, weight, bias, mean, rstd, eps, mask, offset);
-  }
-  return backward_composite(rncore::LAYER, dy, input, static_cast<int64_t>(ns.size()), w, b,
-                            eps_value(eps, input), offset, false, 1.0, mask);
+/* The composite backward of a norm over the input's last k dims (rms, layer, qk). */
+Tensor3 norm_composite(const Args &a, rncore::Norm kind, const Tensor &x, int64_t k) {
+  return backward_composite(kind, a.raw("grad_output"), x, k, a.raw("weight"), a.raw("bias"),
+                            eps_value(a.eps(), x), a.flag("offset"), a.flag("eps_outside"),
+                            a.partial(), {a.mask(0), a.mask(1), a.mask(2)});
 }
 
-Tensor3 fused_add_backward_autograd(const Tensor &dy, const OptTensor &dres, const Tensor &h,
-                                    c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps,
-                                    std::array<bool, 3> mask, const OptTensor &bias, bool offset,
-                                    bool eps_outside, double partial) {
-  Tensor w = value(weight), b = value(bias), r = value(dres);
-  if (!grad_needed({&dy, &r, &h, &w, &b}) && !any_tangent({&dy, &r, &h, &w, &b})) {
-    RN_OP(bwd, FusedAddBackwardSig, "rmsnorm::fused_add_rms_norm_backward", "");
-    Guard guard;
-    return bwd.call(dy, dres, h, ns, weight, eps, mask, bias, offset, eps_outside, partial);
-  }
-  auto [dx, dw, db] = backward_composite(rncore::RMS, dy, h, static_cast<int64_t>(ns.size()), w, b,
-                                         eps_value(eps, h), offset, eps_outside, partial, mask);
+void rms_norm_backward_composite(Args &a) {
+  auto [dx, dw, db] = norm_composite(a, rncore::RMS, a.raw("input"), a.k());
+  a.ret({dx, dw, db});
+}
+
+void layer_norm_backward_composite(Args &a) {
+  auto [dx, dw, db] = norm_composite(a, rncore::LAYER, a.raw("input"), a.k());
+  a.ret({dx, dw, db});
+}
+
+void qk_norm_backward_composite(Args &a) {
+  auto [dx, dw, db] = norm_composite(a, rncore::RMS, a.raw("input"), 1);
+  a.ret({dx, dw, db});
+}
+
+void fused_add_rms_norm_backward_composite(Args &a) {
+  auto [dx, dw, db] = norm_composite(a, rncore::RMS, a.raw("new_residual"), a.k());
+  Tensor r = a.raw("grad_residual");
   if (dx.defined() && r.defined()) dx = dx + r;
-  return Tensor3(dx, dw, db);
-}
-
-Tensor3 qk_norm_backward_autograd(const Tensor &dy, const Tensor &input, const OptTensor &weight,
-                                  OptDouble eps, std::array<bool, 3> mask, const OptTensor &bias,
-                                  bool offset, bool eps_outside, double partial) {
-  Tensor w = value(weight), b = value(bias);
-  if (!grad_needed({&dy, &input, &w, &b}) && !any_tangent({&dy, &input, &w, &b})) {
-    RN_OP(bwd, QkNormBackwardSig, "rmsnorm::qk_norm_backward", "");
-    Guard guard;
-    return bwd.call(dy, input, weight, eps, mask, bias, offset, eps_outside, partial);
-  }
-  return backward_composite(rncore::RMS, dy, input, 1, w, b, eps_value(eps, input), offset,
-                            eps_outside, partial, mask);
+  a.ret({dx, dw, db});
 }
 
 /* Z = (xhat * w) W + bias: dY = dZ W^T is the norm's upstream gradient,
  * dW = Y^T dZ with Y = xhat * w, dbias = the sum of dZ over rows. */
-Tensor4 linear_backward_autograd(const Tensor &dz, const Tensor &input, const Tensor &w,
-                                 const OptTensor &g, OptDouble eps, const OptTensor &bias,
-                                 bool offset, std::array<bool, 4> mask, bool eps_outside,
-                                 double partial) {
-  Tensor gg = value(g), b = value(bias);
-  if (!grad_needed({&dz, &input, &w, &gg, &b}) && !any_tangent({&dz, &input, &w, &gg, &b})) {
-    RN_OP(bwd, LinearBackwardSig, "rmsnorm::rms_norm_linear_backward", "");
-    Guard guard;
-    return bwd.call(dz, input, w, g, eps, bias, offset, mask, eps_outside, partial);
-  }
+void rms_norm_linear_backward_composite(Args &a) {
+  Tensor input = a.raw("input"), w = a.raw("weight_matrix"), gg = a.raw("norm_weight");
+  Tensor b = a.raw("bias");
+  bool offset = a.flag("offset"), eps_outside = a.flag("eps_outside");
   at::ScalarType t = opmath(input);
-  double e = eps_value(eps, input);
-  Tensor dzt = dz.to(t).reshape({-1, w.size(1)});  // (rows, n)
+  double e = eps_value(a.eps(), input);
+  Tensor dzt = a.raw("grad_output").to(t).reshape({-1, w.size(1)});  // (rows, n)
   Tensor dY = at::matmul(dzt, w.to(t).t()).reshape_symint(input.sym_sizes());
   auto [dx, dg, unused] = backward_composite(rncore::RMS, dY, input, 1, gg, Tensor(), e, offset,
-                                             eps_outside, partial, {mask[0], mask[2], false});
+                                             eps_outside, a.partial(),
+                                             {a.mask(0), a.mask(2), false});
   Tensor dW, db;
-  if (mask[1]) {
-    NormRows n = norm_rows(rncore::RMS, input, 1, e, eps_outside, partial);
+  if (a.mask(1)) {
+    NormRows n = norm_rows(rncore::RMS, input, 1, e, eps_outside, a.partial());
     Tensor Y = n.xhat.reshape({-1, n.d});
     if (gg.defined()) Y = Y * (offset ? gg.to(t) + 1 : gg.to(t));
     dW = at::matmul(Y.t(), dzt).to(w.scalar_type());
   }
-  if (mask[3] && b.defined()) db = dzt.sum(0).to(b.scalar_type());
-  return Tensor4(dx, dW, dg, db);
+  if (a.mask(3) && b.defined()) db = dzt.sum(0).to(b.scalar_type());
+  a.ret({dx, dW, dg, db});
 }
 
-/* ---- autograd: the ops that write in place ---------------------------------------------- */
+/* ---- autograd: the ops that write in place, and ops without a gradient -------------------- */
 
-/* They take no part in autograd, in reverse or forward mode: refused when a gradient would
- * be needed or an argument carries a tangent. */
-void refuse_autograd(const std::string &op, c10::ArrayRef<const Tensor *> ts) {
-  TORCH_CHECK_VALUE(!grad_needed(ts) && !any_tangent(ts), op,
+/* Boxed kernels, one for every op of a kind (ops.def): they read the op's schema. */
+void tensors_of(const c10::OperatorHandle &op, const torch::jit::Stack &s, bool written_only,
+                std::vector<Tensor> *out) {
+  const auto &args = op.schema().arguments();
+  std::size_t base = s.size() - args.size();
+  for (std::size_t i = 0; i < args.size(); i++) {
+    const c10::IValue &v = s[base + i];
+    bool written = args[i].alias_info() && args[i].alias_info()->isWrite();
+    if (v.isTensor() && (written || !written_only)) out->push_back(v.toTensor());
+  }
+}
+
+/* The ops that write in place (out=, inplace=True) take no part in autograd, in reverse or
+ * forward mode: refused when a gradient would be needed or an argument carries a tangent. */
+void inplace_autograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
+  std::vector<Tensor> ts;
+  tensors_of(op, *s, false, &ts);
+  std::vector<const Tensor *> ps;
+  for (const Tensor &t : ts) ps.push_back(&t);
+  TORCH_CHECK_VALUE(!grad_needed(ps) && !any_tangent(ps), op_name(op),
                     ": writing in place (out=, inplace=True) does not take part in autograd; call "
                     "it under torch.no_grad() or with tensors that do not require grad (nor carry "
                     "forward-mode tangents)");
+  at::AutoDispatchBelowAutograd guard;
+  op.callBoxed(s);
 }
 
-template <class T>
-void collect(std::vector<const Tensor *> &, const T &) {}
-void collect(std::vector<const Tensor *> &v, const Tensor &t) { v.push_back(&t); }
-void collect(std::vector<const Tensor *> &v, const OptTensor &t) {
-  if (t && t->defined()) v.push_back(&*t);
-}
-
-/* An op `name.overload` that writes its arguments at positions `Written`: its Autograd
- * kernel refuses autograd and goes on below it; its ADInplaceOrView kernel (reached in every
- * mode, also inside inference mode for tensors made outside it) refuses, as torch does, to
- * write an inference tensor outside inference mode, then writes and bumps the written
- * tensors' version counters, so a backward that saved one of them raises instead of using
- * the new values. */
-template <class Sig, const char *Name, const char *Overload, std::size_t... Written>
-struct InPlace;
-template <class... A, const char *Name, const char *Overload, std::size_t... Written>
-struct InPlace<void(A...), Name, Overload, Written...> {
-  static std::string op() { return *Overload ? std::string(Name) + "." + Overload : Name; }
-
-  static void autograd(A... a) {
-    std::vector<const Tensor *> ts;
-    (collect(ts, a), ...);
-    refuse_autograd(op(), ts);
-    RN_OP(fn, void(A...), Name, Overload);
-    at::AutoDispatchBelowAutograd guard;
-    fn.call(a...);
-  }
-
-  static void inplace_or_view(A... a) {
-    auto args = std::forward_as_tuple(a...);
-    bool inference_write = (std::get<Written>(args).is_inference() || ...);
-    TORCH_CHECK(!inference_write || c10::InferenceMode::is_enabled(), op(),
+/* Reached in every mode (also inside inference mode for tensors made outside it): refuses,
+ * as torch does, to write an inference tensor outside inference mode, then writes and bumps
+ * the written tensors' version counters, so a backward that saved one of them raises
+ * instead of using the new values. */
+void inplace_or_view(const c10::OperatorHandle &op, torch::jit::Stack *s) {
+  std::vector<Tensor> written;
+  tensors_of(op, *s, true, &written);
+  for (const Tensor &t : written)
+    TORCH_CHECK(!t.is_inference() || c10::InferenceMode::is_enabled(), op_name(op),
                 ": cannot write an inference tensor (made under torch.inference_mode()) outside "
                 "inference mode; clone it first, as for torch's own in-place ops");
-    {
-      RN_OP(fn, void(A...), Name, Overload);
-      Guard guard;
-      fn.call(a...);
-    }
-    (torch::autograd::impl::bump_version(std::get<Written>(args)), ...);
-  }
-};
-
-constexpr char kRmsNorm[] = "rmsnorm::rms_norm";
-constexpr char kLayerNorm[] = "rmsnorm::layer_norm";
-constexpr char kFusedAddInplace[] = "rmsnorm::fused_add_rms_norm_inplace";
-constexpr char kQkNormInplace[] = "rmsnorm::qk_norm_inplace";
-constexpr char kOut[] = "out";
-constexpr char kNoOverload[] = "";
-
-using RmsNormOut = InPlace<RmsNormOutSig, kRmsNorm, kOut, 9>;
-using LayerNormOut = InPlace<LayerNormOutSig, kLayerNorm, kOut, 7>;
-using FusedAddInplace = InPlace<FusedAddInplaceSig, kFusedAddInplace, kNoOverload, 0, 1>;
-using QkNormInplace = InPlace<QkNormInplaceSig, kQkNormInplace, kNoOverload, 0>;
-
-/* ---- autograd: ops without a gradient ------------------------------------------------------- */
-
-/* Ops without a gradient: the kernel below autograd, recording nothing. The 8-bit outputs
- * have none; the shard steps record none themselves (rmsnorm.torch.distributed's
- * autograd.Function differentiates the whole, with the sums over the ranks between them). */
-template <class Sig>
-struct NoGrad;
-template <class R, class... A>
-struct NoGrad<R(A...)> {
-  template <const char *name>
-  static R kernel(A... a) {
-    RN_OP(fn, R(A...), name, "");
+  {
     Guard guard;
-    return fn.call(a...);
+    op.callBoxed(s);
   }
-};
+  for (const Tensor &t : written) torch::autograd::impl::bump_version(t);
+}
 
-constexpr char kInt8[] = "rmsnorm::rms_norm_int8";
-constexpr char kFp8[] = "rmsnorm::rms_norm_fp8";
-constexpr char kShardStats[] = "rmsnorm::rms_norm_shard_stats";
-constexpr char kShardForward[] = "rmsnorm::rms_norm_shard_forward";
-constexpr char kShardDots[] = "rmsnorm::rms_norm_shard_backward_dots";
-constexpr char kShardBackward[] = "rmsnorm::rms_norm_shard_backward";
+/* Ops without a gradient: the kernel below autograd, recording nothing. */
+void nograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
+  Guard guard;
+  op.callBoxed(s);
+}
+
+/* "name.overload" of a schema "name.overload(...) -> ...". */
+std::string name_of(const char *schema) {
+  std::string s(schema);
+  return s.substr(0, s.find('('));
+}
+
+/* The CPU kernels, also for tensors of other devices, sparse and quantized ones: their first
+ * step (take) refuses those with a TypeError naming the op. */
+void cpu_kernels(torch::Library &m) {
+#define RN_OP(id, kind, schema) \
+  m.impl(name_of(schema).c_str(), torch::CppFunction::makeFromBoxedFunction<&boxed<&id##_cpu>>());
+#define RN_FN(...)
+#include "ops.def"
+#undef RN_OP
+}
 
 }  // namespace
 }  // namespace rnops
 
-/* ---- registration ------------------------------------------------------------------------- */
+/* ---- registration (the rows of ops.def) --------------------------------------------------- */
 
-#define RMS_KW "*, Tensor? bias=None, bool offset=False, bool eps_outside=False, float partial=1.0"
+#define RN_AUTOGRAD_DIFF(id) rnops::id##_autograd
+#define RN_AUTOGRAD_BACKWARD(id) \
+  torch::CppFunction::makeFromBoxedFunction<&rnops::backward_autograd<&rnops::id##_composite>>()
+#define RN_AUTOGRAD_INPLACE(id) \
+  torch::CppFunction::makeFromBoxedFunction<&rnops::inplace_autograd>()
+#define RN_AUTOGRAD_NOGRAD(id) torch::CppFunction::makeFromBoxedFunction<&rnops::nograd>()
 
 TORCH_LIBRARY(rmsnorm, m) {
   // The fake kernels and this library's Python side live there (imported when an op is
   // first traced).
   m.set_python_module("rmsnorm._torch_fake");
-  m.def("rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None, "
-        RMS_KW ", bool round_before_weight=False) -> Tensor");
-  m.def("rms_norm.out(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
-        "float? eps=None, " RMS_KW ", bool round_before_weight=False, Tensor(a!) out) -> ()");
-  m.def("rms_norm_forward(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
-        "float? eps=None, " RMS_KW ", bool round_before_weight=False) -> (Tensor output, "
-        "Tensor rstd)");
-  m.def("rms_norm_backward(Tensor grad_output, Tensor input, SymInt[] normalized_shape, "
-        "Tensor? weight, Tensor? rstd, float? eps, bool[3] output_mask, " RMS_KW
-        ") -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
-  m.def("layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
-        "Tensor? bias=None, float? eps=1e-05, *, bool offset=False, "
-        "bool round_before_weight=False) -> Tensor");
-  m.def("layer_norm.out(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
-        "Tensor? bias=None, float? eps=1e-05, *, bool offset=False, "
-        "bool round_before_weight=False, Tensor(a!) out) -> ()");
-  m.def("layer_norm_forward(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
-        "Tensor? bias=None, float? eps=1e-05, *, bool offset=False, "
-        "bool round_before_weight=False) -> (Tensor output, Tensor mean, Tensor rstd)");
-  m.def("layer_norm_backward(Tensor grad_output, Tensor input, SymInt[] normalized_shape, "
-        "Tensor? weight, Tensor? bias, Tensor? mean, Tensor? rstd, float? eps, "
-        "bool[3] output_mask, *, bool offset=False) -> (Tensor grad_input, Tensor grad_weight, "
-        "Tensor grad_bias)");
-  m.def("fused_add_rms_norm(Tensor input, Tensor residual, SymInt[] normalized_shape, "
-        "Tensor? weight=None, float? eps=None, " RMS_KW
-        ") -> (Tensor output, Tensor new_residual)");
-  m.def("fused_add_rms_norm_inplace(Tensor(a!) input, Tensor(b!) residual, "
-        "SymInt[] normalized_shape, Tensor? weight=None, float? eps=None, " RMS_KW ") -> ()");
-  m.def("fused_add_rms_norm_backward(Tensor grad_output, Tensor? grad_residual, "
-        "Tensor new_residual, SymInt[] normalized_shape, Tensor? weight, float? eps, "
-        "bool[3] output_mask, " RMS_KW ") -> (Tensor grad, Tensor grad_weight, Tensor grad_bias)");
-  m.def("qk_norm(Tensor input, Tensor? weight=None, float? eps=None, " RMS_KW ") -> Tensor");
-  m.def("qk_norm_inplace(Tensor(a!) input, Tensor? weight=None, float? eps=None, " RMS_KW
-        ") -> ()");
-  m.def("qk_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, float? eps, "
-        "bool[3] output_mask, " RMS_KW ") -> (Tensor grad_input, Tensor grad_weight, "
-        "Tensor grad_bias)");
-  m.def("rms_norm_int8(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
-        "float? eps=None, *, Tensor? bias=None, float? scale=None, bool offset=False, "
-        "bool eps_outside=False, float partial=1.0) -> (Tensor q, Tensor scale)");
-  m.def("rms_norm_fp8(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
-        "float? eps=None, *, Tensor? bias=None, float? scale=None, bool offset=False, "
-        "bool eps_outside=False, float partial=1.0) -> (Tensor q, Tensor scale)");
-  m.def("rms_norm_linear(Tensor input, Tensor weight_matrix, Tensor? norm_weight=None, "
-        "float? eps=None, Tensor? bias=None, bool offset=False, *, bool eps_outside=False, "
-        "float partial=1.0) -> Tensor");
-  m.def("rms_norm_linear_backward(Tensor grad_output, Tensor input, Tensor weight_matrix, "
-        "Tensor? norm_weight, float? eps, Tensor? bias, bool offset, bool[4] output_mask, *, "
-        "bool eps_outside=False, float partial=1.0) -> (Tensor grad_input, "
-        "Tensor grad_weight_matrix, Tensor grad_norm_weight, Tensor grad_bias)");
-  m.def("rms_norm_shard_stats(Tensor input, int d_global, int column_offset, *, "
-        "float partial=1.0) -> Tensor");
-  m.def("rms_norm_shard_forward(Tensor input, Tensor stats, int d_global, int column_offset, "
-        "Tensor? weight=None, float? eps=None, " RMS_KW ", bool round_before_weight=False) -> "
-        "Tensor");
-  m.def("rms_norm_shard_backward_dots(Tensor grad_output, Tensor input, Tensor stats, "
-        "int d_global, int column_offset, Tensor? weight, float? eps, *, bool offset=False, "
-        "bool eps_outside=False, float partial=1.0) -> Tensor");
-  m.def("rms_norm_shard_backward(Tensor grad_output, Tensor input, Tensor stats, Tensor dots, "
-        "int d_global, int column_offset, Tensor? weight, float? eps, bool[3] output_mask, "
-        RMS_KW ") -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+#define RN_OP(id, kind, schema) m.def(schema);
+#include "ops.def"
+#undef RN_OP
 }
 
-#define RN_KERNELS(m)                                                              \
-  m.impl("rms_norm", rnops::rms_norm_cpu);                                         \
-  m.impl("rms_norm.out", rnops::rms_norm_out_cpu);                                 \
-  m.impl("rms_norm_forward", rnops::rms_norm_forward_cpu);                         \
-  m.impl("rms_norm_backward", rnops::rms_norm_backward_cpu);                       \
-  m.impl("layer_norm", rnops::layer_norm_cpu);                                     \
-  m.impl("layer_norm.out", rnops::layer_norm_out_cpu);                             \
-  m.impl("layer_norm_forward", rnops::layer_norm_forward_cpu);                     \
-  m.impl("layer_norm_backward", rnops::layer_norm_backward_cpu);                   \
-  m.impl("fused_add_rms_norm", rnops::fused_add_cpu);                              \
-  m.impl("fused_add_rms_norm_inplace", rnops::fused_add_inplace_cpu);              \
-  m.impl("fused_add_rms_norm_backward", rnops::fused_add_backward_cpu);            \
-  m.impl("qk_norm", rnops::qk_norm_cpu);                                           \
-  m.impl("qk_norm_inplace", rnops::qk_norm_inplace_cpu);                           \
-  m.impl("qk_norm_backward", rnops::qk_norm_backward_cpu);                         \
-  m.impl("rms_norm_int8", rnops::quant_cpu<RMSNORM_Q_INT8>);                       \
-  m.impl("rms_norm_fp8", rnops::quant_cpu<RMSNORM_Q_FP8_E4M3>);                    \
-  m.impl("rms_norm_linear", rnops::linear_cpu);                                    \
-  m.impl("rms_norm_linear_backward", rnops::linear_backward_cpu);                  \
-  m.impl("rms_norm_shard_stats", rnops::shard_stats_cpu);                          \
-  m.impl("rms_norm_shard_forward", rnops::shard_forward_cpu);                      \
-  m.impl("rms_norm_shard_backward_dots", rnops::shard_dots_cpu);                   \
-  m.impl("rms_norm_shard_backward", rnops::shard_backward_cpu)
-
-TORCH_LIBRARY_IMPL(rmsnorm, CPU, m) { RN_KERNELS(m); }
-
-// Tensors of other devices, sparse and quantized tensors dispatch to these keys: the same
-// kernels, whose first step (take) refuses them with a TypeError naming the op.
-TORCH_LIBRARY_IMPL(rmsnorm, CUDA, m) { RN_KERNELS(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, XPU, m) { RN_KERNELS(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, MPS, m) { RN_KERNELS(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, PrivateUse1, m) { RN_KERNELS(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, SparseCPU, m) { RN_KERNELS(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, SparseCUDA, m) { RN_KERNELS(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, SparseCsrCPU, m) { RN_KERNELS(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, SparseCsrCUDA, m) { RN_KERNELS(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, QuantizedCPU, m) { RN_KERNELS(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, QuantizedCUDA, m) { RN_KERNELS(m); }
-TORCH_LIBRARY_IMPL(rmsnorm, MkldnnCPU, m) { RN_KERNELS(m); }
+#define RN_CPU_KERNELS(key) \
+  TORCH_LIBRARY_IMPL(rmsnorm, key, m) { rnops::cpu_kernels(m); }
+RN_CPU_KERNELS(CPU) RN_CPU_KERNELS(CUDA) RN_CPU_KERNELS(XPU) RN_CPU_KERNELS(MPS)
+RN_CPU_KERNELS(PrivateUse1) RN_CPU_KERNELS(SparseCPU) RN_CPU_KERNELS(SparseCUDA)
+RN_CPU_KERNELS(SparseCsrCPU) RN_CPU_KERNELS(SparseCsrCUDA) RN_CPU_KERNELS(QuantizedCPU)
+RN_CPU_KERNELS(QuantizedCUDA) RN_CPU_KERNELS(MkldnnCPU)
 
 TORCH_LIBRARY_IMPL(rmsnorm, Autograd, m) {
-  m.impl("rms_norm", rnops::rms_norm_autograd);
-  m.impl("rms_norm.out", rnops::RmsNormOut::autograd);
-  m.impl("rms_norm_forward", rnops::rms_norm_forward_autograd);
-  m.impl("rms_norm_backward", rnops::rms_norm_backward_autograd);
-  m.impl("layer_norm", rnops::layer_norm_autograd);
-  m.impl("layer_norm.out", rnops::LayerNormOut::autograd);
-  m.impl("layer_norm_forward", rnops::layer_norm_forward_autograd);
-  m.impl("layer_norm_backward", rnops::layer_norm_backward_autograd);
-  m.impl("fused_add_rms_norm", rnops::fused_add_autograd);
-  m.impl("fused_add_rms_norm_inplace", rnops::FusedAddInplace::autograd);
-  m.impl("fused_add_rms_norm_backward", rnops::fused_add_backward_autograd);
-  m.impl("qk_norm", rnops::qk_norm_autograd);
-  m.impl("qk_norm_inplace", rnops::QkNormInplace::autograd);
-  m.impl("qk_norm_backward", rnops::qk_norm_backward_autograd);
-  m.impl("rms_norm_int8", rnops::NoGrad<rnops::QuantSig>::kernel<rnops::kInt8>);
-  m.impl("rms_norm_fp8", rnops::NoGrad<rnops::QuantSig>::kernel<rnops::kFp8>);
-  m.impl("rms_norm_linear", rnops::linear_autograd);
-  m.impl("rms_norm_linear_backward", rnops::linear_backward_autograd);
-  m.impl("rms_norm_shard_stats", rnops::NoGrad<rnops::ShardStatsSig>::kernel<rnops::kShardStats>);
-  m.impl("rms_norm_shard_forward",
-         rnops::NoGrad<rnops::ShardForwardSig>::kernel<rnops::kShardForward>);
-  m.impl("rms_norm_shard_backward_dots",
-         rnops::NoGrad<rnops::ShardDotsSig>::kernel<rnops::kShardDots>);
-  m.impl("rms_norm_shard_backward",
-         rnops::NoGrad<rnops::ShardBackwardSig>::kernel<rnops::kShardBackward>);
+#define RN_OP(id, kind, schema) m.impl(rnops::name_of(schema).c_str(), RN_AUTOGRAD_##kind(id));
+#include "ops.def"
+#undef RN_OP
 }
 
 TORCH_LIBRARY_IMPL(rmsnorm, ADInplaceOrView, m) {
-  m.impl("rms_norm.out", rnops::RmsNormOut::inplace_or_view);
-  m.impl("layer_norm.out", rnops::LayerNormOut::inplace_or_view);
-  m.impl("fused_add_rms_norm_inplace", rnops::FusedAddInplace::inplace_or_view);
-  m.impl("qk_norm_inplace", rnops::QkNormInplace::inplace_or_view);
+#define RN_OP_INPLACE(schema) \
+  m.impl(rnops::name_of(schema).c_str(),     \
+         torch::CppFunction::makeFromBoxedFunction<&rnops::inplace_or_view>());
+#define RN_OP_DIFF(schema)
+#define RN_OP_BACKWARD(schema)
+#define RN_OP_NOGRAD(schema)
+#define RN_OP(id, kind, schema) RN_OP_##kind(schema)
+#include "ops.def"
+#undef RN_OP
 }

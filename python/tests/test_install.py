@@ -48,6 +48,22 @@ def test_cache_key_follows_torch_and_package():
     assert len(key) == 16 and int(key, 16) >= 0
 
 
+def test_op_table_is_shipped_and_in_the_cache_key(tmp_path):
+    # the op table (src/ops.def) drives the torch module's registration: a change of it
+    # must compile the module again
+    import shutil
+
+    tb = _build_module()
+    src = os.path.join(PKG_DIR, "_torch_src")
+    assert "ops.def" in os.listdir(src)
+    copy = tmp_path / "src"
+    shutil.copytree(src, copy)
+    before = tb.sources_digest(str(copy))
+    with open(copy / "ops.def", "a") as f:
+        f.write("\n")
+    assert tb.sources_digest(str(copy)) != before
+
+
 def test_loaded_module_is_built_for_the_running_torch():
     import rmsnorm.torch  # noqa: F401
 

@@ -106,6 +106,31 @@ def test_opcheck(dtype):
             raise AssertionError(f"opcheck {name} {dtype}: {err}") from None
 
 
+# ---- the op table --------------------------------------------------------------------------
+
+
+def test_every_row_of_the_op_table_is_bound():
+    """Each RN_OP row is a registered op with a fake kernel and the schema written in the
+    table; each RN_FN row a numpy and/or torch function with the table's signature."""
+    import inspect
+
+    from rmsnorm import _ops
+
+    for op in _ops.OPS:
+        name, _, overload = op.name.partition(".")
+        overload_fn = getattr(getattr(ops, name), overload or "default")
+        schema = torch._C.parse_schema("rmsnorm::" + op.schema)
+        assert str(overload_fn._schema) == str(schema), op
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(overload_fn.name(), "Meta"), op
+    for fn in _ops.FNS:
+        params = [p.name for p in fn.params]
+        if fn.where in ("NUMPY", "BOTH"):
+            assert list(inspect.signature(getattr(rmsnorm, fn.name)).parameters) == params
+        if fn.where in ("TORCH", "BOTH"):
+            want = [p for p in params if not p.startswith("return_")]
+            assert list(inspect.signature(getattr(rt, fn.name)).parameters) == want
+
+
 # ---- fake and meta tensors --------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from .._torch_build import load as _load_compiled
 _C = _load_compiled()
 
 from .. import _torch_fake  # noqa: E402,F401  (the fake kernels)
+from .._ops import FNS as _FNS  # noqa: E402
 
 __all__ = [
     "rms_norm",
@@ -53,9 +54,7 @@ __all__ = [
 
 _Shape = Union[int, Sequence[int], torch.Size]
 _ops = torch.ops.rmsnorm
-_compiling = torch.compiler.is_compiling
-_has_tf = torch._C._has_torch_function_variadic
-_handle_tf = torch.overrides.handle_torch_function
+
 
 def _ns(normalized_shape):
     """normalized_shape as the ops' SymInt[] (an int means a 1-D shape, as in torch)."""
@@ -64,18 +63,8 @@ def _ns(normalized_shape):
     return normalized_shape
 
 
-# Each function: under torch.compile/export, the torch.ops call (what dynamo traces);
-# with __torch_function__ subclasses or modes, their handler; else the compiled entry
-# point, which calls the same op through the dispatcher without torch's per-argument
-# Python conversion (NotImplemented from it: an argument only torch.ops can take).
-
-
-def rms_norm(input: torch.Tensor, normalized_shape: _Shape, weight: Optional[torch.Tensor] = None,
-             eps: Optional[float] = None, *, bias: Optional[torch.Tensor] = None,
-             offset: bool = False, eps_outside: bool = False, partial: float = 1.0,
-             round_before_weight: bool = False,
-             out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """torch.nn.functional.rms_norm on the C library (op rmsnorm::rms_norm),
+_DOCS = {
+    "rms_norm": """torch.nn.functional.rms_norm on the C library (op rmsnorm::rms_norm),
     differentiable in input, weight and bias to any order.
 
     The keywords are those of rmsnorm.rms_norm (numpy): bias, offset (multiply by
@@ -84,214 +73,97 @@ def rms_norm(input: torch.Tensor, normalized_shape: _Shape, weight: Optional[tor
     dtypes). eps None: torch's default, float32's epsilon (float64's for
     float64 data). out: write into this tensor (rows at one stride; the input
     itself normalizes in place), only without autograd (rmsnorm::rms_norm.out).
-    """
-    if _compiling():
-        if out is None:
-            return _ops.rms_norm(input, _ns(normalized_shape), weight, eps, bias=bias, offset=offset,
-                                 eps_outside=eps_outside, partial=partial,
-                                 round_before_weight=round_before_weight)
-        _ops.rms_norm.out(input, _ns(normalized_shape), weight, eps, bias=bias, offset=offset,
-                          eps_outside=eps_outside, partial=partial,
-                          round_before_weight=round_before_weight, out=out)
-        return out
-    if _has_tf(input, weight, bias, out):
-        return _handle_tf(rms_norm, (input, weight, bias, out), input, normalized_shape, weight,
-                          eps, bias=bias, offset=offset, eps_outside=eps_outside, partial=partial,
-                          round_before_weight=round_before_weight, out=out)
-    r = _C.rms_norm(input, normalized_shape, weight, eps, bias, offset, eps_outside, partial,
-                    round_before_weight, out)
-    if r is NotImplemented:
-        return _call_compiled(rms_norm, input, normalized_shape, weight, eps, bias, offset,
-                              eps_outside, partial, round_before_weight, out)
-    return r
-
-
-def _call_compiled(fn, *args):
-    """fn's torch.ops path, for arguments the compiled entry points do not take."""
-    if fn is rms_norm:
-        input, ns, weight, eps, bias, offset, eps_outside, partial, rbw, out = args
-        kw = dict(bias=bias, offset=offset, eps_outside=eps_outside, partial=partial,
-                  round_before_weight=rbw)
-        if out is None:
-            return _ops.rms_norm(input, _ns(ns), weight, eps, **kw)
-        _ops.rms_norm.out(input, _ns(ns), weight, eps, out=out, **kw)
-        return out
-    if fn is rms_norm_with_rstd:
-        input, ns, weight, eps, bias, offset, eps_outside, partial, rbw = args
-        return tuple(_ops.rms_norm_forward(input, _ns(ns), weight, eps, bias=bias, offset=offset,
-                                           eps_outside=eps_outside, partial=partial,
-                                           round_before_weight=rbw))
-    if fn is layer_norm:
-        input, ns, weight, bias, eps, offset, rbw, out = args
-        if out is None:
-            return _ops.layer_norm(input, _ns(ns), weight, bias, eps, offset=offset,
-                                   round_before_weight=rbw)
-        _ops.layer_norm.out(input, _ns(ns), weight, bias, eps, offset=offset, round_before_weight=rbw,
-                            out=out)
-        return out
-    if fn is fused_add_rms_norm:
-        input, residual, ns, weight, eps, bias, offset, eps_outside, partial, inplace = args
-        kw = dict(bias=bias, offset=offset, eps_outside=eps_outside, partial=partial)
-        if inplace:
-            _ops.fused_add_rms_norm_inplace(input, residual, _ns(ns), weight, eps, **kw)
-            return input, residual
-        return tuple(_ops.fused_add_rms_norm(input, residual, _ns(ns), weight, eps, **kw))
-    if fn in (rms_norm_int8, rms_norm_fp8):
-        op = _ops.rms_norm_int8 if fn is rms_norm_int8 else _ops.rms_norm_fp8
-        input, ns, weight, eps, bias, scale, offset, eps_outside, partial = args
-        return tuple(op(input, _ns(ns), weight, eps, bias=bias, scale=scale, offset=offset,
-                        eps_outside=eps_outside, partial=partial))
-    raise AssertionError(f"no torch.ops path for {fn.__name__}")  # pragma: no cover
-
-
-def rms_norm_with_rstd(input: torch.Tensor, normalized_shape: _Shape,
-                       weight: Optional[torch.Tensor] = None, eps: Optional[float] = None, *,
-                       bias: Optional[torch.Tensor] = None, offset: bool = False,
-                       eps_outside: bool = False, partial: float = 1.0,
-                       round_before_weight: bool = False):
-    """(output, rstd): rms_norm and the per-row r = 1/sqrt(mean(x^2) + eps), shape
+    """,
+    "rms_norm_with_rstd": """(output, rstd): rms_norm and the per-row r = 1/sqrt(mean(x^2) + eps), shape
     (*leading, 1, ..., 1), float32 (float64 for float64 data); rstd has no
-    gradient (op rmsnorm::rms_norm_forward)."""
-    if _compiling():
-        return tuple(_ops.rms_norm_forward(input, _ns(normalized_shape), weight, eps, bias=bias,
-                                           offset=offset, eps_outside=eps_outside,
-                                           partial=partial,
-                                           round_before_weight=round_before_weight))
-    if _has_tf(input, weight, bias):
-        return _handle_tf(rms_norm_with_rstd, (input, weight, bias), input, normalized_shape,
-                          weight, eps, bias=bias, offset=offset, eps_outside=eps_outside,
-                          partial=partial, round_before_weight=round_before_weight)
-    args = (input, normalized_shape, weight, eps, bias, offset, eps_outside, partial,
-            round_before_weight)
-    r = _C.rms_norm_forward(*args)
-    return _call_compiled(rms_norm_with_rstd, *args) if r is NotImplemented else r
-
-
-def layer_norm(input: torch.Tensor, normalized_shape: _Shape,
-               weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
-               eps: Optional[float] = 1e-5, *, offset: bool = False,
-               round_before_weight: bool = False,
-               out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """torch.nn.functional.layer_norm on the C library (op rmsnorm::layer_norm),
+    gradient (op rmsnorm::rms_norm_forward).""",
+    "layer_norm": """torch.nn.functional.layer_norm on the C library (op rmsnorm::layer_norm),
     differentiable in input, weight and bias to any order; offset,
-    round_before_weight and out= as for rms_norm."""
-    if _compiling():
-        if out is None:
-            return _ops.layer_norm(input, _ns(normalized_shape), weight, bias, eps, offset=offset,
-                                   round_before_weight=round_before_weight)
-        _ops.layer_norm.out(input, _ns(normalized_shape), weight, bias, eps, offset=offset,
-                            round_before_weight=round_before_weight, out=out)
-        return out
-    if _has_tf(input, weight, bias, out):
-        return _handle_tf(layer_norm, (input, weight, bias, out), input, normalized_shape, weight,
-                          bias, eps, offset=offset, round_before_weight=round_before_weight,
-                          out=out)
-    args = (input, normalized_shape, weight, bias, eps, offset, round_before_weight, out)
-    r = _C.layer_norm(*args)
-    return _call_compiled(layer_norm, *args) if r is NotImplemented else r
-
-
-# ---- fused operations of a transformer block -------------------------------------------
-
-
-def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, normalized_shape: _Shape,
-                       weight: Optional[torch.Tensor] = None, eps: Optional[float] = None, *,
-                       bias: Optional[torch.Tensor] = None, offset: bool = False,
-                       eps_outside: bool = False, partial: float = 1.0,
-                       inplace: bool = False):
-    """(output, new_residual) = (rms_norm(residual + input, ...), residual + input) in
+    round_before_weight and out= as for rms_norm.""",
+    "fused_add_rms_norm": """(output, new_residual) = (rms_norm(residual + input, ...), residual + input) in
     one pass (op rmsnorm::fused_add_rms_norm), differentiable in input, residual,
     weight and bias. inplace=True (vLLM's: new_residual written into residual,
     output into input; op rmsnorm::fused_add_rms_norm_inplace) only without
-    autograd."""
-    if _compiling():
-        kw = dict(bias=bias, offset=offset, eps_outside=eps_outside, partial=partial)
-        if inplace:
-            _ops.fused_add_rms_norm_inplace(input, residual, _ns(normalized_shape), weight, eps, **kw)
-            return input, residual
-        return tuple(_ops.fused_add_rms_norm(input, residual, _ns(normalized_shape), weight, eps, **kw))
-    if _has_tf(input, residual, weight, bias):
-        return _handle_tf(fused_add_rms_norm, (input, residual, weight, bias), input, residual,
-                          normalized_shape, weight, eps, bias=bias, offset=offset,
-                          eps_outside=eps_outside, partial=partial, inplace=inplace)
-    args = (input, residual, normalized_shape, weight, eps, bias, offset, eps_outside, partial,
-            inplace)
-    r = _C.fused_add_rms_norm(*args)
-    return _call_compiled(fused_add_rms_norm, *args) if r is NotImplemented else r
-
-
-def qk_norm(input: torch.Tensor, weight: Optional[torch.Tensor] = None,
-            eps: Optional[float] = None, *, bias: Optional[torch.Tensor] = None,
-            offset: bool = False, eps_outside: bool = False, partial: float = 1.0,
-            inplace: bool = False) -> torch.Tensor:
-    """QK-norm (op rmsnorm::qk_norm): RMSNorm over head_dim of input (*, heads,
+    autograd.""",
+    "qk_norm": """QK-norm (op rmsnorm::qk_norm): RMSNorm over head_dim of input (*, heads,
     head_dim) with one weight (head_dim,) for every head, read where the heads lie
     (Q or K inside a fused QKV tensor, no copy), differentiable. inplace=True
-    (op rmsnorm::qk_norm_inplace) writes into input, only without autograd."""
-    if _compiling():
-        kw = dict(bias=bias, offset=offset, eps_outside=eps_outside, partial=partial)
-        if inplace:
-            _ops.qk_norm_inplace(input, weight, eps, **kw)
-            return input
-        return _ops.qk_norm(input, weight, eps, **kw)
-    if _has_tf(input, weight, bias):
-        return _handle_tf(qk_norm, (input, weight, bias), input, weight, eps, bias=bias,
-                          offset=offset, eps_outside=eps_outside, partial=partial,
-                          inplace=inplace)
-    return _C.qk_norm(input, weight, eps, bias, offset, eps_outside, partial, inplace)
-
-
-def rms_norm_linear(input: torch.Tensor, weight_matrix: torch.Tensor,
-                    norm_weight: Optional[torch.Tensor] = None, eps: Optional[float] = None,
-                    bias: Optional[torch.Tensor] = None, offset: bool = False, *,
-                    eps_outside: bool = False, partial: float = 1.0) -> torch.Tensor:
-    """rms_norm(input, (d,), norm_weight, eps) @ weight_matrix + bias with the gain
+    (op rmsnorm::qk_norm_inplace) writes into input, only without autograd.""",
+    "rms_norm_linear": """rms_norm(input, (d,), norm_weight, eps) @ weight_matrix + bias with the gain
     folded into the matrix (op rmsnorm::rms_norm_linear), differentiable in input,
-    weight_matrix (d, n), norm_weight and bias."""
-    if _compiling():
-        return _ops.rms_norm_linear(input, weight_matrix, norm_weight, eps, bias, offset,
-                                    eps_outside=eps_outside, partial=partial)
-    if _has_tf(input, weight_matrix, norm_weight, bias):
-        return _handle_tf(rms_norm_linear, (input, weight_matrix, norm_weight, bias), input,
-                          weight_matrix, norm_weight, eps, bias, offset, eps_outside=eps_outside,
-                          partial=partial)
-    return _C.rms_norm_linear(input, weight_matrix, norm_weight, eps, bias, offset, eps_outside,
-                              partial)
-
-
-def _quant(fn, op, entry, input, normalized_shape, weight, eps, bias, scale, offset, eps_outside,
-           partial):
-    if _compiling():
-        return tuple(op(input, _ns(normalized_shape), weight, eps, bias=bias, scale=scale,
-                        offset=offset, eps_outside=eps_outside, partial=partial))
-    if _has_tf(input, weight, bias):
-        return _handle_tf(fn, (input, weight, bias), input, normalized_shape, weight, eps,
-                          bias=bias, scale=scale, offset=offset, eps_outside=eps_outside,
-                          partial=partial)
-    args = (input, normalized_shape, weight, eps, bias, scale, offset, eps_outside, partial)
-    r = entry(*args)
-    return _call_compiled(fn, *args) if r is NotImplemented else r
-
-
-def rms_norm_int8(input: torch.Tensor, normalized_shape: _Shape,
-                  weight: Optional[torch.Tensor] = None, eps: Optional[float] = None, *,
-                  bias: Optional[torch.Tensor] = None, scale: Optional[float] = None,
-                  offset: bool = False, eps_outside: bool = False, partial: float = 1.0):
-    """(q, scale): RMSNorm to int8 with a per-row (scale=None) or static scale, as
+    weight_matrix (d, n), norm_weight and bias.""",
+    "rms_norm_int8": """(q, scale): RMSNorm to int8 with a per-row (scale=None) or static scale, as
     rmsnorm.rms_norm_int8 (op rmsnorm::rms_norm_int8); q is a torch.int8 tensor.
-    Not differentiable."""
-    return _quant(rms_norm_int8, _ops.rms_norm_int8, _C.rms_norm_int8, input, normalized_shape,
-                  weight, eps, bias, scale, offset, eps_outside, partial)
+    Not differentiable.""",
+    "rms_norm_fp8": """(q, scale): RMSNorm to fp8 E4M3 (torch.float8_e4m3fn) with a per-row or static
+    scale, as rmsnorm.rms_norm_fp8 (op rmsnorm::rms_norm_fp8). Not differentiable.""",
+}
 
 
-def rms_norm_fp8(input: torch.Tensor, normalized_shape: _Shape,
-                 weight: Optional[torch.Tensor] = None, eps: Optional[float] = None, *,
-                 bias: Optional[torch.Tensor] = None, scale: Optional[float] = None,
-                 offset: bool = False, eps_outside: bool = False, partial: float = 1.0):
-    """(q, scale): RMSNorm to fp8 E4M3 (torch.float8_e4m3fn) with a per-row or static
-    scale, as rmsnorm.rms_norm_fp8 (op rmsnorm::rms_norm_fp8). Not differentiable."""
-    return _quant(rms_norm_fp8, _ops.rms_norm_fp8, _C.rms_norm_fp8, input, normalized_shape,
-                  weight, eps, bias, scale, offset, eps_outside, partial)
+def _variant(op: str, overload: str, test: str) -> list:
+    """The lines that call op.overload (under `if test:`): under torch.compile/export, the
+    torch.ops call (what dynamo traces); else the compiled entry point, which calls the same
+    op through the dispatcher without torch's per-argument Python conversion (NotImplemented
+    from it: an argument only torch.ops can take, then torch.ops)."""
+    schema = getattr(_ops, op).default._schema if not overload else \
+        getattr(getattr(_ops, op), overload)._schema
+    args = schema.arguments
+    handle = _C.op(f"rmsnorm::{op}", overload)
+    fast = ", ".join(a.name for a in args)
+    slow = ", ".join(
+        (f"{a.name}=" if a.kwarg_only else "")
+        + (f"_ns({a.name})" if a.name == "normalized_shape" else a.name) for a in args)
+    slow = f"_ops.{op}{'.' + overload if overload else ''}({slow})"
+    written = [a.name for a in args if a.alias_info is not None and a.alias_info.is_write]
+    ind = "        " if test else "    "
+    lines = [f"    if {test}:"] if test else []
+    if written:
+        lines += [f"{ind}if _compiling() or _C.call({handle}, {fast}) is NotImplemented:",
+                  f"{ind}    {slow}", f"{ind}return {', '.join(written)}"]
+    else:
+        wrap = "tuple" if len(schema.returns) > 1 else ""
+        lines += [f"{ind}if _compiling() or (r := _C.call({handle}, {fast})) is NotImplemented:",
+                  f"{ind}    return {wrap}({slow})", f"{ind}return r"]
+    return lines
+
+
+def _define(fn) -> None:
+    """rmsnorm.torch.<fn.name> from its row of the op table: its signature (the numpy
+    function's without return_*), then with __torch_function__ subclasses or modes their
+    handler, then the op variant its arguments ask for."""
+    params = [p for p in fn.params if not p.name.startswith("return_")]
+    sig, star = [], False
+    for p in params:
+        if p.kwonly and not star:
+            sig.append("*")
+            star = True
+        sig.append(p.name if p.default is None else f"{p.name}={p.default}")
+    names = {p.name for p in params}
+    # __torch_function__ looks at the op's Tensor arguments (and out=)
+    schema = getattr(_ops, fn.op).default._schema
+    tensors = [a.name for a in schema.arguments if "Tensor" in str(a.type)]
+    tensors += ["out"] if "out" in names else []
+    call = ", ".join(p.name if not p.kwonly else f"{p.name}={p.name}" for p in params)
+    lines = [f"def {fn.name}({', '.join(sig)}):",
+             f"    if not _compiling() and _has_tf({', '.join(tensors)}):",
+             f"        return _handle_tf({fn.name}, ({', '.join(tensors)},), {call})"]
+    if "out" in names:
+        lines += _variant(fn.op, "out", "out is not None")
+    if "inplace" in names:
+        lines += _variant(fn.op + "_inplace", "", "inplace")
+    lines += _variant(fn.op, "", "")
+    scope = {"_ops": _ops, "_C": _C, "_ns": _ns, "_compiling": torch.compiler.is_compiling,
+             "_has_tf": torch._C._has_torch_function_variadic,
+             "_handle_tf": torch.overrides.handle_torch_function}
+    exec(compile("\n".join(lines), f"<rmsnorm.torch.{fn.name}>", "exec"), scope)
+    f = scope[fn.name]
+    f.__module__, f.__doc__ = __name__, _DOCS[fn.name]
+    globals()[fn.name] = f
+
+
+for _fn in _FNS:
+    if _fn.where in ("TORCH", "BOTH"):
+        _define(_fn)
 
 
 # ---- modules ---------------------------------------------------------------------------

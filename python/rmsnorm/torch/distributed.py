@@ -50,11 +50,11 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
+from .._torch_fake import FLOATS as _FLOATS  # by rmsnorm_dtype code
 from . import _ops  # torch.ops.rmsnorm, with the ops registered
 
 __all__ = ["rms_norm", "set_checks", "checks_enabled"]
 
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _checks: Optional[bool] = None  # None: the environment variable decides
 # False in bench/mpi/bench_torch_agreement.py's measurement only: the sums without the agreement
 _AGREE = True
