@@ -29,6 +29,26 @@
 
 typedef enum rn_norm { RN_RMSNORM = 0, RN_LAYERNORM = 1 } rn_norm;
 
+/* Where a call's output goes (rn_stream_ok, runtime/work.h, decides; the
+ * args structs carry it). RN_CACHED is 0, so `stream != 0` reads "streamed". */
+typedef enum rn_stream {
+  RN_CACHED = 0,       /* plain stores: small, aliasing an input, or misaligned */
+  RN_STREAMED = 1,     /* streaming (non-temporal) stores past the caches */
+  RN_STREAMED_DRAM = 2 /* streamed, and the data is DRAM-sized: fp32/fp64 kernels
+                          repeat their prefetches (V_PREFETCH_REPEAT) */
+} rn_stream;
+
+/* How a SIMD kernel stores one vector of output (kernels' own use: the span
+ * loops of store_simd.inc pick it per vector from the call's rn_stream). */
+typedef enum rn_store_kind {
+  RN_STORE_PLAIN = 0,       /* a plain store (masked for a partial vector) */
+  RN_STORE_STREAM = 1,      /* a full, aligned vector streamed past the caches */
+  RN_STORE_JOIN = 2,        /* a streamed span's partial head or tail, handed to the
+                               join that completes its chunk */
+  RN_STORE_STREAM_DRAM = 3  /* as RN_STORE_STREAM, from a DRAM-sized input: the
+                               prefetch beside it is repeated */
+} rn_store_kind;
+
 /* Forward over rows [row_begin, row_end). Compute type: float for fp32, fp16
  * and bf16 data, double for fp64 data ("acc" below). */
 /* Data rows (x, y, dy, dx) and per-row stats (mean, rstd) are user memory at
@@ -49,9 +69,8 @@ typedef struct rn_forward_args {
   unsigned flags;      /* RMSNORM_FLAG_EPS_OUTSIDE, RMSNORM_FLAG_ROUND_BEFORE_WEIGHT */
   void *mean;          /* mean: (rows,) acc, LayerNorm only, or NULL */
   void *rstd;          /* rstd: (rows,) acc, or NULL */
-  int stream;          /* y is large, not x, and aligned to its element size: kernels
-                          may store past the caches (rn_stream_ok: 1, or 2 when
-                          DRAM-sized) */
+  rn_stream stream;    /* not RN_CACHED when y is large, not x, and aligned to its
+                          element size: kernels may store past the caches */
 } rn_forward_args;
 
 /* Backward over rows [row_begin, row_end), adding this block's dweight/dbias
@@ -71,8 +90,8 @@ typedef struct rn_backward_args {
   unsigned flags;
   const void *mean;    /* saved stats (rows,) acc; used only when both are present */
   const void *rstd;    /*   (RMSNorm: rstd alone) */
-  int stream;          /* dx is large and aliases nothing: may store past the caches
-                          (rn_stream_ok: 1, or 2 when DRAM-sized) */
+  rn_stream stream;    /* not RN_CACHED when dx is large and aliases nothing: may
+                          store past the caches */
 } rn_backward_args;
 
 typedef void (*rn_forward_fn)(const rn_forward_args *a, size_t row_begin, size_t row_end);
@@ -97,8 +116,8 @@ typedef struct rn_add_args {
  * fp8 e4m3 (formulas in ref/fused_ref.inc). */
 typedef struct rn_quant_args {
   rn_forward_args f;   /* the norm (RMSNorm only); f.y, f.mean unused; f.stream:
-                          the input is large (kernels prefetch ahead; 2:
-                          DRAM-sized, as rn_stream_ok) */
+                          the input is large (kernels prefetch ahead, and stream
+                          aligned rows of codes; RN_STREAMED_DRAM: DRAM-sized) */
   int fp8;             /* 0: int8, 1: fp8 e4m3 (OCP "FN": max 448, NaN 0x7f) */
   void *q;             /* q: (rows, ldq) bytes */
   size_t ldq;
@@ -129,7 +148,7 @@ typedef void (*rn_grad_cols_fn)(const rn_backward_args *a, size_t row, size_t j0
                                 const double coef[4], void *dw_part, void *db_part);
 
 /* Partial row sums of a column shard (the sharded hidden dimension,
- * src/shard.c), in the blocked order of the whole row: element t of the shard
+ * src/api/shard.c), in the blocked order of the whole row: element t of the shard
  * is column offset + t of the row and goes to that column's lane and block.
  * A shard that starts inside a block sums its part of that block on its own
  * (lanes halved), then the blocks from the next boundary on (the library's

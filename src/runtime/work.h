@@ -32,11 +32,11 @@
 /* Whether outputs of `bytes` at p (elements of es bytes) are worth streaming
  * past the caches: `free` (the output aliases no input), large, and p aligned
  * to its element size (a streaming store needs a vector-aligned address,
- * which misaligned elements never reach). 0: no; 1: yes; 2: yes, and
- * DRAM-sized (RN_DRAM_BYTES). */
-static inline int rn_stream_ok(int free, const void *p, size_t es, size_t bytes) {
-  if (!free || bytes < RN_STREAM_BYTES || ((uintptr_t)p & (es - 1)) != 0) return 0;
-  return bytes >= RN_DRAM_BYTES ? 2 : 1;
+ * which misaligned elements never reach). @return RN_CACHED (0) when not;
+ * RN_STREAMED; RN_STREAMED_DRAM from RN_DRAM_BYTES on. */
+static inline rn_stream rn_stream_ok(int free, const void *p, size_t es, size_t bytes) {
+  if (!free || bytes < RN_STREAM_BYTES || ((uintptr_t)p & (es - 1)) != 0) return RN_CACHED;
+  return bytes >= RN_DRAM_BYTES ? RN_STREAMED_DRAM : RN_STREAMED;
 }
 
 /* Scratch regions start on 64-byte boundaries. */

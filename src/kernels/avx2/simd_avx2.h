@@ -1,6 +1,7 @@
-/* simd_avx2.h - the vector vocabulary of norm_simd.inc for AVX2 + FMA +
- * F16C: 8 floats or 4 doubles a vector. AVX2 has no masked 16-bit moves, so
- * tails go through a small zero-filled buffer. */
+/* simd_avx2.h - the vector vocabulary of the shared SIMD bodies
+ * (instantiate.inc) for AVX2 + FMA + F16C: 8 floats or 4 doubles a vector.
+ * AVX2 has no masked 16-bit moves, so tails go through a small zero-filled
+ * buffer. */
 #ifndef RMSNORM_SIMD_AVX2_H
 #define RMSNORM_SIMD_AVX2_H
 
@@ -178,7 +179,7 @@ static inline void v_store_fence(void) { _mm_sfence(); }
  * inline function was dropped by GCC 12, hence the builtin.) */
 static inline void v_prefetch(const void *p) { __builtin_prefetch(p, 0, 2); }
 /* prefetches per 32-byte vector from DRAM-sized inputs: four a line
- * (norm_simd.inc, V_PREFETCH) */
+ * (store_simd.inc, V_PREFETCH_REPEAT) */
 #define V_PREFETCH_REPEAT 2
 
 #endif

@@ -1,8 +1,9 @@
-/* simd_avx512.h - the vector vocabulary of norm_simd.inc for AVX-512
- * (F/BW/VL + FMA + F16C): 16 floats or 8 doubles a vector, masked tails.
- * bf16 is rounded with integer ops, or, built with RN_AVX512_BF16 (the file
- * norm_avx512_bf16.c), with VCVTNEPS2BF16 and a fix-up for the lanes where it
- * differs from the reference (subnormal inputs, which it flushes, and NaN). */
+/* simd_avx512.h - the vector vocabulary of the shared SIMD bodies
+ * (instantiate.inc) for AVX-512 (F/BW/VL + FMA + F16C): 16 floats or 8 doubles
+ * a vector, masked tails. bf16 is rounded with integer ops, or, built with
+ * RN_AVX512_BF16 (the kernel set avx512bf16/), with VCVTNEPS2BF16 and a fix-up
+ * for the lanes where it differs from the reference (subnormal inputs, which
+ * it flushes, and NaN). */
 #ifndef RMSNORM_SIMD_AVX512_H
 #define RMSNORM_SIMD_AVX512_H
 
@@ -160,7 +161,7 @@ static inline void v_store_fence(void) { _mm_sfence(); }
  * inline function was dropped by GCC 12, hence the builtin.) */
 static inline void v_prefetch(const void *p) { __builtin_prefetch(p, 0, 2); }
 /* prefetches per 64-byte vector from DRAM-sized inputs: four a line
- * (norm_simd.inc, V_PREFETCH) */
+ * (store_simd.inc, V_PREFETCH_REPEAT) */
 #define V_PREFETCH_REPEAT 4
 
 #endif

@@ -1,9 +1,10 @@
-/* simd_neon.h - the vector vocabulary of norm_simd.inc for AArch64 Advanced
- * SIMD (NEON): 4 floats or 2 doubles a vector. Everything here is in the
- * base ARMv8-A instruction set: FMLA/FMLS are fused like x86's FMA, fp16
- * <-> fp32 is FCVTN/FCVTL (round to nearest even, quiet NaNs kept, with the
- * default FPCR that Linux gives a thread), bf16 is rounded with integer ops
- * as on x86. Tails go through a small zero-filled buffer. */
+/* simd_neon.h - the vector vocabulary of the shared SIMD bodies
+ * (instantiate.inc) for AArch64 Advanced SIMD (NEON): 4 floats or 2 doubles a
+ * vector. Everything here is in the base ARMv8-A instruction set: FMLA/FMLS
+ * are fused like x86's FMA, fp16 <-> fp32 is FCVTN/FCVTL (round to nearest
+ * even, quiet NaNs kept, with the default FPCR that Linux gives a thread),
+ * bf16 is rounded with integer ops as on x86. Tails go through a small zero-
+ * filled buffer. */
 #ifndef RMSNORM_SIMD_NEON_H
 #define RMSNORM_SIMD_NEON_H
 
@@ -14,7 +15,7 @@
 
 #define VF_W 4
 #define VD_W 2
-/* norm_simd.inc's element-wise loops, 4 vectors a pass */
+/* store_simd.inc's element-wise loops (RN_SPAN_LOOP), 4 vectors a pass */
 #if defined(__clang__)
 #define RN_SPAN_UNROLL _Pragma("unroll 4")
 #else

@@ -1,0 +1,6 @@
+/* set_avx512.c - the AVX-512 (F/BW/VL, FMA, F16C) kernel set's table:
+ * dispatch.c picks it when cpu.c finds those features. */
+#define RN_SET_PREFIX rn_avx512_
+#define RN_KERNEL_SET rn_kernels_avx512
+#define RN_ISA_NAME "avx512"
+#include "kernels/set.inc"

@@ -1,0 +1,12 @@
+/* fused_bf16.c - the AVX-512 set's VCVTNEPS2BF16 variant's bf16 fusions
+ * (residual add, r alone, quantized output) and column-shard sums (compiled
+ * with the set's ISA flags only, CMakeLists.txt). */
+#define RN_AVX512_BF16 1 /* bf16 stores by VCVTNEPS2BF16 (simd_avx512.h) */
+#include "../avx512/simd_avx512.h"
+#include "../avx512/quant_avx512.h"
+
+#define RN_SET_PREFIX rn_avx512bf16_
+#define RN_DTYPE_BF16 1
+#include "kernels/instantiate.inc"
+#include "kernels/fused_simd.inc"
+#include "kernels/shard_simd.inc"

@@ -1,0 +1,9 @@
+/* backward_f32.c - the NEON set's fp32 backward over rows, and its column
+ * split of long rows (compiled with the set's ISA flags only, CMakeLists.txt). */
+#include "simd_neon.h"
+
+#define RN_SET_PREFIX rn_neon_
+#define RN_DTYPE_F32 1
+#include "kernels/instantiate.inc"
+#include "kernels/backward_simd.inc"
+#include "kernels/cols_simd.inc"
