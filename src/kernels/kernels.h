@@ -172,7 +172,7 @@ typedef struct rn_kernel_set {
   const char *name;
   rn_forward_fn forward[RN_NUM_DTYPES];
   rn_backward_fn backward[RN_NUM_DTYPES];
-  /* transformer-block fusions (fused.c) */
+  /* transformer-block fusions (src/api/add.c, quant.c, qk.c, linear.c) */
   rn_add_fn add[RN_NUM_DTYPES];
   rn_rstd_fn rstd[RN_NUM_DTYPES];
   rn_quant_fn quant[RN_NUM_DTYPES];

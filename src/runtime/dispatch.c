@@ -18,7 +18,7 @@ extern const rn_kernel_set rn_kernels_avx512;
 #ifdef RMSNORM_HAVE_AVX512BF16
 extern const rn_kernel_set rn_kernels_avx512_bf16;
 
-/* The avx512 set with the bf16 entries of norm_avx512_bf16.c (the same bits,
+/* The avx512 set with the bf16 entries of kernels/avx512bf16/ (the same bits,
  * faster stores), for CPUs with AVX512_BF16 (and AVX512DQ, which every such
  * CPU has: its VFPCLASSPS finds the lanes to fix up); filled once. */
 static rn_kernel_set avx512_bf16_set;
