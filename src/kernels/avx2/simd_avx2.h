@@ -51,29 +51,36 @@ static inline void vf_storen_f32(float *p, vf v, size_t n) {
 }
 static inline void vf_stream_f32(float *p, vf v) { _mm256_stream_ps(p, v); }
 
+/* A 16-bit storage type's accessors, from its widening to and narrowing from
+ * a float vector: load, load of the first n, store, store of the first n,
+ * streaming store, and the round trip (the value the stored bits hold). */
+#define VF_HALF_ACCESSORS(T, widen, narrow)                                        \
+  static inline vf vf_load_##T(const uint16_t *p) {                                \
+    return widen(_mm_loadu_si128((const __m128i *)(const void *)p));               \
+  }                                                                                \
+  static inline vf vf_loadn_##T(const uint16_t *p, size_t n) {                     \
+    uint16_t buf[8] = {0};                                                         \
+    memcpy(buf, p, n * sizeof *p);                                                 \
+    return vf_load_##T(buf);                                                       \
+  }                                                                                \
+  static inline void vf_store_##T(uint16_t *p, vf v) {                             \
+    _mm_storeu_si128((__m128i *)(void *)p, narrow(v));                             \
+  }                                                                                \
+  static inline void vf_storen_##T(uint16_t *p, vf v, size_t n) {                  \
+    uint16_t buf[8];                                                               \
+    vf_store_##T(buf, v);                                                          \
+    memcpy(p, buf, n * sizeof *p);                                                 \
+  }                                                                                \
+  static inline void vf_stream_##T(uint16_t *p, vf v) {                            \
+    _mm_stream_si128((__m128i *)(void *)p, narrow(v));                             \
+  }                                                                                \
+  static inline vf vf_round_##T(vf v) { return widen(narrow(v)); }
+
 static inline __m128i f32_to_f16(vf v) {
   return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
-static inline vf vf_load_f16(const uint16_t *p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
-}
-static inline vf vf_loadn_f16(const uint16_t *p, size_t n) {
-  uint16_t buf[8] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return vf_load_f16(buf);
-}
-static inline void vf_store_f16(uint16_t *p, vf v) {
-  _mm_storeu_si128((__m128i *)(void *)p, f32_to_f16(v));
-}
-static inline void vf_storen_f16(uint16_t *p, vf v, size_t n) {
-  uint16_t buf[8];
-  vf_store_f16(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
-static inline void vf_stream_f16(uint16_t *p, vf v) {
-  _mm_stream_si128((__m128i *)(void *)p, f32_to_f16(v));
-}
-static inline vf vf_round_f16(vf v) { return _mm256_cvtph_ps(f32_to_f16(v)); }
+static inline vf f16_widen(__m128i h) { return _mm256_cvtph_ps(h); }
+VF_HALF_ACCESSORS(f16, f16_widen, f32_to_f16)
 /* Two vectors, 16 outputs (a's, then b's), in one 32-byte store: half the
  * loop's bookkeeping per output (p aligned to 32 bytes when streamed). */
 #define VF_F16_PAIRS 1
@@ -99,26 +106,7 @@ static inline __m128i f32_to_bf16(vf v) {
   __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
   return _mm256_castsi256_si128(packed);
 }
-static inline vf vf_load_bf16(const uint16_t *p) {
-  return bf16_widen(_mm_loadu_si128((const __m128i *)(const void *)p));
-}
-static inline vf vf_loadn_bf16(const uint16_t *p, size_t n) {
-  uint16_t buf[8] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return vf_load_bf16(buf);
-}
-static inline void vf_store_bf16(uint16_t *p, vf v) {
-  _mm_storeu_si128((__m128i *)(void *)p, f32_to_bf16(v));
-}
-static inline void vf_storen_bf16(uint16_t *p, vf v, size_t n) {
-  uint16_t buf[8];
-  vf_store_bf16(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
-static inline void vf_stream_bf16(uint16_t *p, vf v) {
-  _mm_stream_si128((__m128i *)(void *)p, f32_to_bf16(v));
-}
-static inline vf vf_round_bf16(vf v) { return bf16_widen(f32_to_bf16(v)); }
+VF_HALF_ACCESSORS(bf16, bf16_widen, f32_to_bf16)
 #define VF_BF16_PAIRS 1
 /* Two vectors, 16 outputs (a's, then b's): the rounding above without its
  * NaN blend, and one pack for both. A NaN lane in either (rare; one compare

@@ -42,25 +42,32 @@ static inline void vf_store_f32(float *p, vf v) { _mm512_storeu_ps(p, v); }
 static inline void vf_storen_f32(float *p, vf v, size_t n) { _mm512_mask_storeu_ps(p, m16(n), v); }
 static inline void vf_stream_f32(float *p, vf v) { _mm512_stream_ps(p, v); }
 
+/* A 16-bit storage type's accessors, from its widening to and narrowing from
+ * a float vector: load, load of the first n (masked), store, store of the
+ * first n, streaming store, and the round trip (the value the stored bits hold). */
+#define VF_HALF_ACCESSORS(T, widen, narrow)                                        \
+  static inline vf vf_load_##T(const uint16_t *p) {                                \
+    return widen(_mm256_loadu_si256((const __m256i *)(const void *)p));            \
+  }                                                                                \
+  static inline vf vf_loadn_##T(const uint16_t *p, size_t n) {                     \
+    return widen(_mm256_maskz_loadu_epi16(m16(n), p));                             \
+  }                                                                                \
+  static inline void vf_store_##T(uint16_t *p, vf v) {                             \
+    _mm256_storeu_si256((__m256i *)(void *)p, narrow(v));                          \
+  }                                                                                \
+  static inline void vf_storen_##T(uint16_t *p, vf v, size_t n) {                  \
+    _mm256_mask_storeu_epi16(p, m16(n), narrow(v));                                \
+  }                                                                                \
+  static inline void vf_stream_##T(uint16_t *p, vf v) {                            \
+    _mm256_stream_si256((__m256i *)(void *)p, narrow(v));                          \
+  }                                                                                \
+  static inline vf vf_round_##T(vf v) { return widen(narrow(v)); }
+
 static inline __m256i f32_to_f16(vf v) {
   return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
-static inline vf vf_load_f16(const uint16_t *p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
-}
-static inline vf vf_loadn_f16(const uint16_t *p, size_t n) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m16(n), p));
-}
-static inline void vf_store_f16(uint16_t *p, vf v) {
-  _mm256_storeu_si256((__m256i *)(void *)p, f32_to_f16(v));
-}
-static inline void vf_storen_f16(uint16_t *p, vf v, size_t n) {
-  _mm256_mask_storeu_epi16(p, m16(n), f32_to_f16(v));
-}
-static inline void vf_stream_f16(uint16_t *p, vf v) {
-  _mm256_stream_si256((__m256i *)(void *)p, f32_to_f16(v));
-}
-static inline vf vf_round_f16(vf v) { return _mm512_cvtph_ps(f32_to_f16(v)); }
+static inline vf f16_widen(__m256i h) { return _mm512_cvtph_ps(h); }
+VF_HALF_ACCESSORS(f16, f16_widen, f32_to_f16)
 /* Two vectors, 32 outputs (a's, then b's), in one 64-byte store: half the
  * loop's bookkeeping per output, whole cache lines streamed (p aligned to
  * 64 bytes when streamed). */
@@ -117,22 +124,7 @@ static inline void vf_stream2_bf16(uint16_t *p, vf a, vf b) {
 #else
 static inline __m256i f32_to_bf16(vf v) { return _mm512_cvtepi32_epi16(f32_to_bf16_int(v)); }
 #endif
-static inline vf vf_load_bf16(const uint16_t *p) {
-  return bf16_widen(_mm256_loadu_si256((const __m256i *)(const void *)p));
-}
-static inline vf vf_loadn_bf16(const uint16_t *p, size_t n) {
-  return bf16_widen(_mm256_maskz_loadu_epi16(m16(n), p));
-}
-static inline void vf_store_bf16(uint16_t *p, vf v) {
-  _mm256_storeu_si256((__m256i *)(void *)p, f32_to_bf16(v));
-}
-static inline void vf_storen_bf16(uint16_t *p, vf v, size_t n) {
-  _mm256_mask_storeu_epi16(p, m16(n), f32_to_bf16(v));
-}
-static inline void vf_stream_bf16(uint16_t *p, vf v) {
-  _mm256_stream_si256((__m256i *)(void *)p, f32_to_bf16(v));
-}
-static inline vf vf_round_bf16(vf v) { return bf16_widen(f32_to_bf16(v)); }
+VF_HALF_ACCESSORS(bf16, bf16_widen, f32_to_bf16)
 
 /* ---- double compute ---- */
 static inline vd vd_zero(void) { return _mm512_setzero_pd(); }

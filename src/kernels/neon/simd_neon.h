@@ -62,22 +62,29 @@ static inline void vf_storen_f32(float *p, vf v, size_t n) {
  * intrinsics (STNP stores pairs): "streaming" stores are plain stores. */
 static inline void vf_stream_f32(float *p, vf v) { vst1q_f32(p, v); }
 
+/* A 16-bit storage type's accessors, from its widening to and narrowing from
+ * a float vector: load, load of the first n, store, store of the first n,
+ * "streaming" store (a plain one, as vf_stream_f32), and the round trip (the
+ * value the stored bits hold). */
+#define VF_HALF_ACCESSORS(T, widen, narrow)                                        \
+  static inline vf vf_load_##T(const uint16_t *p) { return widen(vld1_u16(p)); }  \
+  static inline vf vf_loadn_##T(const uint16_t *p, size_t n) {                     \
+    uint16_t buf[4] = {0};                                                         \
+    memcpy(buf, p, n * sizeof *p);                                                 \
+    return vf_load_##T(buf);                                                       \
+  }                                                                                \
+  static inline void vf_store_##T(uint16_t *p, vf v) { vst1_u16(p, narrow(v)); }  \
+  static inline void vf_storen_##T(uint16_t *p, vf v, size_t n) {                  \
+    uint16_t buf[4];                                                               \
+    vf_store_##T(buf, v);                                                          \
+    memcpy(p, buf, n * sizeof *p);                                                 \
+  }                                                                                \
+  static inline void vf_stream_##T(uint16_t *p, vf v) { vf_store_##T(p, v); }      \
+  static inline vf vf_round_##T(vf v) { return widen(narrow(v)); }
+
 static inline uint16x4_t f32_to_f16(vf v) { return vreinterpret_u16_f16(vcvt_f16_f32(v)); }
 static inline vf f16_widen(uint16x4_t h) { return vcvt_f32_f16(vreinterpret_f16_u16(h)); }
-static inline vf vf_load_f16(const uint16_t *p) { return f16_widen(vld1_u16(p)); }
-static inline vf vf_loadn_f16(const uint16_t *p, size_t n) {
-  uint16_t buf[4] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return vf_load_f16(buf);
-}
-static inline void vf_store_f16(uint16_t *p, vf v) { vst1_u16(p, f32_to_f16(v)); }
-static inline void vf_storen_f16(uint16_t *p, vf v, size_t n) {
-  uint16_t buf[4];
-  vf_store_f16(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
-static inline void vf_stream_f16(uint16_t *p, vf v) { vf_store_f16(p, v); }
-static inline vf vf_round_f16(vf v) { return f16_widen(f32_to_f16(v)); }
+VF_HALF_ACCESSORS(f16, f16_widen, f32_to_f16)
 
 static inline vf bf16_widen(uint16x4_t h) { return vreinterpretq_f32_u32(vshll_n_u16(h, 16)); }
 /* round to nearest even on the dropped 16 bits; NaN keeps its top bits, made quiet */
@@ -90,20 +97,7 @@ static inline uint16x4_t f32_to_bf16(vf v) {
   uint32x4_t ordered = vceqq_f32(v, v); /* all ones unless NaN */
   return vmovn_u32(vbslq_u32(ordered, r, q));
 }
-static inline vf vf_load_bf16(const uint16_t *p) { return bf16_widen(vld1_u16(p)); }
-static inline vf vf_loadn_bf16(const uint16_t *p, size_t n) {
-  uint16_t buf[4] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return vf_load_bf16(buf);
-}
-static inline void vf_store_bf16(uint16_t *p, vf v) { vst1_u16(p, f32_to_bf16(v)); }
-static inline void vf_storen_bf16(uint16_t *p, vf v, size_t n) {
-  uint16_t buf[4];
-  vf_store_bf16(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
-static inline void vf_stream_bf16(uint16_t *p, vf v) { vf_store_bf16(p, v); }
-static inline vf vf_round_bf16(vf v) { return bf16_widen(f32_to_bf16(v)); }
+VF_HALF_ACCESSORS(bf16, bf16_widen, f32_to_bf16)
 
 /* ---- double compute ---- */
 static inline vd vd_zero(void) { return vdupq_n_f64(0.0); }
