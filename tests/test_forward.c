@@ -264,7 +264,7 @@ static void test_eps_edges(void) {
       for (size_t ei = 0; ei < 12; ei++) {
         for (size_t i = 0; i < nexp; i++)
           for (size_t j = 0; j < d; j++) xv[i * d + j] = ldexp(tu_normal(), exps[i]);
-        for (size_t j = 0; j < d; j++) /* the row: constant 1.5 * 2^-75 (or 2^-540) */
+        for (size_t j = 0; j < d; j++) /* a row of the constant 1.5 * 2^-75 (or 2^-540) */
           xv[nexp * d + j] = ldexp(1.5, f64 ? -540 : -75) * (j % 2 ? -1 : 1);
         fcase c = {dt, dt, 0, rows, d, d, d, 1, 0, epss[ei], outside, 1.0, 0, 0, 1.0};
         run_case(&c, xv);

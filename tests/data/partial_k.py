@@ -37,7 +37,7 @@ def check(p: float, d: int) -> int:
 def main() -> None:
     rng = random.Random(20240610)
     cases = []
-    # the grid (two-digit decimals, d 10..4096): the pairs where a
+    # the grid (two-digit decimals, d 10..4096): the pairs where a
     # ceiling of the double product is off, plus a sample of the rest
     for nn in range(1, 100):
         p = float(f"0.{nn:02d}")
