@@ -5,10 +5,6 @@
 # runs the benchmark (and installs its peers, python/requirements-bench.txt, when
 # missing).
 
-# This fragment is included before the top Makefile's first rule: keep `all`
-# the default goal (restored at the end of the file).
-_python_mk_goal := $(.DEFAULT_GOAL)
-
 PYTHON ?= python3
 VENV ?= .venv
 VENV_PY := $(VENV)/bin/python
@@ -72,4 +68,3 @@ clean-python:
 
 EXTRA_TESTS += test-python
 
-.DEFAULT_GOAL := $(_python_mk_goal)
