@@ -271,14 +271,14 @@ std::string op_name(const c10::OperatorHandle &op) {
 /* An op's arguments on the dispatcher's stack, by name. */
 class Args {
  public:
-  Args(const c10::OperatorHandle &op, torch::jit::Stack *s)
-      : args_(op.schema().arguments()), s_(*s), base_(s->size() - args_.size()),
-        name_(op_name(op).substr(std::string("rmsnorm::").size())) {}
-  const char *op() const { return name_.c_str(); }
-  bool has(std::string_view n) const { return index(n) < args_.size(); }
+  Args(const c10::OperatorHandle &op, torch::jit::Stack *s, const char *name)
+      : args_(op.schema().arguments()), s_(*s), base_(s->size() - args_.size()), name_(name) {}
+  const char *op() const { return name_; }
+  bool has(std::string_view n) const { return find(n) != nullptr; }
   const c10::IValue &operator[](std::string_view n) const {
-    TORCH_INTERNAL_ASSERT(has(n), name_, " has no argument ", n);
-    return s_[base_ + index(n)];
+    const c10::IValue *v = find(n);
+    TORCH_INTERNAL_ASSERT(v, name_, " has no argument ", n);
+    return *v;
   }
   /* A tensor argument as the kernels read it (take), undefined for None. */
   Tensor t(const char *n) const {
@@ -290,9 +290,18 @@ class Args {
     const c10::IValue &v = (*this)[n];
     return v.isNone() ? Tensor() : v.toTensor();
   }
-  bool flag(const char *n) const { return has(n) && (*this)[n].toBool(); }
-  OptDouble eps() const { return has("eps") ? (*this)["eps"].toOptional<double>() : std::nullopt; }
-  double partial() const { return has("partial") ? (*this)["partial"].toDouble() : 1.0; }
+  bool flag(const char *n) const {
+    const c10::IValue *v = find(n);
+    return v && v->toBool();
+  }
+  OptDouble eps() const {
+    const c10::IValue *v = find("eps");
+    return v ? v->toOptional<double>() : std::nullopt;
+  }
+  double partial() const {
+    const c10::IValue *v = find("partial");
+    return v ? v->toDouble() : 1.0;
+  }
   int64_t k() const {  // the normalized dims
     return static_cast<int64_t>((*this)["normalized_shape"].toSymIntVector().size());
   }
@@ -319,20 +328,28 @@ class Args {
   }
 
  private:
-  std::size_t index(std::string_view n) const {
-    std::size_t i = 0;
-    while (i < args_.size() && args_[i].name() != n) i++;
-    return i;
+  const c10::IValue *find(std::string_view n) const {  // the argument named n, or null
+    for (std::size_t i = 0; i < args_.size(); i++)
+      if (args_[i].name() == n) return &s_[base_ + i];
+    return nullptr;
   }
   const std::vector<c10::Argument> &args_;
   torch::jit::Stack &s_;
   std::size_t base_;
-  std::string name_;
+  const char *name_;
 };
+
+/* The op's name less "rmsnorm::", for messages: made once per kernel K (each serves one op),
+ * not on every call. */
+template <auto K>
+const char *short_name(const c10::OperatorHandle &op) {
+  static const std::string name = op_name(op).substr(std::string("rmsnorm::").size());
+  return name.c_str();
+}
 
 template <void (*K)(Args &)>
 void boxed(const c10::OperatorHandle &op, torch::jit::Stack *s) {
-  Args a(op, s);
+  Args a(op, s, short_name<K>(op));
   guarded(a.op(), [&] { K(a); });
 }
 
@@ -943,25 +960,45 @@ Tensor rms_norm_linear_autograd(const Tensor &input, const Tensor &w, const OptT
 
 /* ---- autograd: backward ops (differentiable through the aten composition) ------------- */
 
-/* A backward op's Autograd kernel: with no argument that needs a gradient or carries a
- * tangent (the saved statistics aside), the op below autograd, the library's backward;
- * else (create_graph=True, forward-over-reverse) its formula in aten ops, K, which autograd
- * records and can differentiate again. */
-template <void (*K)(Args &)>
-void backward_autograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
+/* Whether autograd has work in an op's call: a tensor argument (the statistics a backward op
+ * takes aside) needs a gradient or carries a forward-mode tangent. Read on the dispatcher's
+ * stack, before any argument is unboxed. */
+bool autograd_needed(const c10::OperatorHandle &op, const torch::jit::Stack &s) {
   const auto &args = op.schema().arguments();
-  std::vector<const Tensor *> ts;
-  for (std::size_t i = 0; i < args.size(); i++) {
-    const c10::IValue &v = (*s)[s->size() - args.size() + i];
-    if (v.isTensor() && args[i].name() != "rstd" && args[i].name() != "mean")
-      ts.push_back(&v.toTensor());
+  bool grad = c10::GradMode::is_enabled();
+  for (std::size_t i = 0, base = s.size() - args.size(); i < args.size(); i++) {
+    if (!s[base + i].isTensor() || args[i].name() == "rstd" || args[i].name() == "mean") continue;
+    const Tensor &t = s[base + i].toTensor();
+    if (t.defined() && ((grad && t.requires_grad()) || has_tangent(t))) return true;
   }
-  if (!grad_needed(ts) && !any_tangent(ts)) {
+  return false;
+}
+
+/* A differentiable op's Autograd kernel: when autograd has no work (eager inference, the
+ * common case), the op below autograd on the caller's stack as it is; else F, the op's typed
+ * kernel that records the Node and the tangent. */
+template <auto F>
+void diff_autograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
+  if (!autograd_needed(op, *s)) {
     Guard guard;
     op.callBoxed(s);
     return;
   }
-  Args a(op, s);
+  static const auto typed = c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(F));
+  typed.callBoxed(op, c10::DispatchKeySet(), s);
+}
+
+/* A backward op's Autograd kernel: the op below autograd (the library's backward) when
+ * autograd has no work; else (create_graph=True, forward-over-reverse) its formula in aten
+ * ops, K, which autograd records and can differentiate again. */
+template <void (*K)(Args &)>
+void backward_autograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
+  if (!autograd_needed(op, *s)) {
+    Guard guard;
+    op.callBoxed(s);
+    return;
+  }
+  Args a(op, s, short_name<K>(op));
   K(a);
 }
 
@@ -1020,26 +1057,11 @@ void rms_norm_linear_backward_composite(Args &a) {
 
 /* ---- autograd: the ops that write in place, and ops without a gradient -------------------- */
 
-/* Boxed kernels, one for every op of a kind (ops.def): they read the op's schema. */
-void tensors_of(const c10::OperatorHandle &op, const torch::jit::Stack &s, bool written_only,
-                std::vector<Tensor> *out) {
-  const auto &args = op.schema().arguments();
-  std::size_t base = s.size() - args.size();
-  for (std::size_t i = 0; i < args.size(); i++) {
-    const c10::IValue &v = s[base + i];
-    bool written = args[i].alias_info() && args[i].alias_info()->isWrite();
-    if (v.isTensor() && (written || !written_only)) out->push_back(v.toTensor());
-  }
-}
-
-/* The ops that write in place (out=, inplace=True) take no part in autograd, in reverse or
+/* Boxed kernels, one for every op of a kind (ops.def): they read the op's schema.
+ * The ops that write in place (out=, inplace=True) take no part in autograd, in reverse or
  * forward mode: refused when a gradient would be needed or an argument carries a tangent. */
 void inplace_autograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
-  std::vector<Tensor> ts;
-  tensors_of(op, *s, false, &ts);
-  std::vector<const Tensor *> ps;
-  for (const Tensor &t : ts) ps.push_back(&t);
-  TORCH_CHECK_VALUE(!grad_needed(ps) && !any_tangent(ps), op_name(op),
+  TORCH_CHECK_VALUE(!autograd_needed(op, *s), op_name(op),
                     ": writing in place (out=, inplace=True) does not take part in autograd; call "
                     "it under torch.no_grad() or with tensors that do not require grad (nor carry "
                     "forward-mode tangents)");
@@ -1052,8 +1074,11 @@ void inplace_autograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
  * the written tensors' version counters, so a backward that saved one of them raises
  * instead of using the new values. */
 void inplace_or_view(const c10::OperatorHandle &op, torch::jit::Stack *s) {
-  std::vector<Tensor> written;
-  tensors_of(op, *s, true, &written);
+  const auto &args = op.schema().arguments();
+  std::vector<Tensor> written;  // the (a!) arguments
+  for (std::size_t i = 0, base = s->size() - args.size(); i < args.size(); i++)
+    if (args[i].alias_info() && args[i].alias_info()->isWrite())
+      written.push_back((*s)[base + i].toTensor());
   for (const Tensor &t : written)
     TORCH_CHECK(!t.is_inference() || c10::InferenceMode::is_enabled(), op_name(op),
                 ": cannot write an inference tensor (made under torch.inference_mode()) outside "
@@ -1092,7 +1117,8 @@ void cpu_kernels(torch::Library &m) {
 
 /* ---- registration (the rows of ops.def) --------------------------------------------------- */
 
-#define RN_AUTOGRAD_DIFF(id) rnops::id##_autograd
+#define RN_AUTOGRAD_DIFF(id) \
+  torch::CppFunction::makeFromBoxedFunction<&rnops::diff_autograd<&rnops::id##_autograd>>()
 #define RN_AUTOGRAD_BACKWARD(id) \
   torch::CppFunction::makeFromBoxedFunction<&rnops::backward_autograd<&rnops::id##_composite>>()
 #define RN_AUTOGRAD_INPLACE(id) \

@@ -100,11 +100,11 @@ _DOCS = {
 }
 
 
-def _variant(op: str, overload: str, test: str) -> list:
-    """The lines that call op.overload (under `if test:`): under torch.compile/export, the
-    torch.ops call (what dynamo traces); else the compiled entry point, which calls the same
-    op through the dispatcher without torch's per-argument Python conversion (NotImplemented
-    from it: an argument only torch.ops can take, then torch.ops)."""
+def _variant(op: str, overload: str, test: str) -> tuple:
+    """The lines that call op.overload (under `if test:`): (eager, traced). Eager: the
+    compiled entry point, which calls the same op through the dispatcher without torch's
+    per-argument Python conversion (NotImplemented from it: an argument only torch.ops can
+    take, then torch.ops); traced (under torch.compile/export): the torch.ops call."""
     schema = getattr(_ops, op).default._schema if not overload else \
         getattr(getattr(_ops, op), overload)._schema
     args = schema.arguments
@@ -116,15 +116,14 @@ def _variant(op: str, overload: str, test: str) -> list:
     slow = f"_ops.{op}{'.' + overload if overload else ''}({slow})"
     written = [a.name for a in args if a.alias_info is not None and a.alias_info.is_write]
     ind = "        " if test else "    "
-    lines = [f"    if {test}:"] if test else []
+    head = [f"    if {test}:"] if test else []
     if written:
-        lines += [f"{ind}if _compiling() or _C.call({handle}, {fast}) is NotImplemented:",
-                  f"{ind}    {slow}", f"{ind}return {', '.join(written)}"]
-    else:
-        wrap = "tuple" if len(schema.returns) > 1 else ""
-        lines += [f"{ind}if _compiling() or (r := _C.call({handle}, {fast})) is NotImplemented:",
-                  f"{ind}    return {wrap}({slow})", f"{ind}return r"]
-    return lines
+        ret = f"{ind}return {', '.join(written)}"
+        return (head + [f"{ind}if _C.call({handle}, {fast}) is NotImplemented:",
+                        f"{ind}    {slow}", ret], head + [f"{ind}{slow}", ret])
+    slow = f"return {'tuple' if len(schema.returns) > 1 else ''}({slow})"
+    return (head + [f"{ind}if (r := _C.call({handle}, {fast})) is NotImplemented:",
+                    f"{ind}    {slow}", f"{ind}return r"], head + [f"{ind}{slow}"])
 
 
 def _define(fn) -> None:
@@ -144,14 +143,15 @@ def _define(fn) -> None:
     tensors = [a.name for a in schema.arguments if "Tensor" in str(a.type)]
     tensors += ["out"] if "out" in names else []
     call = ", ".join(p.name if not p.kwonly else f"{p.name}={p.name}" for p in params)
-    lines = [f"def {fn.name}({', '.join(sig)}):",
-             f"    if not _compiling() and _has_tf({', '.join(tensors)}):",
-             f"        return _handle_tf({fn.name}, ({', '.join(tensors)},), {call})"]
-    if "out" in names:
-        lines += _variant(fn.op, "out", "out is not None")
-    if "inplace" in names:
-        lines += _variant(fn.op + "_inplace", "", "inplace")
-    lines += _variant(fn.op, "", "")
+    variants = [_variant(fn.op, "out", "out is not None")] if "out" in names else []
+    variants += [_variant(fn.op + "_inplace", "", "inplace")] if "inplace" in names else []
+    variants += [_variant(fn.op, "", "")]
+    # one is_compiling() a call: its traced lines, else __torch_function__, else eager
+    lines = [f"def {fn.name}({', '.join(sig)}):", "    if _compiling():"]
+    lines += ["    " + line for _, traced in variants for line in traced]
+    lines += [f"    if _has_tf({', '.join(tensors)}):",
+              f"        return _handle_tf({fn.name}, ({', '.join(tensors)},), {call})"]
+    lines += [line for eager, _ in variants for line in eager]
     scope = {"_ops": _ops, "_C": _C, "_ns": _ns, "_compiling": torch.compiler.is_compiling,
              "_has_tf": torch._C._has_torch_function_variadic,
              "_handle_tf": torch.overrides.handle_torch_function}
