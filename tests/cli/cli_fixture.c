@@ -651,3 +651,48 @@ int cli_finish(const char *name) {
     fprintf(stderr, "scratch files kept in %s\n", base);
   return tu_summary(name);
 }
+
+/* ---- a case's norm options ------------------------------------------------------------ */
+
+int norm_opts_args(const norm_opts *o, tdt dt, const char **args, int n, norm_opts_text *t) {
+  if (o->eps >= 0) {
+    snprintf(t->eps, sizeof t->eps, "%.17g", o->eps);
+    args[n++] = "--eps";
+    args[n++] = t->eps;
+  }
+  if (o->eps_outside) args[n++] = "--eps-outside";
+  if (o->offset) args[n++] = "--offset";
+  if (o->partial > 0) {
+    snprintf(t->partial, sizeof t->partial, "--partial=%.17g", o->partial);
+    args[n++] = t->partial;
+  }
+  if (o->dims) {
+    snprintf(t->dims, sizeof t->dims, "%d", o->dims);
+    args[n++] = "--dims";
+    args[n++] = t->dims;
+  }
+  if (dt == TBF16) args[n++] = "--bf16";
+  args[n] = NULL;
+  return n;
+}
+
+void norm_opts_config(const norm_opts *o, tdt dt, tdt pdt, rmsnorm_config *cfg) {
+  rmsnorm_config_init(cfg, tdt_lib[dt]);
+  cfg->param_dtype = tdt_lib[pdt];
+  if (o->eps >= 0) cfg->eps = o->eps;
+  if (o->partial > 0) cfg->partial = o->partial;
+  cfg->flags = (o->eps_outside ? RMSNORM_FLAG_EPS_OUTSIDE : 0u) |
+               (o->offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u);
+}
+
+oracle_cfg norm_opts_oracle(const norm_opts *o, tdt dt, int layernorm) {
+  oracle_cfg oc = {layernorm, o->eps >= 0 ? (ld)o->eps : (dt == TF64 ? 0x1p-52L : 0x1p-23L),
+                   o->eps_outside, o->offset, o->partial > 0 ? o->partial : 1};
+  return oc;
+}
+
+int run_ok(const char *label, const char *const *args) {
+  int rc = run_with(NULL, args);
+  return tu_check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label,
+                  rc, err_text);
+}

@@ -155,6 +155,29 @@ void oracle_backward(const oracle_cfg *c, size_t rows, size_t d, const double *x
 int close_all(const char *what, const arr *got, const ld *want, size_t n, double tol);
 double tol_of(tdt dt); /* tolerance against the oracle for results stored in dt */
 
+/* ---- a case's norm options ----------------------------------------------------------- */
+
+/* The options a norm command shares (each left at its default when unset). */
+typedef struct norm_opts {
+  int dims;       /* 0: the default (1) */
+  double eps;     /* < 0: the default */
+  int eps_outside, offset;
+  double partial; /* 0: the default (1) */
+} norm_opts;
+typedef struct norm_opts_text { char eps[64], partial[64], dims[16]; } norm_opts_text;
+
+/* Appends the options' arguments (and --bf16 for bf16 data) to args[0..n),
+ * their texts kept in t; args ends with NULL. @return the count. */
+int norm_opts_args(const norm_opts *o, tdt dt, const char **args, int n, norm_opts_text *t);
+/* The library's config for the same options, data in dt, parameters in pdt. */
+void norm_opts_config(const norm_opts *o, tdt dt, tdt pdt, rmsnorm_config *cfg);
+/* The oracle's config for the same options (eps's default: the library's). */
+oracle_cfg norm_opts_oracle(const norm_opts *o, tdt dt, int layernorm);
+
+/* Runs the command and checks that it succeeded silently (exit 0, nothing on
+ * stdout or stderr). @return whether it did. */
+int run_ok(const char *label, const char *const *args);
+
 /* ---- a test program's frame ----------------------------------------------------------- */
 
 /* Checks the arguments (RMSNORM_BINARY SCRATCH_PARENT_DIR), makes a scratch

@@ -7,10 +7,7 @@
 #include "cli_fixture.h"
 
 typedef struct fcase {
-  int dims;       /* add-forward only; 0: the default (1) */
-  double eps;     /* < 0: the default */
-  int eps_outside, offset;
-  double partial; /* 0: the default (1) */
+  norm_opts o;    /* dims: add-forward only */
   int weight;     /* 0 none, 1 in the data's dtype, 2 float32 */
   int bias;       /* add-forward: the norm's bias; linear: the linear bias (shape (N,)) */
   int stats;      /* --rstd */
@@ -18,59 +15,20 @@ typedef struct fcase {
 } fcase;
 
 static const fcase add_cases[] = {
-  {0, -1, 0, 0, 0, 0, 0, 0, 0},
-  {0, 0.25, 0, 0, 0, 1, 1, 1, 1},
-  {0, 0.25, 1, 0, 0.5, 2, 2, 1, 1},
-  {0, 0.01, 0, 1, 0, 1, 0, 0, 1},
-  {2, 0.25, 0, 0, 0, 2, 0, 1, 1},
+  {{0, -1, 0, 0, 0}, 0, 0, 0, 0},
+  {{0, 0.25, 0, 0, 0}, 1, 1, 1, 1},
+  {{0, 0.25, 1, 0, 0.5}, 2, 2, 1, 1},
+  {{0, 0.01, 0, 1, 0}, 1, 0, 0, 1},
+  {{2, 0.25, 0, 0, 0}, 2, 0, 1, 1},
 };
 
 static const fcase linear_cases[] = {
-  {0, -1, 0, 0, 0, 0, 0, 0, 0},
-  {0, 0.25, 0, 0, 0, 1, 1, 1, 0},
-  {0, 0.25, 1, 0, 0.5, 2, 2, 1, 0},
-  {0, 0.01, 0, 1, 0, 1, 0, 1, 0},
-  {0, 0.25, 0, 0, 0, 0, 2, 0, 0},
+  {{0, -1, 0, 0, 0}, 0, 0, 0, 0},
+  {{0, 0.25, 0, 0, 0}, 1, 1, 1, 0},
+  {{0, 0.25, 1, 0, 0.5}, 2, 2, 1, 0},
+  {{0, 0.01, 0, 1, 0}, 1, 0, 1, 0},
+  {{0, 0.25, 0, 0, 0}, 0, 2, 0, 0},
 };
-
-/* The options a case shares between the two commands. */
-static int fused_options(const fcase *c, tdt dt, const char **args, int n, char *eps_text,
-                         char *p_text, char *dims_text) {
-  if (c->eps >= 0) {
-    snprintf(eps_text, 64, "%.17g", c->eps);
-    args[n++] = "--eps";
-    args[n++] = eps_text;
-  }
-  if (c->eps_outside) args[n++] = "--eps-outside";
-  if (c->offset) args[n++] = "--offset";
-  if (c->partial > 0) {
-    snprintf(p_text, 64, "--partial=%.17g", c->partial);
-    args[n++] = p_text;
-  }
-  if (c->dims) {
-    snprintf(dims_text, 16, "%d", c->dims);
-    args[n++] = "--dims";
-    args[n++] = dims_text;
-  }
-  if (dt == TBF16) args[n++] = "--bf16";
-  args[n] = NULL;
-  return n;
-}
-
-static void fused_config(const fcase *c, tdt dt, tdt pdt, rmsnorm_config *cfg) {
-  rmsnorm_config_init(cfg, tdt_lib[dt]);
-  cfg->param_dtype = tdt_lib[pdt];
-  if (c->eps >= 0) cfg->eps = c->eps;
-  if (c->partial > 0) cfg->partial = c->partial;
-  cfg->flags = (c->eps_outside ? RMSNORM_FLAG_EPS_OUTSIDE : 0u) |
-               (c->offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u);
-}
-
-static oracle_cfg fused_oracle_cfg(const fcase *c, tdt dt) {
-  oracle_cfg oc = {0, c->eps >= 0 ? (ld)c->eps : (dt == TF64 ? 0x1p-52L : 0x1p-23L),
-                   c->eps_outside, c->offset, c->partial > 0 ? c->partial : 1};
-  return oc;
-}
 
 /* Checks a float32 statistics file against the library's values (float, or
  * double rounded) and the oracle. */
@@ -93,23 +51,23 @@ static void check_rstd_file(const char *label, tdt dt, int lead, const size_t *s
  * against the oracle: h' = h + u rounded to the dtype, y = RMSNorm(h'). */
 static void run_add_case(const fcase *c, tdt dt) {
   static const size_t shape[3] = {3, 5, 8};
-  int k = c->dims ? c->dims : 1, lead = 3 - k;
+  int k = c->o.dims ? c->o.dims : 1, lead = 3 - k;
   size_t rows = 1, d = 1;
   for (int i = 0; i < lead; i++) rows *= shape[i];
   for (int i = lead; i < 3; i++) d *= shape[i];
   tdt pdt = c->weight ? (c->weight == 2 ? TF32 : dt) : c->bias ? (c->bias == 2 ? TF32 : dt) : dt;
   char label[160];
   snprintf(label, sizeof label, "add-forward %s dims=%d eps=%g%s%s p=%g w=%d b=%d", tdt_name[dt],
-           k, c->eps, c->eps_outside ? " eps-outside" : "", c->offset ? " offset" : "",
-           c->partial, c->weight, c->bias);
+           k, c->o.eps, c->o.eps_outside ? " eps-outside" : "", c->o.offset ? " offset" : "",
+           c->o.partial, c->weight, c->bias);
   arr h = npy_fixture("h.npy", dt, 3, shape, FILL_DATA);
   arr u = npy_fixture("u.npy", dt, 3, shape, FILL_DATA);
-  arr w = npy_fixture("w.npy", pdt, k, shape + lead, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
+  arr w = npy_fixture("w.npy", pdt, k, shape + lead, c->o.offset ? FILL_OFFSET_GAIN : FILL_GAIN);
   arr b = npy_fixture("b.npy", pdt, k, shape + lead, FILL_DATA);
   unlink("out.npy"), unlink("h2.npy"), unlink("rstd.npy");
 
   const char *args[40];
-  char eps_text[64], p_text[64], dims_text[16];
+  norm_opts_text opt_text;
   int n = 0;
   args[n++] = "add-forward", args[n++] = "h.npy", args[n++] = "u.npy";
   args[n++] = "-o", args[n++] = "out.npy";
@@ -117,17 +75,14 @@ static void run_add_case(const fcase *c, tdt dt) {
   if (c->stats) args[n++] = "--rstd", args[n++] = "rstd.npy";
   if (c->weight) args[n++] = "--weight", args[n++] = "w.npy";
   if (c->bias) args[n++] = "--bias", args[n++] = "b.npy";
-  fused_options(c, dt, args, n, eps_text, p_text, dims_text);
-  int rc = run_with(NULL, args);
-  if (!tu_check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label, rc,
-             err_text))
-    goto done;
+  norm_opts_args(&c->o, dt, args, n, &opt_text);
+  if (!run_ok(label, args)) goto done;
 
   /* the library on a copy of h (it updates h in place) */
   rmsnorm_context *ctx;
   rmsnorm_config cfg;
   rmsnorm_context_create(&ctx);
-  fused_config(c, dt, pdt, &cfg);
+  norm_opts_config(&c->o, dt, pdt, &cfg);
   unsigned char *lh = malloc(h.n * tdt_size[dt]), *ly = calloc(h.n, tdt_size[dt]),
                 *lr = calloc(rows + 1, 8);
   memcpy(lh, h.bytes, h.n * tdt_size[dt]);
@@ -144,7 +99,7 @@ static void run_add_case(const fcase *c, tdt dt) {
     store(dt, hp.bytes, i, h.v[i] + u.v[i]);
     hp.v[i] = load(dt, hp.bytes, i);
   }
-  oracle_cfg oc = fused_oracle_cfg(c, dt);
+  oracle_cfg oc = norm_opts_oracle(&c->o, dt, 0);
   ld *oy = calloc(h.n, sizeof(ld)), *om = calloc(rows + 1, sizeof(ld)),
      *orr = calloc(rows + 1, sizeof(ld));
   oracle_forward(&oc, rows, d, hp.v, c->weight ? w.v : NULL, c->bias ? b.v : NULL, oy, om, orr);
@@ -183,24 +138,24 @@ static void run_linear_case(const fcase *c, tdt dt) {
   tdt pdt = c->weight ? (c->weight == 2 ? TF32 : dt) : c->bias ? (c->bias == 2 ? TF32 : dt) : dt;
   tdt mdt = dt == TF64 ? TF64 : TF32; /* the matrix: the compute type */
   char label[160];
-  snprintf(label, sizeof label, "linear %s eps=%g%s%s p=%g w=%d b=%d", tdt_name[dt], c->eps,
-           c->eps_outside ? " eps-outside" : "", c->offset ? " offset" : "", c->partial,
+  snprintf(label, sizeof label, "linear %s eps=%g%s%s p=%g w=%d b=%d", tdt_name[dt], c->o.eps,
+           c->o.eps_outside ? " eps-outside" : "", c->o.offset ? " offset" : "", c->o.partial,
            c->weight, c->bias);
   arr x = npy_fixture("x.npy", dt, 3, xshape, FILL_DATA);
   arr wm = npy_fixture("wm.npy", mdt, 2, wshape, FILL_DATA);
-  arr g = npy_fixture("g.npy", pdt, 1, xshape + 2, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
+  arr g = npy_fixture("g.npy", pdt, 1, xshape + 2, c->o.offset ? FILL_OFFSET_GAIN : FILL_GAIN);
   arr lb = npy_fixture("lb.npy", pdt, 1, bshape, FILL_DATA);
   unlink("out.npy"), unlink("rstd.npy");
 
   const char *args[40];
-  char eps_text[64], p_text[64], dims_text[16];
+  norm_opts_text opt_text;
   int n = 0;
   args[n++] = "linear", args[n++] = "x.npy", args[n++] = "wm.npy";
   args[n++] = "-o", args[n++] = "out.npy";
   if (c->stats) args[n++] = "--rstd", args[n++] = "rstd.npy";
   if (c->weight) args[n++] = "--weight", args[n++] = "g.npy";
   if (c->bias) args[n++] = "--linear-bias", args[n++] = "lb.npy";
-  fused_options(c, dt, args, n, eps_text, p_text, dims_text);
+  norm_opts_args(&c->o, dt, args, n, &opt_text);
   int rc = run_with(NULL, args);
   if (rmsnorm_linear_available() != RMSNORM_OK) {
     tu_check(rc == 1 && strstr(err_text, "linear: not available") && !file_exists("out.npy"),
@@ -214,7 +169,7 @@ static void run_linear_case(const fcase *c, tdt dt) {
   rmsnorm_context *ctx;
   rmsnorm_config cfg;
   rmsnorm_context_create(&ctx);
-  fused_config(c, dt, pdt, &cfg);
+  norm_opts_config(&c->o, dt, pdt, &cfg);
   unsigned char *wf = calloc(d * nn, tdt_size[mdt]), *lz = calloc(rows * nn, tdt_size[dt]),
                 *lr = calloc(rows, 8);
   rmsnorm_status st = rmsnorm_fold_weight(&cfg, d, nn, c->weight ? g.bytes : NULL, wm.bytes, nn,
@@ -226,7 +181,7 @@ static void run_linear_case(const fcase *c, tdt dt) {
   tu_check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
 
   /* the oracle, unfused: y = RMSNorm(x; g), then z = y W + bias */
-  oracle_cfg oc = fused_oracle_cfg(c, dt);
+  oracle_cfg oc = norm_opts_oracle(&c->o, dt, 0);
   ld *oy = calloc(x.n, sizeof(ld)), *oz = calloc(rows * nn, sizeof(ld)),
      *om = calloc(rows, sizeof(ld)), *orr = calloc(rows, sizeof(ld));
   oracle_forward(&oc, rows, d, x.v, c->weight ? g.v : NULL, NULL, oy, om, orr);

@@ -8,10 +8,7 @@
 
 typedef struct tcase {
   const char *cmd;
-  int dims;       /* 0: the default (1) */
-  double eps;     /* < 0: the default */
-  int eps_outside, offset;
-  double partial; /* 0: the default (1) */
+  norm_opts o;
   int weight;     /* 0 none, 1 in the data's dtype, 2 float32 */
   int bias;       /* as weight (the same as the weight's when both are given) */
   int stats;      /* forward: --rstd, and --mean for layernorm */
@@ -19,41 +16,41 @@ typedef struct tcase {
 } tcase;
 
 static const tcase cases[] = {
-  {"forward", 0, -1, 0, 0, 0, 0, 0, 0, 0},
-  {"forward", 0, 0.25, 0, 0, 0, 1, 1, 1, 0},
-  {"forward", 0, 0.25, 1, 0, 0, 2, 2, 1, 0},
-  {"forward", 0, 0.01, 0, 1, 0.5, 1, 0, 1, 0},
-  {"forward", 0, 0.25, 1, 0, 0.3, 0, 0, 1, 0},
-  {"forward", 2, 0.25, 0, 0, 0, 1, 1, 1, 0},
-  {"forward", 3, -1, 0, 0, 0.3, 0, 0, 1, 0},
-  {"forward", 0, 0, 0, 0, 0, 0, 2, 1, 0},
-  {"backward", 0, -1, 0, 0, 0, 0, 0, 0, 1},
-  {"backward", 0, 0.25, 0, 0, 0, 1, 1, 0, 2},
-  {"backward", 0, 0.25, 1, 0, 0, 2, 0, 0, 2},
-  {"backward", 0, 0.01, 0, 1, 0.5, 1, 0, 0, 3},
-  {"backward", 0, 0.25, 1, 1, 0.3, 2, 0, 0, 2},
-  {"backward", 2, 0.25, 0, 0, 0, 2, 2, 0, 2},
-  {"backward", 3, 0, 0, 0, 0, 1, 0, 0, 3},
-  {"layernorm", 0, -1, 0, 0, 0, 0, 0, 1, 0},
-  {"layernorm", 0, 0.25, 0, 0, 0, 1, 1, 1, 0},
-  {"layernorm", 0, 1e-5, 0, 1, 0, 2, 2, 1, 0},
-  {"layernorm", 2, 0.25, 0, 0, 0, 1, 1, 1, 0},
-  {"layernorm", 0, 0.25, 0, 0, 0, 0, 1, 0, 0},
-  {"layernorm-backward", 0, -1, 0, 0, 0, 0, 0, 0, 1},
-  {"layernorm-backward", 0, 0.25, 0, 0, 0, 1, 1, 0, 2},
-  {"layernorm-backward", 0, 1e-5, 0, 1, 0, 2, 0, 0, 2},
-  {"layernorm-backward", 3, 0.25, 0, 0, 0, 1, 0, 0, 3},
+  {"forward", {0, -1, 0, 0, 0}, 0, 0, 0, 0},
+  {"forward", {0, 0.25, 0, 0, 0}, 1, 1, 1, 0},
+  {"forward", {0, 0.25, 1, 0, 0}, 2, 2, 1, 0},
+  {"forward", {0, 0.01, 0, 1, 0.5}, 1, 0, 1, 0},
+  {"forward", {0, 0.25, 1, 0, 0.3}, 0, 0, 1, 0},
+  {"forward", {2, 0.25, 0, 0, 0}, 1, 1, 1, 0},
+  {"forward", {3, -1, 0, 0, 0.3}, 0, 0, 1, 0},
+  {"forward", {0, 0, 0, 0, 0}, 0, 2, 1, 0},
+  {"backward", {0, -1, 0, 0, 0}, 0, 0, 0, 1},
+  {"backward", {0, 0.25, 0, 0, 0}, 1, 1, 0, 2},
+  {"backward", {0, 0.25, 1, 0, 0}, 2, 0, 0, 2},
+  {"backward", {0, 0.01, 0, 1, 0.5}, 1, 0, 0, 3},
+  {"backward", {0, 0.25, 1, 1, 0.3}, 2, 0, 0, 2},
+  {"backward", {2, 0.25, 0, 0, 0}, 2, 2, 0, 2},
+  {"backward", {3, 0, 0, 0, 0}, 1, 0, 0, 3},
+  {"layernorm", {0, -1, 0, 0, 0}, 0, 0, 1, 0},
+  {"layernorm", {0, 0.25, 0, 0, 0}, 1, 1, 1, 0},
+  {"layernorm", {0, 1e-5, 0, 1, 0}, 2, 2, 1, 0},
+  {"layernorm", {2, 0.25, 0, 0, 0}, 1, 1, 1, 0},
+  {"layernorm", {0, 0.25, 0, 0, 0}, 0, 1, 0, 0},
+  {"layernorm-backward", {0, -1, 0, 0, 0}, 0, 0, 0, 1},
+  {"layernorm-backward", {0, 0.25, 0, 0, 0}, 1, 1, 0, 2},
+  {"layernorm-backward", {0, 1e-5, 0, 1, 0}, 2, 0, 0, 2},
+  {"layernorm-backward", {3, 0.25, 0, 0, 0}, 1, 0, 0, 3},
 };
 
 /* Tolerance against the oracle for results stored in dt. */
 
 static void run_case(const tcase *c, tdt dt, const size_t *xshape, int xndim) {
   int backward = strstr(c->cmd, "backward") != NULL, ln = !strncmp(c->cmd, "layernorm", 9);
-  int k = c->dims ? c->dims : 1, lead = xndim - k;
+  int k = c->o.dims ? c->o.dims : 1, lead = xndim - k;
   char label[160];
   snprintf(label, sizeof label, "%s %s dims=%d eps=%g%s%s p=%g w=%d b=%d", c->cmd, tdt_name[dt],
-           k, c->eps, c->eps_outside ? " eps-outside" : "", c->offset ? " offset" : "", c->partial,
-           c->weight, c->bias);
+           k, c->o.eps, c->o.eps_outside ? " eps-outside" : "", c->o.offset ? " offset" : "",
+           c->o.partial, c->weight, c->bias);
   size_t rows = 1, d = 1;
   for (int i = 0; i < lead; i++) rows *= xshape[i];
   for (int i = lead; i < xndim; i++) d *= xshape[i];
@@ -61,12 +58,12 @@ static void run_case(const tcase *c, tdt dt, const size_t *xshape, int xndim) {
 
   arr x = npy_fixture("x.npy", dt, xndim, xshape, FILL_DATA);
   arr dy = npy_fixture("dy.npy", dt, xndim, xshape, FILL_DATA);
-  arr w = npy_fixture("w.npy", pdt, k, xshape + lead, c->offset ? FILL_OFFSET_GAIN : FILL_GAIN);
+  arr w = npy_fixture("w.npy", pdt, k, xshape + lead, c->o.offset ? FILL_OFFSET_GAIN : FILL_GAIN);
   arr b = npy_fixture("b.npy", pdt, k, xshape + lead, FILL_DATA);
 
   const char *args[40];
   int n = 0;
-  char eps_text[64], p_text[64], dims_text[16];
+  norm_opts_text opt_text;
   args[n++] = c->cmd;
   args[n++] = "x.npy";
   if (backward) args[n++] = "dy.npy";
@@ -78,42 +75,17 @@ static void run_case(const tcase *c, tdt dt, const size_t *xshape, int xndim) {
   if (c->grads & 1) args[n++] = "--dbias", args[n++] = "db.npy";
   if (c->weight) args[n++] = "--weight", args[n++] = "w.npy";
   if (c->bias) args[n++] = "--bias", args[n++] = "b.npy";
-  if (c->eps >= 0) {
-    snprintf(eps_text, sizeof eps_text, "%.17g", c->eps);
-    args[n++] = "--eps";
-    args[n++] = eps_text;
-  }
-  if (c->eps_outside) args[n++] = "--eps-outside";
-  if (c->offset) args[n++] = "--offset";
-  if (c->partial > 0) {
-    snprintf(p_text, sizeof p_text, "--partial=%.17g", c->partial);
-    args[n++] = p_text;
-  }
-  if (c->dims) {
-    snprintf(dims_text, sizeof dims_text, "%d", c->dims);
-    args[n++] = "--dims";
-    args[n++] = dims_text;
-  }
-  if (dt == TBF16) args[n++] = "--bf16";
-  args[n] = NULL;
+  norm_opts_args(&c->o, dt, args, n, &opt_text);
   const char *outs[] = {"out.npy", "mean.npy", "rstd.npy", "dw.npy", "db.npy"};
   for (int i = 0; i < 5; i++) unlink(outs[i]);
 
-  int rc = run_with(NULL, args);
-  if (!tu_check(rc == 0 && err_text[0] == '\0' && out_text[0] == '\0', "%s: exit %d: %s", label, rc,
-             err_text))
-    goto done;
+  if (!run_ok(label, args)) goto done;
 
   /* the library, called directly on the same bytes */
   rmsnorm_context *ctx;
   rmsnorm_config cfg;
   rmsnorm_context_create(&ctx);
-  rmsnorm_config_init(&cfg, tdt_lib[dt]);
-  cfg.param_dtype = tdt_lib[pdt];
-  if (c->eps >= 0) cfg.eps = c->eps;
-  if (c->partial > 0) cfg.partial = c->partial;
-  cfg.flags = (c->eps_outside ? RMSNORM_FLAG_EPS_OUTSIDE : 0u) |
-              (c->offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0u);
+  norm_opts_config(&c->o, dt, pdt, &cfg);
   size_t acc = dt == TF64 ? 8 : 4;
   unsigned char *ly = calloc(x.n + 1, tdt_size[dt]), *lmean = calloc(rows + 1, acc),
                 *lrstd = calloc(rows + 1, acc), *ldw = calloc(d + 1, tdt_size[pdt]),
@@ -135,8 +107,7 @@ static void run_case(const tcase *c, tdt dt, const size_t *xshape, int xndim) {
   tu_check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
 
   /* the oracle */
-  oracle_cfg oc = {ln, c->eps >= 0 ? (ld)c->eps : (dt == TF64 ? 0x1p-52L : 0x1p-23L),
-                   c->eps_outside, c->offset, c->partial > 0 ? c->partial : 1};
+  oracle_cfg oc = norm_opts_oracle(&c->o, dt, ln);
   ld *oy = calloc(x.n + 1, sizeof(ld)), *om = calloc(rows + 1, sizeof(ld)),
      *orr = calloc(rows + 1, sizeof(ld)), *odw = calloc(d + 1, sizeof(ld)),
      *odb = calloc(d + 1, sizeof(ld));
