@@ -167,10 +167,10 @@ static void test_matrix(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], (tdt)dt, shape, 3);
   /* one axis (the statistics are 0-d), and no rows at all */
   static const size_t one[1] = {16}, none[2] = {0, 8};
-  static const tcase fwd = {"forward", 0, 1e-3, 0, 0, 0, 1, 1, 1, 0};
-  static const tcase bwd = {"backward", 0, 1e-3, 0, 0, 0, 1, 0, 0, 2};
-  static const tcase lnf = {"layernorm", 0, 1e-3, 0, 0, 0, 1, 1, 1, 0};
-  static const tcase lnb = {"layernorm-backward", 0, 1e-3, 0, 0, 0, 2, 0, 0, 2};
+  static const tcase fwd = {"forward", {0, 1e-3, 0, 0, 0}, 1, 1, 1, 0};
+  static const tcase bwd = {"backward", {0, 1e-3, 0, 0, 0}, 1, 0, 0, 2};
+  static const tcase lnf = {"layernorm", {0, 1e-3, 0, 0, 0}, 1, 1, 1, 0};
+  static const tcase lnb = {"layernorm-backward", {0, 1e-3, 0, 0, 0}, 2, 0, 0, 2};
   const tcase *few[] = {&fwd, &bwd, &lnf, &lnb};
   for (int dt = TF32; dt <= TF64; dt++)
     for (int i = 0; i < 4; i++) {
