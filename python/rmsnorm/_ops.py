@@ -1,5 +1,5 @@
 """_ops.py - the op table (python/src/ops.def, shipped as rmsnorm/_torch_src/ops.def) as
-Python reads it: the rmsnorm:: torch ops (id, kind, schema) and the public functions
+Python reads it: the rmsnorm:: torch ops (id, kind, kernel, schema) and the public functions
 (name, where, op, parameters). rmsnorm._torch_fake and rmsnorm.torch derive from it."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ DEF_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_src"
 class Op(NamedTuple):
     id: str
     kind: str  # DIFF, BACKWARD, INPLACE or NOGRAD
+    kernel: str  # core.hpp's kernel (shared by an op's overloads and variants)
     schema: str  # "name.overload(args) -> returns", without the namespace
 
     @property
@@ -67,8 +68,8 @@ def load(path: str = DEF_PATH):
         if m := re.match(r"#define (\w+) (.*)$", line):
             defines[m[1]] = _string(m[2], defines)
         elif m := re.match(r"RN_OP\((.*)\)\s*$", line):
-            ident, kind, schema = _fields(m[1])
-            ops.append(Op(ident, kind, _string(schema, defines)))
+            ident, kind, kernel, schema = _fields(m[1])
+            ops.append(Op(ident, kind, kernel, _string(schema, defines)))
         elif m := re.match(r"RN_FN\((.*)\)\s*$", line):
             name, where, op, sig = _fields(m[1])
             fns.append(Fn(name, where, _string(op, defines), _params(_string(sig, defines))))

@@ -1073,6 +1073,153 @@ LinearGrads<B> linear_backward(B &b, const Linear<B> &a, const typename B::Array
   return g;
 }
 
+/* ---- the kernels: one per op family -------------------------------------------------
+ * Shared by the numpy functions (named alike) and the torch ops (ops.def's kernel column).
+ * A front end gives a kernel its arguments as an A, by their table names:
+ *   using B; B &backend();
+ *   Array in(name, none_ok) an input; none for one the op lacks, or None where None is its
+ *                           default or none_ok says None may stand for zeros
+ *   Array target(name)      an argument written in place (out=, inplace=True), or none
+ *   bool inplace()          the op writes its inputs in place
+ *   bool want_stats()       the statistics are asked for (return_rstd, or the op returns them)
+ *   Dims norm()             normalized_shape
+ *   bool flag(name); std::optional<double> real(name); int64_t integer(name)
+ *   bool mask(k)            the k-th gradient is asked for
+ *   void ret({...})         the outputs in the op's order: the front end returns those its
+ *                           function or op has (none for a torch op that writes in place) */
+namespace kernels {
+
+template <class A>
+Options options(A &a) {
+  Options o;
+  o.eps = a.real("eps");
+  o.partial = a.real("partial").value_or(1.0);
+  o.flags = flags_of(a.flag("offset"), a.flag("eps_outside"), a.flag("round_before_weight"));
+  return o;
+}
+
+template <class A>
+void norm(A &a, Norm kind) {
+  bool want = a.want_stats();
+  auto out = a.target("out");
+  auto r = forward(a.backend(), kind, a.in("input"), a.norm(), a.in("weight"), a.in("bias"),
+                   options(a), want && kind == LAYER, want, A::B::defined(out) ? &out : nullptr);
+  if (!want) a.ret({r.y});
+  else if (kind == RMS) a.ret({r.y, r.rstd});
+  else a.ret({r.y, r.mean, r.rstd});
+}
+
+template <class A>
+void norm_backward(A &a, Norm kind) {
+  auto g = backward(a.backend(), kind, a.in("grad_output"), a.in("input"), a.norm(),
+                    a.in("weight"), a.in("bias"), a.in("mean"), a.in("rstd"), options(a),
+                    a.mask(1), a.mask(2));
+  a.ret({a.mask(0) ? g.dx : decltype(g.dx)(), g.dweight, g.dbias});
+}
+
+template <class A> void rms_norm(A &a) { norm(a, RMS); }
+template <class A> void layer_norm(A &a) { norm(a, LAYER); }
+template <class A> void rms_norm_backward(A &a) { norm_backward(a, RMS); }
+template <class A> void layer_norm_backward(A &a) { norm_backward(a, LAYER); }
+
+template <class A>
+void fused_add_rms_norm(A &a) {
+  bool inplace = a.inplace(), want = a.want_stats();
+  auto r = add_forward(a.backend(), inplace ? a.target("input") : a.in("input"),
+                       inplace ? a.target("residual") : a.in("residual"), a.norm(),
+                       a.in("weight"), a.in("bias"), options(a), want, inplace);
+  if (want) a.ret({r.y, r.h, r.rstd});
+  else a.ret({r.y, r.h});
+}
+
+template <class A>
+void fused_add_rms_norm_backward(A &a) {
+  auto g = add_backward(a.backend(), a.in("grad_output"), a.in("grad_residual", true),
+                        a.in("new_residual"), a.norm(), a.in("weight"), a.in("bias"),
+                        a.in("rstd"), options(a), a.mask(1), a.mask(2));
+  a.ret({a.mask(0) ? g.dx : decltype(g.dx)(), g.dweight, g.dbias});
+}
+
+template <class A>
+void qk_norm(A &a) {
+  bool inplace = a.inplace(), want = a.want_stats();
+  auto r = qk_forward(a.backend(), inplace ? a.target("input") : a.in("input"), a.in("weight"),
+                      a.in("bias"), options(a), want, inplace);
+  if (want) a.ret({r.y, r.rstd});
+  else a.ret({r.y});
+}
+
+template <class A>
+void qk_norm_backward(A &a) {
+  auto g = qk_backward(a.backend(), a.in("grad_output"), a.in("input"), a.in("weight"),
+                       a.in("bias"), a.in("rstd"), options(a), a.mask(1), a.mask(2));
+  a.ret({a.mask(0) ? g.dx : decltype(g.dx)(), g.dweight, g.dbias});
+}
+
+template <class A>
+void quant(A &a, rmsnorm_qtype q) {
+  auto r = forward_quant(a.backend(), q, a.in("input"), a.norm(), a.in("weight"), a.in("bias"),
+                         options(a), a.real("scale"));
+  a.ret({r.q, r.scale});
+}
+
+template <class A> void rms_norm_int8(A &a) { quant(a, RMSNORM_Q_INT8); }
+template <class A> void rms_norm_fp8(A &a) { quant(a, RMSNORM_Q_FP8_E4M3); }
+
+template <class A>
+auto linear_of(A &a) {
+  return linear_args(a.backend(), a.in("input"), a.in("weight_matrix"), a.in("norm_weight"),
+                     a.in("bias"));
+}
+
+template <class A>
+void rms_norm_linear(A &a) {
+  auto o = options(a);
+  auto l = linear_of(a);
+  bool want = a.want_stats();
+  auto [z, rstd] = linear_forward(a.backend(), l, fold(a.backend(), l, o), o, want);
+  if (want) a.ret({z, rstd});
+  else a.ret({z});
+}
+
+template <class A>
+void rms_norm_linear_backward(A &a) {
+  auto o = options(a);
+  auto l = linear_of(a);
+  auto g = linear_backward(a.backend(), l, fold(a.backend(), l, o), a.in("grad_output"), o,
+                           a.mask(2), a.mask(1), a.mask(3));
+  a.ret({a.mask(0) ? g.dx : decltype(g.dx)(), g.dw, g.dg, g.db});
+}
+
+/* The steps of RMSNorm over a column shard (see "sharded hidden dimension" above). */
+template <class A>
+void rms_norm_shard_stats(A &a) {
+  a.ret({shard_stats(a.backend(), a.in("input"), a.integer("d_global"),
+                     a.integer("column_offset"), options(a))});
+}
+
+template <class A>
+void rms_norm_shard_forward(A &a) {
+  a.ret({shard_forward(a.backend(), a.in("input"), a.in("stats"), a.integer("d_global"),
+                       a.integer("column_offset"), a.in("weight"), a.in("bias"), options(a))});
+}
+
+template <class A>
+void rms_norm_shard_backward_dots(A &a) {
+  a.ret({shard_backward_dots(a.backend(), a.in("grad_output"), a.in("input"), a.in("stats"),
+                             a.integer("d_global"), a.integer("column_offset"), a.in("weight"),
+                             options(a))});
+}
+
+template <class A>
+void rms_norm_shard_backward(A &a) {
+  auto g = shard_backward(a.backend(), a.in("grad_output"), a.in("input"), a.in("stats"),
+                          a.in("dots"), a.integer("d_global"), a.integer("column_offset"),
+                          a.in("weight"), a.in("bias"), options(a), a.mask(1), a.mask(2));
+  a.ret({a.mask(0) ? g.dx : decltype(g.dx)(), g.dweight, g.dbias});
+}
+
+}  // namespace kernels
 }  // namespace rncore
 
 #endif

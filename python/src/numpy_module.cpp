@@ -272,25 +272,6 @@ constexpr std::string_view kSig[] = {
 #undef RN_FN
 };
 
-/* The position of parameter `name` in signature `sig` (a compile error when absent). */
-consteval int arg_index(std::string_view sig, std::string_view name) {
-  int i = 0;
-  for (std::size_t at = 0; at <= sig.size();) {
-    std::size_t end = std::min(sig.find(',', at), sig.size());
-    std::string_view item = sig.substr(at, end - at);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    if (item != "*") {
-      if (item.substr(0, item.find('=')) == name) return i;
-      i++;
-    }
-    at = end + 1;
-  }
-  throw "no such parameter";
-}
-
-/* Parameter n of the function being defined (its Fn is F in the scope). */
-#define A(n) a.v[std::integral_constant<int, arg_index(kSig[F], #n)>::value]
-
 constexpr int kMaxArgs = 16;
 
 /* A function's parameters, parsed from its signature once: the first `positional` may be
@@ -333,20 +314,17 @@ int parse_signature(Signature *out, const char *fname, std::string_view sig) {
   return 0;
 }
 
-struct Args {
-  PyObject *v[kMaxArgs];  // borrowed: the given value, or the default
-};
-
+/* Fills v (borrowed references: the given values, or the defaults). */
 void parse(const Signature &sig, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-           Args *out) {
+           PyObject **v) {
   int n = static_cast<int>(sig.names.size());
-  for (int i = 0; i < n; i++) out->v[i] = nullptr;
+  for (int i = 0; i < n; i++) v[i] = nullptr;
   if (nargs > sig.positional) {
     PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", sig.fname,
                  sig.positional, nargs);
     throw PyErrorSet{};
   }
-  for (Py_ssize_t i = 0; i < nargs; i++) out->v[i] = args[i];
+  for (Py_ssize_t i = 0; i < nargs; i++) v[i] = args[i];
   Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
   for (Py_ssize_t j = 0; j < nkw; j++) {
     PyObject *key = PyTuple_GET_ITEM(kwnames, j);
@@ -356,20 +334,20 @@ void parse(const Signature &sig, PyObject *const *args, Py_ssize_t nargs, PyObje
       PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", sig.fname, key);
       throw PyErrorSet{};
     }
-    if (out->v[i]) {
+    if (v[i]) {
       PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%U'", sig.fname, key);
       throw PyErrorSet{};
     }
-    out->v[i] = args[nargs + j];
+    v[i] = args[nargs + j];
   }
   for (int i = 0; i < n; i++) {
-    if (out->v[i]) continue;
+    if (v[i]) continue;
     if (!sig.defaults[i]) {
       PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", sig.fname,
                    sig.names[i].c_str());
       throw PyErrorSet{};
     }
-    out->v[i] = sig.defaults[i];
+    v[i] = sig.defaults[i];
   }
 }
 
@@ -390,8 +368,6 @@ Ref input_array(PyObject *o) {
   }
   return a;
 }
-
-Ref optional_array(PyObject *o) { return given(o) ? input_array(o) : Ref(); }
 
 /* An array the call writes into (out=, inplace=True): used as it is, never
  * converted, so that what is written is what the caller holds. */
@@ -464,182 +440,77 @@ bool as_bool(PyObject *o) {
   return v != 0;
 }
 
-consteval bool has_arg(std::string_view sig, std::string_view name) {
-  return sig.find(std::string(name) + "=") != std::string_view::npos;
-}
-
-/* The options of function F: eps, partial and the flag keywords it has. */
-template <Fn F>
-rncore::Options options(const Args &a) {
-  rncore::Options o;
-  o.eps = optional_double(A(eps), "eps");
-  bool offset = as_bool(A(offset)), outside = false, rbw = false;
-  if constexpr (has_arg(kSig[F], "partial")) o.partial = as_double(A(partial), "partial");
-  if constexpr (has_arg(kSig[F], "eps_outside")) outside = as_bool(A(eps_outside));
-  if constexpr (has_arg(kSig[F], "round_before_weight")) rbw = as_bool(A(round_before_weight));
-  o.flags = rncore::flags_of(offset, outside, rbw);
-  return o;
-}
-
 PyObject *none_or(const Ref &a) {
   if (a.get()) return Ref(a).release();
   Py_RETURN_NONE;
 }
 
-/* A tuple of new references (never NULL), which it takes over. */
-PyObject *tuple(std::initializer_list<PyObject *> items) {
-  PyObject *t = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
-  Py_ssize_t i = 0;
-  for (PyObject *o : items) {
-    if (t)
-      PyTuple_SET_ITEM(t, i++, o);
-    else
-      Py_DECREF(o);
+/* A call's arguments as core.hpp's kernels read them, by name (see core.hpp). */
+class Args {
+ public:
+  using B = NumpyBackend;
+  Args(const Signature &sig, PyObject *const *v) : sig_(sig), v_(v) {}
+  B &backend() { return b_; }
+  /* np.asarray of the argument; none for None where None is its default or none_ok */
+  Ref in(std::string_view n, bool none_ok = false) {
+    int i = find(n);
+    if (i < 0 || (v_[i] == Py_None && (none_ok || sig_.defaults[i] == Py_None))) return Ref();
+    return input_array(v_[i]);
   }
-  return t;
-}
+  Ref target(std::string_view n) {
+    int i = find(n);
+    return i < 0 || !given(v_[i]) ? Ref() : output_array(v_[i], sig_.names[i].c_str());
+  }
+  bool flag(std::string_view n) {
+    int i = find(n);
+    return i >= 0 && as_bool(v_[i]);
+  }
+  bool inplace() { return flag("inplace"); }
+  bool want_stats() { return flag("return_rstd") || flag("return_mean_rstd"); }
+  std::optional<double> real(std::string_view n) {
+    int i = find(n);
+    if (i < 0 || v_[i] == Py_None) return std::nullopt;
+    return as_double(v_[i], sig_.names[i].c_str());
+  }
+  Dims norm() {
+    shape_ = normalized_shape(v_[find("normalized_shape")]);
+    return shape_.dims();
+  }
+  static bool mask(int) { return true; }  // the numpy backward functions give every gradient
+  /* one output as itself, several as a tuple (None for an absent one) */
+  void ret(std::initializer_list<Ref> outs) {
+    if (outs.size() == 1) {
+      result_ = *outs.begin();
+      return;
+    }
+    result_ = checked(PyTuple_New(static_cast<Py_ssize_t>(outs.size())));
+    Py_ssize_t i = 0;
+    for (const Ref &o : outs) PyTuple_SET_ITEM(result_.get(), i++, none_or(o));
+  }
+  PyObject *result() { return result_.release(); }
 
-/* The result: r, or r and the statistics when asked for. */
-PyObject *with_stats(bool want, Ref r, std::initializer_list<Ref *> stats) {
-  if (!want) return r.release();
-  PyObject *t = PyTuple_New(static_cast<Py_ssize_t>(stats.size() + 1));
-  if (!t) return nullptr;
-  PyTuple_SET_ITEM(t, 0, r.release());
-  Py_ssize_t i = 1;
-  for (Ref *s : stats) PyTuple_SET_ITEM(t, i++, s->release());
-  return t;
-}
+ private:
+  int find(std::string_view n) const {
+    for (std::size_t i = 0; i < sig_.names.size(); i++)
+      if (sig_.names[i] == n) return static_cast<int>(i);
+    return -1;
+  }
+  const Signature &sig_;
+  PyObject *const *v_;
+  B b_;
+  NormShape shape_;
+  Ref result_;
+};
 
-PyObject *grads(rncore::Grads<B> &g) {
-  return tuple({g.dx.release(), none_or(g.dweight), none_or(g.dbias)});
-}
-
-/* ---- the functions (their arguments: the op table's RN_FN rows) ---------------------- */
-
-/* rms_norm and layer_norm (K), and their backward. */
-template <Fn F, rncore::Norm K>
-PyObject *norm(const Args &a) {
-  NumpyBackend b;
-  NormShape norm = normalized_shape(A(normalized_shape));
-  bool want;
-  if constexpr (K == rncore::RMS) want = as_bool(A(return_rstd));
-  else want = as_bool(A(return_mean_rstd));
-  Ref out = given(A(out)) ? output_array(A(out), "out") : Ref();
-  auto r = rncore::forward(b, K, input_array(A(input)), norm.dims(), optional_array(A(weight)),
-                           optional_array(A(bias)), options<F>(a), want && K == rncore::LAYER,
-                           want, out.get() ? &out : nullptr);
-  if constexpr (K == rncore::RMS) return with_stats(want, r.y, {&r.rstd});
-  else return with_stats(want, r.y, {&r.mean, &r.rstd});
-}
-
-template <Fn F, rncore::Norm K>
-PyObject *norm_backward(const Args &a) {
-  NumpyBackend b;
-  NormShape norm = normalized_shape(A(normalized_shape));
-  Ref mean;
-  if constexpr (K == rncore::LAYER) mean = optional_array(A(mean));
-  auto g = rncore::backward(b, K, input_array(A(grad_output)), input_array(A(input)), norm.dims(),
-                            optional_array(A(weight)), optional_array(A(bias)), mean,
-                            optional_array(A(rstd)), options<F>(a), true, true);
-  return grads(g);
-}
-
-PyObject *rms_norm(const Args &a) { return norm<FN_rms_norm, rncore::RMS>(a); }
-PyObject *layer_norm(const Args &a) { return norm<FN_layer_norm, rncore::LAYER>(a); }
-PyObject *rms_norm_backward(const Args &a) {
-  return norm_backward<FN_rms_norm_backward, rncore::RMS>(a);
-}
-PyObject *layer_norm_backward(const Args &a) {
-  return norm_backward<FN_layer_norm_backward, rncore::LAYER>(a);
-}
-
-PyObject *fused_add_rms_norm(const Args &a) {
-  constexpr Fn F = FN_fused_add_rms_norm;
-  NumpyBackend b;
-  bool inplace = as_bool(A(inplace)), want = as_bool(A(return_rstd));
-  Ref u = inplace ? output_array(A(input), "input") : input_array(A(input));
-  Ref h = inplace ? output_array(A(residual), "residual") : input_array(A(residual));
-  NormShape norm = normalized_shape(A(normalized_shape));
-  auto r = rncore::add_forward(b, u, h, norm.dims(), optional_array(A(weight)),
-                               optional_array(A(bias)), options<F>(a), want, inplace);
-  if (!want) return tuple({r.y.release(), r.h.release()});
-  return tuple({r.y.release(), r.h.release(), r.rstd.release()});
-}
-
-PyObject *fused_add_rms_norm_backward(const Args &a) {
-  constexpr Fn F = FN_fused_add_rms_norm_backward;
-  NumpyBackend b;
-  NormShape norm = normalized_shape(A(normalized_shape));
-  auto g = rncore::add_backward(b, input_array(A(grad_output)), optional_array(A(grad_residual)),
-                                input_array(A(new_residual)), norm.dims(), optional_array(A(weight)),
-                                optional_array(A(bias)), optional_array(A(rstd)), options<F>(a),
-                                true, true);
-  return grads(g);
-}
-
-PyObject *qk_norm(const Args &a) {
-  constexpr Fn F = FN_qk_norm;
-  NumpyBackend b;
-  bool inplace = as_bool(A(inplace)), want = as_bool(A(return_rstd));
-  Ref x = inplace ? output_array(A(input), "input") : input_array(A(input));
-  auto r = rncore::qk_forward(b, x, optional_array(A(weight)), optional_array(A(bias)),
-                              options<F>(a), want, inplace);
-  return with_stats(want, r.y, {&r.rstd});
-}
-
-PyObject *qk_norm_backward(const Args &a) {
-  constexpr Fn F = FN_qk_norm_backward;
-  NumpyBackend b;
-  auto g = rncore::qk_backward(b, input_array(A(grad_output)), input_array(A(input)),
-                               optional_array(A(weight)), optional_array(A(bias)),
-                               optional_array(A(rstd)), options<F>(a), true, true);
-  return grads(g);
-}
-
-template <rmsnorm_qtype Q>
-PyObject *quant(const Args &a) {
-  constexpr Fn F = FN_rms_norm_int8;  // rms_norm_fp8's parameters are the same
-  static_assert(kSig[FN_rms_norm_int8] == kSig[FN_rms_norm_fp8]);
-  NumpyBackend b;
-  NormShape norm = normalized_shape(A(normalized_shape));
-  auto r = rncore::forward_quant(b, Q, input_array(A(input)), norm.dims(), optional_array(A(weight)),
-                                 optional_array(A(bias)), options<F>(a),
-                                 optional_double(A(scale), "scale"));
-  return tuple({r.q.release(), r.scale.release()});
-}
-
-PyObject *rms_norm_int8(const Args &a) { return quant<RMSNORM_Q_INT8>(a); }
-PyObject *rms_norm_fp8(const Args &a) { return quant<RMSNORM_Q_FP8_E4M3>(a); }
-
-PyObject *rms_norm_linear(const Args &a) {
-  constexpr Fn F = FN_rms_norm_linear;
-  NumpyBackend b;
-  auto o = options<F>(a);
-  bool want = as_bool(A(return_rstd));
-  auto la = rncore::linear_args(b, input_array(A(input)), input_array(A(weight_matrix)),
-                                optional_array(A(norm_weight)), optional_array(A(bias)));
-  auto [z, rstd] = rncore::linear_forward(b, la, rncore::fold(b, la, o), o, want);
-  return with_stats(want, z, {&rstd});
-}
-
-PyObject *rms_norm_linear_backward(const Args &a) {
-  constexpr Fn F = FN_rms_norm_linear_backward;
-  NumpyBackend b;
-  auto o = options<F>(a);
-  auto la = rncore::linear_args(b, input_array(A(input)), input_array(A(weight_matrix)),
-                                optional_array(A(norm_weight)), optional_array(A(bias)));
-  auto g = rncore::linear_backward(b, la, rncore::fold(b, la, o), input_array(A(grad_output)), o,
-                                   true, true, true);
-  return tuple({g.dx.release(), g.dw.release(), none_or(g.dg), none_or(g.db)});
-}
-
-/* The METH_FASTCALL function of F. */
-template <Fn F, PyObject *(*impl)(const Args &)>
+/* The METH_FASTCALL function F: its kernel K (core.hpp's, of the function's name). */
+template <Fn F, void (*K)(Args &)>
 PyObject *fastcall(PyObject *, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   return guarded([&]() -> PyObject * {
-    Args a;
-    parse(g_sig[F], args, nargs, kwnames, &a);
-    return impl(a);
+    PyObject *v[kMaxArgs];
+    parse(g_sig[F], args, nargs, kwnames, v);
+    Args a(g_sig[F], v);
+    K(a);
+    return a.result();
   });
 }
 
@@ -813,7 +684,7 @@ const char *doc_body(Fn f) {
 }
 
 #define NUMPY_FN(name) {#name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>( \
-  fastcall<FN_##name, name>)), METH_FASTCALL | METH_KEYWORDS, nullptr},
+  fastcall<FN_##name, &rncore::kernels::name<Args>>)), METH_FASTCALL | METH_KEYWORDS, nullptr},
 #define RN_FN_NUMPY(name) NUMPY_FN(name)
 #define RN_FN_BOTH(name) NUMPY_FN(name)
 #define RN_FN_TORCH(name)

@@ -1,22 +1,18 @@
-/* torch_ops.cpp - the rmsnorm:: torch ops, registered from the op table (ops.def):
- * their schemas, the CPU kernels (core.hpp over tensors; they also refuse tensors
- * rmsnorm cannot take: CUDA and other devices, sparse, quantized, with a TypeError
- * naming the op) and the autograd kernels. The fake (meta) kernels are in Python
- * (rmsnorm/_torch_fake.py, from the same table), used only when tracing.
+/* torch_ops.cpp - the rmsnorm:: torch ops, registered from the op table (ops.def): their
+ * schemas, the CPU kernels (core.hpp's, over tensors; they also refuse tensors rmsnorm
+ * cannot take: CUDA and other devices, sparse, quantized, with a TypeError naming the op)
+ * and the autograd kernels. The fake (meta) kernels are in Python (rmsnorm/_torch_fake.py,
+ * from the same table), used only when tracing.
  *
- * Autograd. Each differentiable op has an Autograd kernel: it runs the CPU
- * kernel below autograd and, when a gradient is needed, records a Node whose
- * apply calls the op's backward op through the dispatcher (as torch's own
- * generated kernels do, so functorch transforms work too); when an argument
- * carries a forward-mode tangent, it gives the output the op's JVP. A backward
- * op is itself differentiable: when it is called with grad mode on and an
- * input that requires grad (create_graph=True, as in gradient penalties and
- * gradgradcheck) or carries a tangent, it computes the library's backward
- * formula with aten ops, which autograd differentiates again, so gradients of
- * any order exist; otherwise it runs the library's backward.
- *
- * The ops that write in place (out=, inplace=True) take no part in autograd;
- * their ADInplaceOrView kernels bump the written tensors' version counters in
+ * Autograd. A differentiable op records, when a gradient is needed, a Node whose apply
+ * calls the op's backward op through the dispatcher (as torch's own generated kernels do,
+ * so functorch transforms work too), and gives its outputs their tangents when an argument
+ * carries one. A backward op is itself differentiable: called with grad mode on and an
+ * input that requires grad (create_graph=True, as in gradient penalties and gradgradcheck)
+ * or carries a tangent, it computes the library's backward formula with aten ops, which
+ * autograd differentiates again, so gradients of any order exist; otherwise it runs the
+ * library's backward. The ops that write in place (out=, inplace=True) take no part in
+ * autograd; their ADInplaceOrView kernels bump the written tensors' version counters in
  * every mode (inference mode included), as torch's own in-place ops do. */
 #include <torch/library.h>
 
@@ -41,7 +37,10 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -58,32 +57,7 @@ namespace rnops {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 using OptDouble = std::optional<double>;
-using Tensor2 = std::tuple<Tensor, Tensor>;
 using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
-using Tensor4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
-
-/* rmsnorm::<op> called through the dispatcher (so autograd, tracing, modes and subclasses
- * see it), its arguments boxed in schema order: its outputs. */
-struct BoxedOp {
-  c10::OperatorHandle handle;
-  template <class... A>
-  torch::jit::Stack call(A &&...a) const {
-    torch::jit::Stack s{c10::IValue(std::forward<A>(a))...};
-    handle.callBoxed(s);
-    return s;
-  }
-};
-
-#define RN_HANDLE(var, name) \
-  static const BoxedOp var{c10::Dispatcher::singleton().findSchemaOrThrow(name, "")}
-
-/* The first N outputs as tensors. */
-template <std::size_t N>
-auto tensors(const torch::jit::Stack &s) {
-  return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return std::make_tuple(s[I].toTensor()...);
-  }(std::make_index_sequence<N>());
-}
 
 namespace {
 
@@ -265,66 +239,73 @@ std::string op_name(const c10::OperatorHandle &op) {
 }
 
 /* ---- CPU kernels ---------------------------------------------------------------------------
- * Boxed: each reads its op's arguments by their schema names (ops.def), so no kernel
- * restates an argument list. */
+ * core.hpp's kernels (ops.def's kernel column), reading the op's arguments by their schema
+ * names, so that no kernel restates an argument list. */
 
-/* An op's arguments on the dispatcher's stack, by name. */
+/* An op's arguments on the dispatcher's stack, by name: the A of core.hpp's kernels, and
+ * what the autograd kernels read. */
 class Args {
  public:
+  using B = TorchBackend;
   Args(const c10::OperatorHandle &op, torch::jit::Stack *s, const char *name)
-      : args_(op.schema().arguments()), s_(*s), base_(s->size() - args_.size()), name_(name) {}
+      : schema_(op.schema()), args_(schema_.arguments()), s_(*s),
+        base_(s->size() - args_.size()), name_(name) {}
   const char *op() const { return name_; }
+  B &backend() { return b_; }
   bool has(std::string_view n) const { return find(n) != nullptr; }
-  const c10::IValue &operator[](std::string_view n) const {
+  /* a tensor argument as the kernels read it (take); undefined for None or absent */
+  Tensor in(const char *n, bool = false) const {
     const c10::IValue *v = find(n);
-    TORCH_INTERNAL_ASSERT(v, name_, " has no argument ", n);
-    return *v;
+    return !v || v->isNone() ? Tensor() : take(op(), v->toTensor(), n);
   }
-  /* A tensor argument as the kernels read it (take), undefined for None. */
-  Tensor t(const char *n) const {
-    const c10::IValue &v = (*this)[n];
-    return v.isNone() ? Tensor() : take(op(), v.toTensor(), n);
+  /* an argument written in place (out=, the in-place ops' inputs), taken as it is */
+  Tensor target(const char *n) const {
+    const c10::IValue *v = find(n);
+    return !v || v->isNone() ? Tensor() : take_out(op(), v->toTensor(), n);
   }
-  Tensor out(const char *n) const { return take_out(op(), (*this)[n].toTensor(), n); }
   Tensor raw(const char *n) const {  // as given (the autograd kernels' view)
-    const c10::IValue &v = (*this)[n];
-    return v.isNone() ? Tensor() : v.toTensor();
+    const c10::IValue *v = find(n);
+    return !v || v->isNone() ? Tensor() : v->toTensor();
+  }
+  bool inplace() const {
+    for (const c10::Argument &a : args_)
+      if (a.alias_info() && a.alias_info()->isWrite()) return true;
+    return false;
+  }
+  bool want_stats() const {
+    for (const c10::Argument &r : schema_.returns())
+      if (r.name() == "rstd") return true;
+    return false;
   }
   bool flag(const char *n) const {
     const c10::IValue *v = find(n);
     return v && v->toBool();
   }
-  OptDouble eps() const {
-    const c10::IValue *v = find("eps");
+  std::optional<double> real(const char *n) const {
+    const c10::IValue *v = find(n);
     return v ? v->toOptional<double>() : std::nullopt;
   }
-  double partial() const {
-    const c10::IValue *v = find("partial");
-    return v ? v->toDouble() : 1.0;
-  }
+  OptDouble eps() const { return real("eps"); }
+  double partial() const { return real("partial").value_or(1.0); }
+  int64_t integer(const char *n) const { return find(n)->toInt(); }
   int64_t k() const {  // the normalized dims
-    return static_cast<int64_t>((*this)["normalized_shape"].toSymIntVector().size());
+    return static_cast<int64_t>(find("normalized_shape")->toSymIntVector().size());
   }
-  int64_t i(const char *n) const { return (*this)[n].toInt(); }
-  bool mask(std::size_t k) const { return (*this)["output_mask"].toBoolList().get(k); }
-  std::vector<int64_t> norm() const {
-    std::vector<int64_t> v;
-    for (const c10::SymInt &d : (*this)["normalized_shape"].toSymIntVector())
-      v.push_back(d.guard_int(__FILE__, __LINE__));
-    return v;
+  Dims norm() {
+    norm_.clear();
+    for (const c10::SymInt &d : find("normalized_shape")->toSymIntVector())
+      norm_.push_back(d.guard_int(__FILE__, __LINE__));
+    return Dims(norm_);
   }
-  /* eps, partial and the flags, those the op has. */
-  rncore::Options options() const {
-    rncore::Options o;
-    o.eps = eps();
-    o.partial = partial();
-    o.flags = rncore::flags_of(flag("offset"), flag("eps_outside"), flag("round_before_weight"));
-    return o;
+  bool mask(std::size_t k) const {
+    const c10::IValue *v = find("output_mask");
+    return !v || v->toBoolList().get(k);
   }
-  /* Replaces the arguments with the outputs. */
+  /* Replaces the arguments with the outputs the op returns. */
   void ret(std::initializer_list<Tensor> outs) {
     s_.erase(s_.begin() + static_cast<std::ptrdiff_t>(base_), s_.end());
-    for (const Tensor &t : outs) s_.emplace_back(t);
+    std::size_t n = std::min(outs.size(), schema_.returns().size());
+    s_.insert(s_.end(), outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(n));
   }
 
  private:
@@ -333,10 +314,13 @@ class Args {
       if (args_[i].name() == n) return &s_[base_ + i];
     return nullptr;
   }
+  const c10::FunctionSchema &schema_;
   const std::vector<c10::Argument> &args_;
   torch::jit::Stack &s_;
   std::size_t base_;
   const char *name_;
+  B b_;
+  std::vector<int64_t> norm_;
 };
 
 /* The op's name less "rmsnorm::", for messages: made once per kernel K (each serves one op),
@@ -347,140 +331,22 @@ const char *short_name(const c10::OperatorHandle &op) {
   return name.c_str();
 }
 
-template <void (*K)(Args &)>
-void boxed(const c10::OperatorHandle &op, torch::jit::Stack *s) {
-  Args a(op, s, short_name<K>(op));
-  guarded(a.op(), [&] { K(a); });
+/* "name.overload" of a schema "name.overload(...) -> ...". */
+std::string name_of(const char *schema) {
+  std::string s(schema);
+  return s.substr(0, s.find('('));
 }
 
-Tensor opt(const Tensor &t, bool keep) { return keep ? t : Tensor(); }
-
-/* RMSNorm and LayerNorm: y (new, or into out=), and the statistics when asked for. */
-void norm(Args &a, rncore::Norm kind, bool stats) {
-  B b;
-  Tensor out = a.has("out") ? a.out("out") : Tensor();
-  auto r = rncore::forward(b, kind, a.t("input"), a.norm(), a.t("weight"), a.t("bias"),
-                           a.options(), stats && kind == rncore::LAYER, stats,
-                           out.defined() ? &out : nullptr);
-  if (out.defined()) a.ret({});
-  else if (!stats) a.ret({r.y});
-  else if (kind == rncore::RMS) a.ret({r.y, r.rstd});
-  else a.ret({r.y, r.mean, r.rstd});
-}
-
-void norm_backward(Args &a, rncore::Norm kind) {
-  B b;
-  auto g = rncore::backward(b, kind, a.t("grad_output"), a.t("input"), a.norm(), a.t("weight"),
-                            a.t("bias"), a.has("mean") ? a.t("mean") : Tensor(), a.t("rstd"),
-                            a.options(), a.mask(1), a.mask(2));
-  a.ret({opt(g.dx, a.mask(0)), g.dweight, g.dbias});
-}
-
-void rms_norm_cpu(Args &a) { norm(a, rncore::RMS, false); }
-void rms_norm_out_cpu(Args &a) { norm(a, rncore::RMS, false); }
-void rms_norm_forward_cpu(Args &a) { norm(a, rncore::RMS, true); }
-void rms_norm_backward_cpu(Args &a) { norm_backward(a, rncore::RMS); }
-void layer_norm_cpu(Args &a) { norm(a, rncore::LAYER, false); }
-void layer_norm_out_cpu(Args &a) { norm(a, rncore::LAYER, false); }
-void layer_norm_forward_cpu(Args &a) { norm(a, rncore::LAYER, true); }
-void layer_norm_backward_cpu(Args &a) { norm_backward(a, rncore::LAYER); }
-
-void fused_add(Args &a, bool inplace) {
-  B b;
-  auto r = rncore::add_forward(b, inplace ? a.out("input") : a.t("input"),
-                               inplace ? a.out("residual") : a.t("residual"), a.norm(),
-                               a.t("weight"), a.t("bias"), a.options(), false, inplace);
-  if (inplace) a.ret({});
-  else a.ret({r.y, r.h});
-}
-
-void fused_add_rms_norm_cpu(Args &a) { fused_add(a, false); }
-void fused_add_rms_norm_inplace_cpu(Args &a) { fused_add(a, true); }
-
-void fused_add_rms_norm_backward_cpu(Args &a) {
-  B b;
-  auto g = rncore::add_backward(b, a.t("grad_output"), a.t("grad_residual"), a.t("new_residual"),
-                                a.norm(), a.t("weight"), a.t("bias"), Tensor(), a.options(),
-                                a.mask(1), a.mask(2));
-  a.ret({opt(g.dx, a.mask(0)), g.dweight, g.dbias});
-}
-
-void qk(Args &a, bool inplace) {
-  B b;
-  auto r = rncore::qk_forward(b, inplace ? a.out("input") : a.t("input"), a.t("weight"),
-                              a.t("bias"), a.options(), false, inplace);
-  if (inplace) a.ret({});
-  else a.ret({r.y});
-}
-
-void qk_norm_cpu(Args &a) { qk(a, false); }
-void qk_norm_inplace_cpu(Args &a) { qk(a, true); }
-
-void qk_norm_backward_cpu(Args &a) {
-  B b;
-  auto g = rncore::qk_backward(b, a.t("grad_output"), a.t("input"), a.t("weight"), a.t("bias"),
-                               Tensor(), a.options(), a.mask(1), a.mask(2));
-  a.ret({opt(g.dx, a.mask(0)), g.dweight, g.dbias});
-}
-
-void quant(Args &a, rmsnorm_qtype q) {
-  B b;
-  auto r = rncore::forward_quant(b, q, a.t("input"), a.norm(), a.t("weight"), a.t("bias"),
-                                 a.options(), a["scale"].toOptional<double>());
-  a.ret({r.q, r.scale});
-}
-
-void rms_norm_int8_cpu(Args &a) { quant(a, RMSNORM_Q_INT8); }
-void rms_norm_fp8_cpu(Args &a) { quant(a, RMSNORM_Q_FP8_E4M3); }
-
-rncore::Linear<B> linear(B &b, const Args &a) {
-  return rncore::linear_args(b, a.t("input"), a.t("weight_matrix"), a.t("norm_weight"),
-                             a.t("bias"));
-}
-
-void rms_norm_linear_cpu(Args &a) {
-  B b;
-  auto o = a.options();
-  auto l = linear(b, a);
-  a.ret({rncore::linear_forward(b, l, rncore::fold(b, l, o), o, false).first});
-}
-
-void rms_norm_linear_backward_cpu(Args &a) {
-  B b;
-  auto o = a.options();
-  auto l = linear(b, a);
-  auto g = rncore::linear_backward(b, l, rncore::fold(b, l, o), a.t("grad_output"), o, a.mask(2),
-                                   a.mask(1), a.mask(3));
-  a.ret({opt(g.dx, a.mask(0)), g.dw, g.dg, g.db});
-}
-
-/* The shard steps (core.hpp, "sharded hidden dimension"). */
-
-void rms_norm_shard_stats_cpu(Args &a) {
-  B b;
-  a.ret({rncore::shard_stats(b, a.t("input"), a.i("d_global"), a.i("column_offset"), a.options())});
-}
-
-void rms_norm_shard_forward_cpu(Args &a) {
-  B b;
-  a.ret({rncore::shard_forward(b, a.t("input"), a.t("stats"), a.i("d_global"),
-                               a.i("column_offset"), a.t("weight"), a.t("bias"), a.options())});
-}
-
-void rms_norm_shard_backward_dots_cpu(Args &a) {
-  B b;
-  a.ret({rncore::shard_backward_dots(b, a.t("grad_output"), a.t("input"), a.t("stats"),
-                                     a.i("d_global"), a.i("column_offset"), a.t("weight"),
-                                     a.options())});
-}
-
-void rms_norm_shard_backward_cpu(Args &a) {
-  B b;
-  auto g = rncore::shard_backward(b, a.t("grad_output"), a.t("input"), a.t("stats"), a.t("dots"),
-                                  a.i("d_global"), a.i("column_offset"), a.t("weight"),
-                                  a.t("bias"), a.options(), a.mask(1), a.mask(2));
-  a.ret({opt(g.dx, a.mask(0)), g.dweight, g.dbias});
-}
+/* The CPU kernel of one op: core.hpp's, core errors turned into torch's exceptions. */
+struct CpuKernel final : c10::OperatorKernel {
+  CpuKernel(void (*k)(Args &), const char *schema) : kernel(k), name(name_of(schema)) {}
+  void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet, torch::jit::Stack *s) {
+    Args a(op, s, name.c_str());
+    guarded(a.op(), [&] { kernel(a); });
+  }
+  void (*kernel)(Args &);
+  std::string name;
+};
 
 /* ---- the backward, composed of aten ops (for gradients of gradients) ------------------- */
 
@@ -568,17 +434,12 @@ Tensor3 backward_composite(rncore::Norm kind, const Tensor &dy, const Tensor &x,
   return Tensor3(dx, dw, db);
 }
 
-bool grad_needed(c10::ArrayRef<const Tensor *> ts) {
-  if (!c10::GradMode::is_enabled()) return false;
-  for (const Tensor *t : ts)
-    if (t->defined() && t->requires_grad()) return true;
-  return false;
+bool grad_needed(const std::vector<Tensor> &ts) {
+  return c10::GradMode::is_enabled() && std::any_of(ts.begin(), ts.end(), [](const Tensor &t) {
+           return t.defined() && t.requires_grad();
+         });
 }
 
-Tensor value(const OptTensor &t) { return t ? *t : Tensor(); }
-OptTensor opt_of(const Tensor &t) { return t.defined() ? OptTensor(t) : std::nullopt; }
-
-/* ---- autograd: forward ops ---------------------------------------------------------------- */
 
 using Guard = at::AutoDispatchBelowADInplaceOrView;
 using torch::autograd::Node;
@@ -604,48 +465,6 @@ Ptr<N> make_node(torch::autograd::edge_list edges) {
   n->set_next_edges(std::move(edges));
   return n;
 }
-
-/* A node of type N when grad mode is on and one of the op's tensor arguments (all of them,
- * in schema order, absent ones undefined) requires grad; else none. */
-template <class N, class... T>
-Ptr<N> node_if_needed(const T &...ts) {
-  if (!grad_needed({&ts...})) return Ptr<N>();
-  return make_node<N>(torch::autograd::collect_next_edges(ts...));
-}
-
-/* What every norm Node keeps besides tensors: the number of normalized dims and the
- * keyword options. */
-struct NormNode : Node {
-  int64_t k = 0;
-  OptDouble eps;
-  bool offset = false, eps_outside = false;
-  double partial = 1.0;
-  SavedVariable s[5];  // the saved tensors, by the op's own order
-
-  void options(std::size_t k_, OptDouble eps_, bool offset_, bool eps_outside_ = false,
-               double partial_ = 1.0) {
-    k = static_cast<int64_t>(k_);
-    eps = eps_;
-    offset = offset_;
-    eps_outside = eps_outside_;
-    partial = partial_;
-  }
-  /* inputs are saved as inputs, outputs (mean, rstd, new_residual) as outputs */
-  void save(std::initializer_list<std::pair<Tensor, bool>> ts) {
-    int i = 0;
-    for (const auto &[t, is_output] : ts) s[i++] = SavedVariable(t, is_output);
-  }
-  Tensor get(int i) { return s[i].unpack(getptr()); }
-  void release_variables() override {
-    for (SavedVariable &v : s) v.reset_data();
-  }
-  bool needs(std::size_t edge) const { return task_should_compute_output(edge); }
-  std::array<bool, 3> mask3() const { return {needs(0), needs(1), needs(2)}; }
-  /* the normalized_shape of t: its last k dims */
-  c10::SymIntArrayRef ns(const Tensor &t) const {
-    return t.sym_sizes().slice(static_cast<std::size_t>(t.dim() - k));
-  }
-};
 
 /* Forward mode (torch.autograd.forward_ad, torch.func.jvp/jacfwd). When an argument carries a
  * tangent (at level 0, as torch's generated kernels read it; functorch maps its levels onto
@@ -727,237 +546,6 @@ void norm_tangent(const Tensor &y, rncore::Norm kind, const Tensor &x, const Ten
   set_tangent(y, affine_tangent(xhat, dxhat, wp, tangent(w), tangent(b), offset));
 }
 
-/* RMSNorm: (y, rstd) with its Node when a gradient is needed and its tangent when an
- * argument has one; `with_rstd` picks the op that also returns rstd. */
-struct RmsNormNode : NormNode {  // saved: input, weight, bias, rstd
-  std::string name() const override { return "RmsNormBackward"; }
-  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
-    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    RN_HANDLE(bwd, "rmsnorm::rms_norm_backward");
-    Tensor x = get(0);
-    // the backward treats rounding before the weight as the identity
-    auto [dx, dw, db] = tensors<3>(bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(3)), eps,
-                                            mask3(), opt_of(get(2)), offset, eps_outside, partial));
-    return {dx, dw, db};
-  }
-};
-
-Tensor2 rms_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                    OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
-                    double partial, bool rbw, bool with_rstd) {
-  Tensor w = value(weight), b = value(bias), y, rstd;
-  auto node = node_if_needed<RmsNormNode>(input, w, b);
-  {
-    Guard guard;
-    if (node || with_rstd) {
-      RN_HANDLE(fwd, "rmsnorm::rms_norm_forward");
-      std::tie(y, rstd) =
-          tensors<2>(fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw));
-    } else {
-      RN_HANDLE(fwd, "rmsnorm::rms_norm");
-      y = fwd.call(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw)[0].toTensor();
-    }
-  }
-  if (node) {
-    torch::autograd::set_history(y, node);
-    node->save({{input, false}, {w, false}, {b, false}, {rstd, true}});
-    node->options(ns.size(), eps, offset, eps_outside, partial);
-  }
-  if (any_tangent({&input, &w, &b}))
-    norm_tangent(y, rncore::RMS, input, tangent(input), static_cast<int64_t>(ns.size()), w, b, eps,
-                 offset, eps_outside, partial);
-  return Tensor2(y, rstd);
-}
-
-Tensor rms_norm_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                         OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside,
-                         double partial, bool rbw) {
-  return std::get<0>(
-      rms_norm_ad(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw, false));
-}
-
-Tensor2 rms_norm_forward_autograd(const Tensor &input, c10::SymIntArrayRef ns,
-                                  const OptTensor &weight, OptDouble eps, const OptTensor &bias,
-                                  bool offset, bool eps_outside, double partial, bool rbw) {
-  return rms_norm_ad(input, ns, weight, eps, bias, offset, eps_outside, partial, rbw, true);
-}
-
-/* LayerNorm: (y, mean, rstd); mean and rstd have no gradient. */
-struct LayerNormNode : NormNode {  // saved: input, weight, bias, mean, rstd
-  std::string name() const override { return "LayerNormBackward"; }
-  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
-    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    RN_HANDLE(bwd, "rmsnorm::layer_norm_backward");
-    Tensor x = get(0);
-    auto [dx, dw, db] = tensors<3>(bwd.call(grads[0], x, ns(x), opt_of(get(1)), opt_of(get(2)),
-                                            opt_of(get(3)), opt_of(get(4)), eps, mask3(), offset));
-    return {dx, dw, db};
-  }
-};
-
-Tensor3 layer_norm_ad(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                      const OptTensor &bias, OptDouble eps, bool offset, bool rbw,
-                      bool with_stats) {
-  Tensor w = value(weight), b = value(bias), y, mean, rstd;
-  auto node = node_if_needed<LayerNormNode>(input, w, b);
-  {
-    Guard guard;
-    if (node || with_stats) {
-      RN_HANDLE(fwd, "rmsnorm::layer_norm_forward");
-      std::tie(y, mean, rstd) = tensors<3>(fwd.call(input, ns, weight, bias, eps, offset, rbw));
-    } else {
-      RN_HANDLE(fwd, "rmsnorm::layer_norm");
-      y = fwd.call(input, ns, weight, bias, eps, offset, rbw)[0].toTensor();
-    }
-  }
-  if (node) {
-    torch::autograd::set_history(y, node);
-    node->save({{input, false}, {w, false}, {b, false}, {mean, true}, {rstd, true}});
-    node->options(ns.size(), eps, offset);
-  }
-  if (any_tangent({&input, &w, &b}))
-    norm_tangent(y, rncore::LAYER, input, tangent(input), static_cast<int64_t>(ns.size()), w, b,
-                 eps, offset, false, 1.0);
-  return Tensor3(y, mean, rstd);
-}
-
-Tensor layer_norm_autograd(const Tensor &input, c10::SymIntArrayRef ns, const OptTensor &weight,
-                           const OptTensor &bias, OptDouble eps, bool offset, bool rbw) {
-  return std::get<0>(layer_norm_ad(input, ns, weight, bias, eps, offset, rbw, false));
-}
-
-Tensor3 layer_norm_forward_autograd(const Tensor &input, c10::SymIntArrayRef ns,
-                                    const OptTensor &weight, const OptTensor &bias, OptDouble eps,
-                                    bool offset, bool rbw) {
-  return layer_norm_ad(input, ns, weight, bias, eps, offset, rbw, true);
-}
-
-/* Residual add + RMSNorm: (y, new_residual h = input + residual). Both input and residual
- * get the gradient dres + the norm's backward at h; an unused output passes none. */
-struct FusedAddNode : NormNode {  // saved: h (an output), weight, bias
-  std::string name() const override { return "FusedAddRmsNormBackward"; }
-  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
-    if (!grads[0].defined() && !grads[1].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
-    RN_HANDLE(bwd, "rmsnorm::fused_add_rms_norm_backward");
-    Tensor h = get(0);
-    bool need_x = needs(0) || needs(1);
-    Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(h);
-    auto [dh, dw, db] = tensors<3>(bwd.call(dy, opt_of(grads[1]), h, ns(h), opt_of(get(1)), eps,
-                                            std::array<bool, 3>{need_x, needs(2), needs(3)},
-                                            opt_of(get(2)), offset, eps_outside, partial));
-    // one gradient, given to both: the same values, not one tensor
-    Tensor du = needs(0) && needs(1) ? dh.clone() : dh;
-    return {needs(0) ? du : Tensor(), needs(1) ? dh : Tensor(), dw, db};
-  }
-};
-
-Tensor2 fused_add_rms_norm_autograd(const Tensor &input, const Tensor &residual,
-    c10::SymIntArrayRef ns, const OptTensor &weight, OptDouble eps, const OptTensor &bias,
-    bool offset, bool eps_outside, double partial) {
-  Tensor w = value(weight), b = value(bias), y, h;
-  auto node = node_if_needed<FusedAddNode>(input, residual, w, b);
-  {
-    RN_HANDLE(fwd, "rmsnorm::fused_add_rms_norm");
-    Guard guard;
-    std::tie(y, h) = tensors<2>(
-        fwd.call(input, residual, ns, weight, eps, bias, offset, eps_outside, partial));
-  }
-  if (node) torch::autograd::set_history({y, h}, node);  // y is the node's input 0, h its 1
-  if (any_tangent({&input, &residual, &w, &b})) {
-    // th = t_input + t_residual: h's tangent, and the norm's input tangent
-    Tensor ti = tangent(input), tr = tangent(residual);
-    Tensor th = ti.defined() && tr.defined() ? ti + tr : ti.defined() ? ti : tr;
-    if (th.defined()) th = th.to(h.scalar_type());
-    norm_tangent(y, rncore::RMS, h, th, static_cast<int64_t>(ns.size()), w, b, eps, offset,
-                 eps_outside, partial);
-    if (th.defined()) h._set_fw_grad(th, 0, false);
-  }
-  if (node) {  // h saved with its tangent, for forward-over-reverse
-    node->save({{h, true}, {w, false}, {b, false}});
-    node->options(ns.size(), eps, offset, eps_outside, partial);
-  }
-  return Tensor2(y, h);
-}
-
-/* QK-norm: y = the RMSNorm of every head (input's last dim). */
-struct QkNormNode : NormNode {  // saved: input, weight, bias
-  std::string name() const override { return "QkNormBackward"; }
-  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
-    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    RN_HANDLE(bwd, "rmsnorm::qk_norm_backward");
-    auto [dx, dw, db] = tensors<3>(bwd.call(grads[0], get(0), opt_of(get(1)), eps, mask3(),
-                                            opt_of(get(2)), offset, eps_outside, partial));
-    return {dx, dw, db};
-  }
-};
-
-Tensor qk_norm_autograd(const Tensor &input, const OptTensor &weight, OptDouble eps,
-                        const OptTensor &bias, bool offset, bool eps_outside, double partial) {
-  Tensor w = value(weight), b = value(bias), y;
-  auto node = node_if_needed<QkNormNode>(input, w, b);
-  {
-    RN_HANDLE(fwd, "rmsnorm::qk_norm");
-    Guard guard;
-    y = fwd.call(input, weight, eps, bias, offset, eps_outside, partial)[0].toTensor();
-  }
-  if (node) {
-    torch::autograd::set_history(y, node);
-    node->save({{input, false}, {w, false}, {b, false}});
-    node->options(1, eps, offset, eps_outside, partial);
-  }
-  if (any_tangent({&input, &w, &b}))
-    norm_tangent(y, rncore::RMS, input, tangent(input), 1, w, b, eps, offset, eps_outside, partial);
-  return y;
-}
-
-/* RMSNorm + linear: z = (xhat * G) W + bias, G = g (or 1 + g). Its tangent is
- * dz = dY W + Y tW + tbias with Y = xhat * G and dY = dxhat * G + xhat * tg. */
-struct LinearNode : NormNode {  // saved: input, weight_matrix, norm_weight, bias
-  std::string name() const override { return "RmsNormLinearBackward"; }
-  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
-    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
-    RN_HANDLE(bwd, "rmsnorm::rms_norm_linear_backward");
-    auto [dx, dw, dg, db] = tensors<4>(bwd.call(
-        grads[0], get(0), get(1), opt_of(get(2)), eps, opt_of(get(3)), offset,
-        std::array<bool, 4>{needs(0), needs(1), needs(2), needs(3)}, eps_outside, partial));
-    return {dx, dw, dg, db};
-  }
-};
-
-Tensor rms_norm_linear_autograd(const Tensor &input, const Tensor &w, const OptTensor &g,
-    OptDouble eps, const OptTensor &bias, bool offset, bool eps_outside, double partial) {
-  Tensor gg = value(g), b = value(bias), z;
-  auto node = node_if_needed<LinearNode>(input, w, gg, b);
-  {
-    RN_HANDLE(fwd, "rmsnorm::rms_norm_linear");
-    Guard guard;
-    z = fwd.call(input, w, g, eps, bias, offset, eps_outside, partial)[0].toTensor();
-  }
-  if (node) {
-    torch::autograd::set_history(z, node);
-    node->save({{input, false}, {w, false}, {gg, false}, {b, false}});
-    node->options(1, eps, offset, eps_outside, partial);
-  }
-  if (any_tangent({&input, &w, &gg, &b})) {
-    Tensor xp = primal(input), wp = primal(w), gp = primal(gg);
-    at::ScalarType t = opmath(xp);
-    auto [xhat, dxhat] = xhat_tangent(rncore::RMS, xp, tangent(input), 1, eps_value(eps, xp),
-                                      eps_outside, partial);
-    Tensor Y = gp.defined() ? xhat * (offset ? gp.to(t) + 1 : gp.to(t)) : xhat;  // (rows, d)
-    Tensor dY = affine_tangent(xhat, dxhat, gp, tangent(gg), Tensor(), offset);
-    Tensor dz;
-    auto add = [&](Tensor v) { dz = dz.defined() ? dz + v : v; };
-    if (dY.defined()) add(at::matmul(dY, wp.to(t)));
-    if (has_tangent(w)) add(at::matmul(Y, tangent(w).to(t)));
-    if (has_tangent(b)) {
-      Tensor tb = tangent(b).to(t);
-      dz = dz.defined() ? dz + tb : tb.expand_symint(z.sym_sizes());
-    }
-    set_tangent(z, dz);
-  }
-  return z;
-}
-
 /* ---- autograd: backward ops (differentiable through the aten composition) ------------- */
 
 /* Whether autograd has work in an op's call: a tensor argument (the statistics a backward op
@@ -974,18 +562,253 @@ bool autograd_needed(const c10::OperatorHandle &op, const torch::jit::Stack &s) 
   return false;
 }
 
-/* A differentiable op's Autograd kernel: when autograd has no work (eager inference, the
- * common case), the op below autograd on the caller's stack as it is; else F, the op's typed
- * kernel that records the Node and the tangent. */
-template <auto F>
-void diff_autograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
+/* ---- autograd: forward-mode tangents of the differentiable ops (ops.def's DIFF rows) ---- */
+
+using Outs = std::vector<Tensor>;
+
+void norm_jvp(const Args &a, const Outs &o, rncore::Norm kind, int64_t k) {
+  Tensor x = a.raw("input"), w = a.raw("weight"), b = a.raw("bias");
+  if (any_tangent({&x, &w, &b}))
+    norm_tangent(o[0], kind, x, tangent(x), k, w, b, a.eps(), a.flag("offset"),
+                 a.flag("eps_outside"), a.partial());
+}
+
+void rms_norm_jvp(const Args &a, const Outs &o) { norm_jvp(a, o, rncore::RMS, a.k()); }
+void layer_norm_jvp(const Args &a, const Outs &o) { norm_jvp(a, o, rncore::LAYER, a.k()); }
+void qk_norm_jvp(const Args &a, const Outs &o) { norm_jvp(a, o, rncore::RMS, 1); }
+
+/* Residual add + RMSNorm: h = input + residual has the tangent th = t_input + t_residual, and
+ * the norm's input is h. */
+void fused_add_rms_norm_jvp(const Args &a, const Outs &o) {
+  Tensor x = a.raw("input"), r = a.raw("residual"), w = a.raw("weight"), b = a.raw("bias");
+  if (!any_tangent({&x, &r, &w, &b})) return;
+  Tensor ti = tangent(x), tr = tangent(r), h = o[1];
+  Tensor th = ti.defined() && tr.defined() ? ti + tr : ti.defined() ? ti : tr;
+  if (th.defined()) th = th.to(h.scalar_type());
+  norm_tangent(o[0], rncore::RMS, h, th, a.k(), w, b, a.eps(), a.flag("offset"),
+               a.flag("eps_outside"), a.partial());
+  if (th.defined()) h._set_fw_grad(th, 0, false);
+}
+
+/* RMSNorm + linear: z = (xhat * G) W + bias, G = g (or 1 + g). Its tangent is
+ * dz = dY W + Y tW + tbias with Y = xhat * G and dY = dxhat * G + xhat * tg. */
+void rms_norm_linear_jvp(const Args &a, const Outs &o) {
+  Tensor input = a.raw("input"), w = a.raw("weight_matrix"), g = a.raw("norm_weight");
+  Tensor b = a.raw("bias"), z = o[0];
+  if (!any_tangent({&input, &w, &g, &b})) return;
+  bool offset = a.flag("offset");
+  Tensor xp = primal(input), wp = primal(w), gp = primal(g);
+  at::ScalarType t = opmath(xp);
+  auto [xhat, dxhat] = xhat_tangent(rncore::RMS, xp, tangent(input), 1, eps_value(a.eps(), xp),
+                                    a.flag("eps_outside"), a.partial());
+  Tensor Y = gp.defined() ? xhat * (offset ? gp.to(t) + 1 : gp.to(t)) : xhat;  // (rows, d)
+  Tensor dY = affine_tangent(xhat, dxhat, gp, tangent(g), Tensor(), offset);
+  Tensor dz;
+  auto add = [&](Tensor v) { dz = dz.defined() ? dz + v : v; };
+  if (dY.defined()) add(at::matmul(dY, wp.to(t)));
+  if (has_tangent(w)) add(at::matmul(Y, tangent(w).to(t)));
+  if (has_tangent(b)) {
+    Tensor tb = tangent(b).to(t);
+    dz = dz.defined() ? dz + tb : tb.expand_symint(z.sym_sizes());
+  }
+  set_tangent(z, dz);
+}
+
+/* ---- autograd: reverse mode of the differentiable ops --------------------------------------
+ * Each records a Node of its own, as torch's generated kernels do (not a
+ * torch::autograd::Function, which functorch transforms refuse). Its next edges are the op's
+ * tensor arguments in schema order (an absent weight or bias keeps an empty slot); its apply
+ * calls rmsnorm::<kernel>_backward through the dispatcher, each argument of that op taken by
+ * name: grad_* (its leading ones) from the gradients of the op's outputs, output_mask from
+ * the edges that need a gradient, the others from the op's saved arguments and outputs. */
+
+/* Where an argument of the backward op comes from. */
+struct Source {
+  enum Kind { GRAD, MASK, ARG, OUT } kind;
+  std::size_t i = 0;      // GRAD, OUT: the output; ARG: the op's argument
+  bool tensor = false;    // ARG: a tensor (saved as a SavedVariable)
+  bool optional = false;  // GRAD: None may stand for a zero gradient
+};
+
+struct DiffKernel;
+
+struct OpNode final : Node {
+  const DiffKernel *k = nullptr;
+  std::vector<c10::IValue> values;   // by backward argument: the op's non-tensor arguments
+  std::vector<SavedVariable> saved;  // by backward argument: saved tensors
+  std::string name() const override;
+  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override;
+  void release_variables() override {
+    for (SavedVariable &v : saved) v.reset_data();
+  }
+};
+
+/* A differentiable op's Autograd kernel. When autograd has no work (eager inference, the
+ * common case) the op runs below autograd on the caller's stack as it is. Otherwise it runs
+ * through the op that also returns the statistics the backward takes (rms_norm_forward for
+ * rms_norm), records the Node and gives the outputs their tangents (Jvp). */
+struct DiffKernel final : c10::OperatorKernel {
+  using Jvp = void (*)(const Args &, const Outs &);
+  DiffKernel(const char *schema, const char *kernel_, Jvp jvp_)
+      : name(name_of(schema)), kernel(kernel_), jvp(jvp_) {}
+  void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet, torch::jit::Stack *s);
+
+  std::string name, kernel;
+  Jvp jvp;
+  std::once_flag once;
+  std::optional<c10::OperatorHandle> record, bwd;
+  std::vector<long> edge_of;  // by argument of the op: its edge, -1 for a non-tensor
+  std::size_t ngrad = 0;      // the leading grad_* arguments of bwd: the differentiable outputs
+  std::vector<Source> src;    // by argument of bwd
+  std::vector<std::vector<std::size_t>> edges;  // by output of bwd: the edges it is the gradient of
+
+  void resolve(const c10::OperatorHandle &op);
+};
+
+bool is_tensor(const c10::Argument &a) {
+  c10::TypePtr t = a.real_type();
+  if (t->kind() == c10::TypeKind::OptionalType)
+    t = t->expectRef<c10::OptionalType>().getElementType();
+  return t->kind() == c10::TypeKind::TensorType;
+}
+
+template <class V>
+long index_of(const V &list, std::string_view name) {
+  for (std::size_t i = 0; i < list.size(); i++)
+    if (list[i].name() == name) return static_cast<long>(i);
+  return -1;
+}
+
+void DiffKernel::resolve(const c10::OperatorHandle &op) {
+  auto &d = c10::Dispatcher::singleton();
+  bwd = d.findSchemaOrThrow(("rmsnorm::" + kernel + "_backward").c_str(), "");
+  auto with_stats = d.findSchema({"rmsnorm::" + name + "_forward", ""});
+  record = op.schema().returns().size() == 1 && with_stats ? *with_stats : op;
+  const auto &args = op.schema().arguments();
+  long ne = 0;
+  for (const c10::Argument &a : args) edge_of.push_back(is_tensor(a) ? ne++ : -1);
+  const auto &outs = record->schema().returns();
+  for (const c10::Argument &a : bwd->schema().arguments()) {
+    const std::string &n = a.name();
+    long i;
+    if (ngrad == src.size() && n.rfind("grad_", 0) == 0)
+      src.push_back({Source::GRAD, ngrad++, false, a.real_type()->kind() == c10::TypeKind::OptionalType});
+    else if (n == "output_mask")
+      src.push_back({Source::MASK});
+    else if ((i = index_of(args, n)) >= 0)
+      src.push_back({Source::ARG, static_cast<std::size_t>(i), edge_of[i] >= 0});
+    else if ((i = index_of(outs, n)) >= 0)
+      src.push_back({Source::OUT, static_cast<std::size_t>(i)});
+    else
+      TORCH_INTERNAL_ASSERT(false, "rmsnorm::", kernel, "_backward: no source for ", n);
+  }
+  std::vector<bool> named(static_cast<std::size_t>(ne));
+  const auto &grads = bwd->schema().returns();
+  for (const c10::Argument &r : grads) {
+    long i = r.name().rfind("grad_", 0) == 0 ? index_of(args, r.name().substr(5)) : -1;
+    edges.emplace_back();
+    if (i >= 0) edges.back().push_back(static_cast<std::size_t>(edge_of[i]));
+    if (i >= 0) named[static_cast<std::size_t>(edge_of[i])] = true;
+  }
+  for (std::size_t r = 0; r < grads.size(); r++)  // `grad`: the edges no other output names
+    if (grads[r].name() == "grad")
+      for (std::size_t e = 0; e < named.size(); e++)
+        if (!named[e]) edges[r].push_back(e);
+}
+
+void DiffKernel::operator()(const c10::OperatorHandle &op, c10::DispatchKeySet,
+                            torch::jit::Stack *s) {
   if (!autograd_needed(op, *s)) {
     Guard guard;
     op.callBoxed(s);
     return;
   }
-  static const auto typed = c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(F));
-  typed.callBoxed(op, c10::DispatchKeySet(), s);
+  std::call_once(once, [&] { resolve(op); });
+  const std::size_t n = op.schema().arguments().size(), nret = op.schema().returns().size();
+  torch::jit::Stack args(s->end() - static_cast<std::ptrdiff_t>(n), s->end());
+  std::vector<Tensor> ins;  // the tensor arguments: the node's next edges
+  for (std::size_t i = 0; i < n; i++)
+    if (edge_of[i] >= 0) ins.push_back(args[i].isTensor() ? args[i].toTensor() : Tensor());
+  Ptr<OpNode> node;
+  if (grad_needed(ins)) {
+    torch::autograd::edge_list next;
+    for (const Tensor &t : ins)
+      next.push_back(t.defined() ? torch::autograd::impl::gradient_edge(t) : torch::autograd::Edge());
+    node = make_node<OpNode>(std::move(next));
+    node->k = this;
+  }
+  {
+    Guard guard;
+    record->callBoxed(s);
+  }
+  const std::size_t m = record->schema().returns().size();
+  Outs outs;
+  for (auto it = s->end() - static_cast<std::ptrdiff_t>(m); it != s->end(); ++it)
+    outs.push_back(it->toTensor());
+  s->erase(s->end() - static_cast<std::ptrdiff_t>(m - nret), s->end());
+  if (node) {
+    std::vector<Tensor> diff(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(ngrad));
+    torch::autograd::set_history(diff, node);
+  }
+  jvp(Args(op, &args, name.c_str()), outs);
+  if (!node) return;
+  // after the tangents, so that an output is saved with its own (forward over reverse)
+  node->values.resize(src.size());
+  node->saved.resize(src.size());
+  for (std::size_t j = 0; j < src.size(); j++) {
+    const Source &f = src[j];
+    if (f.kind == Source::ARG && !f.tensor) node->values[j] = args[f.i];
+    else if (f.kind == Source::ARG) node->saved[j] = SavedVariable(ins[static_cast<std::size_t>(edge_of[f.i])], false);
+    else if (f.kind == Source::OUT) node->saved[j] = SavedVariable(outs[f.i], true);
+  }
+}
+
+/* "RmsNormBackward" for the kernel rms_norm. */
+std::string OpNode::name() const {
+  std::string out;
+  bool up = true;
+  for (char c : k->kernel) {
+    if (c != '_') out += up ? static_cast<char>(c - 'a' + 'A') : c;
+    up = c == '_';
+  }
+  return out + "Backward";
+}
+
+torch::autograd::variable_list OpNode::apply(torch::autograd::variable_list &&grads) {
+  torch::autograd::variable_list out(num_outputs());
+  if (std::none_of(grads.begin(), grads.end(), [](const Tensor &g) { return g.defined(); }))
+    return out;
+  auto needed = [&](const std::vector<std::size_t> &es) {
+    return std::any_of(es.begin(), es.end(), [&](std::size_t e) { return task_should_compute_output(e); });
+  };
+  torch::jit::Stack st;
+  for (std::size_t j = 0; j < k->src.size(); j++) {
+    const Source &f = k->src[j];
+    if (f.kind == Source::GRAD) {
+      const Tensor &g = grads[f.i];
+      if (g.defined()) st.emplace_back(g);
+      else if (f.optional) st.emplace_back();
+      else st.emplace_back(input_metadata(f.i).zeros_like());
+    } else if (f.kind == Source::MASK) {
+      c10::List<bool> mask;
+      for (const auto &es : k->edges) mask.push_back(needed(es));
+      st.emplace_back(std::move(mask));
+    } else if (f.kind == Source::ARG && !f.tensor) {
+      st.push_back(values[j]);
+    } else {
+      Tensor t = saved[j].unpack(getptr());
+      st.push_back(t.defined() ? c10::IValue(t) : c10::IValue());
+    }
+  }
+  k->bwd->callBoxed(st);
+  for (std::size_t r = 0; r < k->edges.size(); r++) {
+    if (!st[r].isTensor()) continue;
+    Tensor g = st[r].toTensor();
+    bool given = false;  // one gradient for several edges: the same values, not one tensor
+    for (std::size_t e : k->edges[r])
+      if (task_should_compute_output(e)) out[e] = std::exchange(given, true) ? g.clone() : g;
+  }
+  return out;
 }
 
 /* A backward op's Autograd kernel: the op below autograd (the library's backward) when
@@ -1096,17 +919,12 @@ void nograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
   op.callBoxed(s);
 }
 
-/* "name.overload" of a schema "name.overload(...) -> ...". */
-std::string name_of(const char *schema) {
-  std::string s(schema);
-  return s.substr(0, s.find('('));
-}
-
 /* The CPU kernels, also for tensors of other devices, sparse and quantized ones: their first
  * step (take) refuses those with a TypeError naming the op. */
 void cpu_kernels(torch::Library &m) {
-#define RN_OP(id, kind, schema) \
-  m.impl(name_of(schema).c_str(), torch::CppFunction::makeFromBoxedFunction<&boxed<&id##_cpu>>());
+#define RN_OP(id, kind, kernel, schema)                                               \
+  m.impl(name_of(schema).c_str(), torch::CppFunction::makeFromBoxedFunctor(          \
+                                      std::make_unique<CpuKernel>(&rncore::kernels::kernel<Args>, schema)));
 #define RN_FN(...)
 #include "ops.def"
 #undef RN_OP
@@ -1117,19 +935,21 @@ void cpu_kernels(torch::Library &m) {
 
 /* ---- registration (the rows of ops.def) --------------------------------------------------- */
 
-#define RN_AUTOGRAD_DIFF(id) \
-  torch::CppFunction::makeFromBoxedFunction<&rnops::diff_autograd<&rnops::id##_autograd>>()
-#define RN_AUTOGRAD_BACKWARD(id) \
+#define RN_AUTOGRAD_DIFF(id, kernel, schema) \
+  torch::CppFunction::makeFromBoxedFunctor(  \
+      std::make_unique<rnops::DiffKernel>(schema, #kernel, &rnops::kernel##_jvp))
+#define RN_AUTOGRAD_BACKWARD(id, kernel, schema) \
   torch::CppFunction::makeFromBoxedFunction<&rnops::backward_autograd<&rnops::id##_composite>>()
-#define RN_AUTOGRAD_INPLACE(id) \
+#define RN_AUTOGRAD_INPLACE(id, kernel, schema) \
   torch::CppFunction::makeFromBoxedFunction<&rnops::inplace_autograd>()
-#define RN_AUTOGRAD_NOGRAD(id) torch::CppFunction::makeFromBoxedFunction<&rnops::nograd>()
+#define RN_AUTOGRAD_NOGRAD(id, kernel, schema) \
+  torch::CppFunction::makeFromBoxedFunction<&rnops::nograd>()
 
 TORCH_LIBRARY(rmsnorm, m) {
   // The fake kernels and this library's Python side live there (imported when an op is
   // first traced).
   m.set_python_module("rmsnorm._torch_fake");
-#define RN_OP(id, kind, schema) m.def(schema);
+#define RN_OP(id, kind, kernel, schema) m.def(schema);
 #include "ops.def"
 #undef RN_OP
 }
@@ -1142,7 +962,8 @@ RN_CPU_KERNELS(SparseCsrCPU) RN_CPU_KERNELS(SparseCsrCUDA) RN_CPU_KERNELS(Quanti
 RN_CPU_KERNELS(QuantizedCUDA) RN_CPU_KERNELS(MkldnnCPU)
 
 TORCH_LIBRARY_IMPL(rmsnorm, Autograd, m) {
-#define RN_OP(id, kind, schema) m.impl(rnops::name_of(schema).c_str(), RN_AUTOGRAD_##kind(id));
+#define RN_OP(id, kind, kernel, schema) \
+  m.impl(rnops::name_of(schema).c_str(), RN_AUTOGRAD_##kind(id, kernel, schema));
 #include "ops.def"
 #undef RN_OP
 }
@@ -1154,7 +975,7 @@ TORCH_LIBRARY_IMPL(rmsnorm, ADInplaceOrView, m) {
 #define RN_OP_DIFF(schema)
 #define RN_OP_BACKWARD(schema)
 #define RN_OP_NOGRAD(schema)
-#define RN_OP(id, kind, schema) RN_OP_##kind(schema)
+#define RN_OP(id, kind, kernel, schema) RN_OP_##kind(schema)
 #include "ops.def"
 #undef RN_OP
 }
