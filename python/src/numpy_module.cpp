@@ -281,6 +281,9 @@ struct Signature {
   std::vector<std::string> names;
   std::vector<PyObject *> defaults;  // nullptr: required
   int positional = 0;
+  // the parameter index of each name a kernel asked for, by the address of its literal:
+  // a kernel's lookups cost a pointer compare after its first call (the GIL guards it)
+  std::vector<std::pair<const char *, int>> seen;
 };
 
 Signature g_sig[FN_COUNT];
@@ -449,25 +452,25 @@ PyObject *none_or(const Ref &a) {
 class Args {
  public:
   using B = NumpyBackend;
-  Args(const Signature &sig, PyObject *const *v) : sig_(sig), v_(v) {}
+  Args(Signature &sig, PyObject *const *v) : sig_(sig), v_(v) {}
   B &backend() { return b_; }
   /* np.asarray of the argument; none for None where None is its default or none_ok */
-  Ref in(std::string_view n, bool none_ok = false) {
+  Ref in(const char *n, bool none_ok = false) {
     int i = find(n);
     if (i < 0 || (v_[i] == Py_None && (none_ok || sig_.defaults[i] == Py_None))) return Ref();
     return input_array(v_[i]);
   }
-  Ref target(std::string_view n) {
+  Ref target(const char *n) {
     int i = find(n);
     return i < 0 || !given(v_[i]) ? Ref() : output_array(v_[i], sig_.names[i].c_str());
   }
-  bool flag(std::string_view n) {
+  bool flag(const char *n) {
     int i = find(n);
     return i >= 0 && as_bool(v_[i]);
   }
   bool inplace() { return flag("inplace"); }
   bool want_stats() { return flag("return_rstd") || flag("return_mean_rstd"); }
-  std::optional<double> real(std::string_view n) {
+  std::optional<double> real(const char *n) {
     int i = find(n);
     if (i < 0 || v_[i] == Py_None) return std::nullopt;
     return as_double(v_[i], sig_.names[i].c_str());
@@ -490,12 +493,15 @@ class Args {
   PyObject *result() { return result_.release(); }
 
  private:
-  int find(std::string_view n) const {
-    for (std::size_t i = 0; i < sig_.names.size(); i++)
-      if (sig_.names[i] == n) return static_cast<int>(i);
-    return -1;
+  int find(const char *n) const {
+    for (const auto &[name, i] : sig_.seen)
+      if (name == n) return i;
+    int i = static_cast<int>(sig_.names.size()) - 1;
+    while (i >= 0 && sig_.names[static_cast<std::size_t>(i)] != n) i--;
+    sig_.seen.emplace_back(n, i);
+    return i;
   }
-  const Signature &sig_;
+  Signature &sig_;
   PyObject *const *v_;
   B b_;
   NormShape shape_;
