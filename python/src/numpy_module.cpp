@@ -609,81 +609,59 @@ PyObject *py_empty_cache(PyObject *, PyObject *) {
 const char *doc_body(Fn f) {
   switch (f) {
     case FN_rms_norm:
-      return "RMSNorm over the trailing dims `normalized_shape` of `input`, as\n"
-             "torch.nn.functional.rms_norm: y = x / sqrt(mean(x^2) + eps) * weight (+ bias).\n\n"
-             "input: a numpy array (or anything np.asarray takes) of float32, float16,\n"
-             "bfloat16 (ml_dtypes) or float64, any leading shape, any strides. weight, bias:\n"
-             "arrays of shape normalized_shape, of the input's dtype or float32. eps None:\n"
-             "float32's machine epsilon (float64's for float64 data), as torch. offset:\n"
-             "multiply by (1 + weight), as Gemma. eps_outside: 1/(sqrt(mean(x^2)) + eps).\n"
-             "partial: pRMSNorm, the statistic over the first ceil(partial*d) elements.\n"
-             "round_before_weight: for float16/bfloat16, round the normalized value to the\n"
-             "input dtype before the weight (HF Llama's order).\n\n"
-             "Returns y (a new C-contiguous array of the input's shape and dtype, or `out`),\n"
-             "or (y, rstd) with return_rstd, rstd of shape (*leading, 1, ..., 1) in float32\n"
-             "(float64 for float64 data). out: a numpy array of the input's shape and dtype,\n"
-             "native byte order, writable, rows at one stride, written in place (it may be\n"
-             "the input itself); any other is refused (ValueError/TypeError), never copied.";
+      return "RMSNorm over the trailing dims normalized_shape of input, as torch's rms_norm:\n"
+             "y = x / sqrt(mean(x^2) + eps) * weight (+ bias). input: float32, float16, bfloat16\n"
+             "(ml_dtypes) or float64, any shape and strides; weight, bias: normalized_shape, of\n"
+             "its dtype or float32. eps None: the dtype's machine epsilon. offset: (1 + weight),\n"
+             "as Gemma. eps_outside: 1/(sqrt(mean(x^2)) + eps). partial: pRMSNorm over the first\n"
+             "ceil(partial*d) elements. round_before_weight: round to the dtype before the weight\n"
+             "(HF Llama). Returns y (new, or out: same shape and dtype, writable, rows at one\n"
+             "stride, may be input), or (y, rstd) with return_rstd, rstd (*leading, 1, ..., 1)\n"
+             "in float32 (float64 for float64 data).";
     case FN_rms_norm_backward:
-      return "Gradients of rms_norm, called with the forward's arguments after grad_output:\n"
-             "(grad_input, grad_weight, grad_bias), grad_weight when a weight is given (the\n"
-             "gradient of weight itself, also with offset), grad_bias when a bias is given\n"
-             "(its values are not used), each in its parameter's dtype, else None. rstd: what\n"
-             "rms_norm(..., return_rstd=True) returned; None recomputes it.";
+      return "Gradients of rms_norm, given its arguments after grad_output: (grad_input,\n"
+             "grad_weight, grad_bias), the last two None without that parameter (grad_weight is\n"
+             "that of weight itself, also with offset). rstd: rms_norm's (None: recomputed).";
     case FN_layer_norm:
-      return "LayerNorm over the trailing dims `normalized_shape`, as\n"
-             "torch.nn.functional.layer_norm: y = (x - mean) / sqrt(var + eps) * weight + bias\n"
-             "(biased variance). Dtypes, layouts and out= as rms_norm's; eps None is the\n"
-             "dtype's default. Returns y, or (y, mean, rstd) with return_mean_rstd.";
+      return "LayerNorm over normalized_shape, as torch's layer_norm (biased variance); dtypes,\n"
+             "layouts and out= as rms_norm's. Returns y, or (y, mean, rstd) with\n"
+             "return_mean_rstd.";
     case FN_layer_norm_backward:
-      return "Gradients of layer_norm, called with the forward's arguments after grad_output:\n"
-             "(grad_input, grad_weight or None, grad_bias or None). mean and rstd: what\n"
-             "layer_norm(..., return_mean_rstd=True) returned (both or neither).";
+      return "Gradients of layer_norm, given its arguments after grad_output: (grad_input,\n"
+             "grad_weight or None, grad_bias or None); mean and rstd: both or neither.";
     case FN_fused_add_rms_norm:
-      return "Residual add + RMSNorm in one pass over memory (rmsnorm_add_forward):\n"
-             "new_residual = residual + input (rounded to the dtype), output =\n"
-             "rms_norm(new_residual, ...). Returns (output, new_residual[, rstd]). inplace=False\n"
-             "leaves both arguments untouched and returns new arrays; inplace=True (vLLM's)\n"
-             "writes new_residual into `residual` and output into `input` and returns those\n"
-             "two arrays, which must be numpy arrays of one dtype, native byte order, writable,\n"
-             "rows at one stride (anything else is refused, never copied).";
+      return "Residual add + RMSNorm in one pass: new_residual = residual + input (rounded to the\n"
+             "dtype), output = rms_norm(new_residual). Returns (output, new_residual[, rstd]).\n"
+             "inplace=True (vLLM's) writes new_residual into residual and output into input and\n"
+             "returns them: numpy arrays of one dtype, writable, rows at one stride.";
     case FN_fused_add_rms_norm_backward:
-      return "Gradients of fused_add_rms_norm (rmsnorm_add_backward): (grad, grad_weight,\n"
-             "grad_bias) where grad = grad_residual + the norm's grad_input at new_residual is\n"
-             "the gradient of both input and residual (grad_residual None: zero).";
+      return "Gradients of fused_add_rms_norm: (grad, grad_weight, grad_bias); grad =\n"
+             "grad_residual (None: zero) + the norm's grad_input, for both input and residual.";
     case FN_qk_norm:
-      return "QK-norm (rmsnorm_qk_norm_forward): RMSNorm over head_dim of input of shape\n"
-             "(*, heads, head_dim), one weight (head_dim,) shared by every head. The heads\n"
-             "may lie at any stride and the leading dims at one token stride, as Q or K\n"
-             "do inside a fused QKV array, and are read there without a copy. Returns y\n"
-             "(new, contiguous), or input itself with inplace=True (then it must be\n"
-             "writable, native byte order and of that layout); (y, rstd) with return_rstd,\n"
-             "rstd of shape (*, heads, 1).";
+      return "QK-norm: RMSNorm over head_dim of input (*, heads, head_dim), one weight\n"
+             "(head_dim,) for every head. Heads at any stride and tokens at one stride (Q or K\n"
+             "inside a fused QKV array) are read in place. Returns y (new), or input itself with\n"
+             "inplace=True; (y, rstd) with return_rstd, rstd (*, heads, 1).";
     case FN_qk_norm_backward:
-      return "Gradients of qk_norm (rmsnorm_qk_norm_backward): (grad_input, grad_weight or\n"
-             "None, grad_bias or None), the parameter gradients summed over tokens and heads.";
+      return "Gradients of qk_norm: (grad_input, grad_weight or None, grad_bias or None), the\n"
+             "parameters' summed over tokens and heads.";
     case FN_rms_norm_linear:
-      return "RMSNorm followed by a linear layer, Z = rms_norm(input, d, norm_weight, eps) @\n"
-             "weight_matrix + bias, with the gain folded into the matrix (FlashNorm):\n"
-             "W' = diag(norm_weight) @ weight_matrix, then Z = diag(r) (X W') + bias.\n"
-             "input (*, d); weight_matrix (d, n), converted to the compute type (float32;\n"
-             "float64 for float64 input); norm_weight (d,), bias (n,) of the input's dtype or\n"
-             "float32. Z: (*, n) in the input's dtype. Raises rmsnorm.NotAvailableError when\n"
-             "the library was built without a BLAS.";
+      return "RMSNorm then a linear layer with the gain folded into the matrix (FlashNorm):\n"
+             "Z = rms_norm(input, d, norm_weight, eps) @ weight_matrix + bias. input (*, d);\n"
+             "weight_matrix (d, n), used in float32 (float64 for float64 input); norm_weight\n"
+             "(d,), bias (n,). Z (*, n) in the input's dtype. NotAvailableError without a BLAS.";
     case FN_rms_norm_linear_backward:
-      return "Gradients of rms_norm_linear (rmsnorm_linear_backward): (grad_input,\n"
-             "grad_weight_matrix, grad_norm_weight or None, grad_bias or None).";
+      return "Gradients of rms_norm_linear: (grad_input, grad_weight_matrix, grad_norm_weight\n"
+             "or None, grad_bias or None).";
     case FN_rms_norm_int8:
-      return "RMSNorm with an int8 output and a symmetric scale (rmsnorm_forward_quant), y\n"
-             "being rms_norm's value in the compute type: scale None: s = max|y| / 127 per\n"
-             "row (float32); else s = float32(scale) (finite, > 0, neither 0 nor inf as a\n"
-             "float32: ValueError otherwise); q = round_half_even(clip(y * inv,\n"
-             "-128, 127)), NaN -> 0, inv = 1/s rounded to float32 once per row (y / s\n"
-             "where s < 2**-126 or s > 2**126). Returns (q, s): q int8 of the input's shape, s float32\n"
-             "of shape (*leading, 1, ..., 1) or a 0-d array. Dequantize with q * s.";
+      return "RMSNorm with an int8 output: (q, s), dequantized as q * s. s = max|y| / 127 per\n"
+             "row (float32, shape (*leading, 1, ..., 1)), or float32(scale) (finite, > 0: else\n"
+             "ValueError) as a 0-d array; q = round_half_even(clip(y * (1/s), -128, 127)),\n"
+             "NaN -> 0, with 1/s rounded to float32 once per row (y / s for s < 2**-126 or\n"
+             "s > 2**126).";
     case FN_rms_norm_fp8:
       return "RMSNorm with an fp8 E4M3 (OCP FN, max 448) output, as rms_norm_int8 with\n"
-             "s = max|y| / 448 and q = e4m3(y * inv) rounded to nearest even, saturated to\n"
+             "s = max|y| / 448 and q = e4m3(y * (1/s)) rounded to nearest even, saturated to\n"
              "+-448; q is an ml_dtypes.float8_e4m3fn array.";
     default: return nullptr;  // torch only
   }

@@ -65,43 +65,24 @@ using rncore::Dims;
 
 /* ---- tensors as core.hpp sees them ---------------------------------------------------- */
 
-int code_of(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return RMSNORM_F32;
-    case at::kHalf: return RMSNORM_F16;
-    case at::kBFloat16: return RMSNORM_BF16;
-    case at::kDouble: return RMSNORM_F64;
-    default: return -1;
-  }
-}
+/* torch's dtypes by rmsnorm_dtype code */
+constexpr at::ScalarType kTypes[] = {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble};
 
-at::ScalarType scalar_type_of(int code) {
-  switch (code) {
-    case RMSNORM_F32: return at::kFloat;
-    case RMSNORM_F16: return at::kHalf;
-    case RMSNORM_BF16: return at::kBFloat16;
-    default: return at::kDouble;
-  }
+int code_of(at::ScalarType t) {
+  auto at = std::find(std::begin(kTypes), std::end(kTypes), t);
+  return at == std::end(kTypes) ? -1 : static_cast<int>(at - std::begin(kTypes));
 }
 
 /* torch's names: float32, bfloat16, complex64, int64, ... */
 std::string torch_dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kComplexFloat: return "complex64";
-    case at::kComplexDouble: return "complex128";
-    case at::kComplexHalf: return "complex32";
-    case at::kLong: return "int64";
-    case at::kInt: return "int32";
-    case at::kShort: return "int16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kBool: return "bool";
-    default: return c10::toString(t);
-  }
+  static const std::pair<at::ScalarType, const char *> others[] = {
+      {at::kComplexFloat, "complex64"}, {at::kComplexDouble, "complex128"},
+      {at::kComplexHalf, "complex32"}, {at::kLong, "int64"}, {at::kInt, "int32"},
+      {at::kShort, "int16"}, {at::kChar, "int8"}, {at::kByte, "uint8"}, {at::kBool, "bool"}};
+  if (code_of(t) >= 0) return rncore::dtype_name(code_of(t));
+  for (const auto &[type, name] : others)
+    if (type == t) return name;
+  return c10::toString(t);
 }
 
 /* Large outputs come from the shared cache of warm blocks (runtime.h). */
@@ -150,11 +131,11 @@ struct TorchBackend {
     return c;
   }
   Tensor cast(const Tensor &t, int code) {
-    Tensor c = new_tensor(shape(t), scalar_type_of(code));
+    Tensor c = new_tensor(shape(t), kTypes[code]);
     c.copy_(t);
     return c;
   }
-  Tensor empty(Dims s, int code) { return new_tensor(s, scalar_type_of(code)); }
+  Tensor empty(Dims s, int code) { return new_tensor(s, kTypes[code]); }
   Tensor full(Dims s, int code, double v) {
     Tensor t = empty(s, code);
     t.fill_(v);
@@ -440,15 +421,10 @@ bool grad_needed(const std::vector<Tensor> &ts) {
          });
 }
 
-
 using Guard = at::AutoDispatchBelowADInplaceOrView;
 using torch::autograd::Node;
 using torch::autograd::SavedVariable;
 
-/* Reverse mode. Each differentiable op records a Node of its own, as torch's generated
- * kernels do (not a torch::autograd::Function, which functorch transforms refuse): its
- * next edges are the op's tensor arguments in schema order (an absent weight or bias keeps
- * an empty slot), and its apply calls the op's backward op through the dispatcher. */
 /* Nodes are held by std::shared_ptr up to some torch 2.x and by c10::intrusive_ptr after. */
 using NodePtr = decltype(torch::autograd::Edge::function);
 constexpr bool kSharedNodes = std::is_same_v<NodePtr, std::shared_ptr<Node>>;
