@@ -34,6 +34,7 @@ class Fn(NamedTuple):
     where: str  # NUMPY, TORCH or BOTH
     op: str
     params: tuple
+    doc: str
 
 
 def _fields(text: str) -> list:
@@ -64,15 +65,18 @@ def load(path: str = DEF_PATH):
     with open(path) as f:
         text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
     defines, ops, fns = {}, [], []
-    for line in text.splitlines():
-        if m := re.match(r"#define (\w+) (.*)$", line):
-            defines[m[1]] = _string(m[2], defines)
-        elif m := re.match(r"RN_OP\((.*)\)\s*$", line):
-            ident, kind, kernel, schema = _fields(m[1])
+    for m in re.finditer(r"^#define (\w+) (.*)$", text, re.M):
+        defines[m[1]] = _string(m[2], defines)
+    # a row runs to its closing parenthesis, over lines; no parenthesis stands outside strings
+    for m in re.finditer(r'^RN_(OP|FN)\(((?:"(?:[^"\\]|\\.)*"|[^()"])*)\)', text, re.M):
+        fields = _fields(m[2])
+        if m[1] == "OP":
+            ident, kind, kernel, schema = fields
             ops.append(Op(ident, kind, kernel, _string(schema, defines)))
-        elif m := re.match(r"RN_FN\((.*)\)\s*$", line):
-            name, where, op, sig = _fields(m[1])
-            fns.append(Fn(name, where, _string(op, defines), _params(_string(sig, defines))))
+        else:
+            name, where, op, sig, doc = fields
+            fns.append(Fn(name, where, _string(op, defines), _params(_string(sig, defines)),
+                          _string(doc, defines)))
     return ops, fns
 
 

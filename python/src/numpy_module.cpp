@@ -260,14 +260,14 @@ PyObject *guarded(F &&f) {
 /* The numpy functions, their signatures from the op table (ops.def). */
 enum Fn {
 #define RN_OP(...)
-#define RN_FN(name, where, op, sig) FN_##name,
+#define RN_FN(name, where, op, sig, doc) FN_##name,
 #include "ops.def"
 #undef RN_FN
   FN_COUNT
 };
 
 constexpr std::string_view kSig[] = {
-#define RN_FN(name, where, op, sig) sig,
+#define RN_FN(name, where, op, sig, doc) sig,
 #include "ops.def"
 #undef RN_FN
 };
@@ -605,68 +605,6 @@ PyObject *py_empty_cache(PyObject *, PyObject *) {
 
 /* ---- the module ------------------------------------------------------------------------ */
 
-/* The functions' docstrings after their signature line (which comes from the op table). */
-const char *doc_body(Fn f) {
-  switch (f) {
-    case FN_rms_norm:
-      return "RMSNorm over the trailing dims normalized_shape of input, as torch's rms_norm:\n"
-             "y = x / sqrt(mean(x^2) + eps) * weight (+ bias). input: float32, float16, bfloat16\n"
-             "(ml_dtypes) or float64, any shape and strides; weight, bias: normalized_shape, of\n"
-             "its dtype or float32. eps None: the dtype's machine epsilon. offset: (1 + weight),\n"
-             "as Gemma. eps_outside: 1/(sqrt(mean(x^2)) + eps). partial: pRMSNorm over the first\n"
-             "ceil(partial*d) elements. round_before_weight: round to the dtype before the weight\n"
-             "(HF Llama). Returns y (new, or out: same shape and dtype, writable, rows at one\n"
-             "stride, may be input), or (y, rstd) with return_rstd, rstd (*leading, 1, ..., 1)\n"
-             "in float32 (float64 for float64 data).";
-    case FN_rms_norm_backward:
-      return "Gradients of rms_norm, given its arguments after grad_output: (grad_input,\n"
-             "grad_weight, grad_bias), the last two None without that parameter (grad_weight is\n"
-             "that of weight itself, also with offset). rstd: rms_norm's (None: recomputed).";
-    case FN_layer_norm:
-      return "LayerNorm over normalized_shape, as torch's layer_norm (biased variance); dtypes,\n"
-             "layouts and out= as rms_norm's. Returns y, or (y, mean, rstd) with\n"
-             "return_mean_rstd.";
-    case FN_layer_norm_backward:
-      return "Gradients of layer_norm, given its arguments after grad_output: (grad_input,\n"
-             "grad_weight or None, grad_bias or None); mean and rstd: both or neither.";
-    case FN_fused_add_rms_norm:
-      return "Residual add + RMSNorm in one pass: new_residual = residual + input (rounded to the\n"
-             "dtype), output = rms_norm(new_residual). Returns (output, new_residual[, rstd]).\n"
-             "inplace=True (vLLM's) writes new_residual into residual and output into input and\n"
-             "returns them: numpy arrays of one dtype, writable, rows at one stride.";
-    case FN_fused_add_rms_norm_backward:
-      return "Gradients of fused_add_rms_norm: (grad, grad_weight, grad_bias); grad =\n"
-             "grad_residual (None: zero) + the norm's grad_input, for both input and residual.";
-    case FN_qk_norm:
-      return "QK-norm: RMSNorm over head_dim of input (*, heads, head_dim), one weight\n"
-             "(head_dim,) for every head. Heads at any stride and tokens at one stride (Q or K\n"
-             "inside a fused QKV array) are read in place. Returns y (new), or input itself with\n"
-             "inplace=True; (y, rstd) with return_rstd, rstd (*, heads, 1).";
-    case FN_qk_norm_backward:
-      return "Gradients of qk_norm: (grad_input, grad_weight or None, grad_bias or None), the\n"
-             "parameters' summed over tokens and heads.";
-    case FN_rms_norm_linear:
-      return "RMSNorm then a linear layer with the gain folded into the matrix (FlashNorm):\n"
-             "Z = rms_norm(input, d, norm_weight, eps) @ weight_matrix + bias. input (*, d);\n"
-             "weight_matrix (d, n), used in float32 (float64 for float64 input); norm_weight\n"
-             "(d,), bias (n,). Z (*, n) in the input's dtype. NotAvailableError without a BLAS.";
-    case FN_rms_norm_linear_backward:
-      return "Gradients of rms_norm_linear: (grad_input, grad_weight_matrix, grad_norm_weight\n"
-             "or None, grad_bias or None).";
-    case FN_rms_norm_int8:
-      return "RMSNorm with an int8 output: (q, s), dequantized as q * s. s = max|y| / 127 per\n"
-             "row (float32, shape (*leading, 1, ..., 1)), or float32(scale) (finite, > 0: else\n"
-             "ValueError) as a 0-d array; q = round_half_even(clip(y * (1/s), -128, 127)),\n"
-             "NaN -> 0, with 1/s rounded to float32 once per row (y / s for s < 2**-126 or\n"
-             "s > 2**126).";
-    case FN_rms_norm_fp8:
-      return "RMSNorm with an fp8 E4M3 (OCP FN, max 448) output, as rms_norm_int8 with\n"
-             "s = max|y| / 448 and q = e4m3(y * (1/s)) rounded to nearest even, saturated to\n"
-             "+-448; q is an ml_dtypes.float8_e4m3fn array.";
-    default: return nullptr;  // torch only
-  }
-}
-
 #define NUMPY_FN(name) {#name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>( \
   fastcall<FN_##name, &rncore::kernels::name<Args>>)), METH_FASTCALL | METH_KEYWORDS, nullptr},
 #define RN_FN_NUMPY(name) NUMPY_FN(name)
@@ -674,7 +612,7 @@ const char *doc_body(Fn f) {
 #define RN_FN_TORCH(name)
 
 PyMethodDef methods[] = {
-#define RN_FN(name, where, op, sig) RN_FN_##where(name)
+#define RN_FN(name, where, op, sig, doc) RN_FN_##where(name)
 #include "ops.def"
 #undef RN_FN
     {"set_num_threads", py_set_num_threads, METH_O,
@@ -745,14 +683,19 @@ PyMODINIT_FUNC PyInit__native(void) {
   // the signatures and docstrings of the op table's functions
   static std::string docs[FN_COUNT];
   static const char *fn_names[] = {
-#define RN_FN(name, where, op, sig) #name,
+#define RN_FN(name, where, op, sig, doc) #name,
+#include "ops.def"
+#undef RN_FN
+  };
+  static const char *fn_docs[] = {
+#define RN_FN(name, where, op, sig, doc) doc,
 #include "ops.def"
 #undef RN_FN
   };
   for (int f = 0; f < FN_COUNT; f++) {
     if (parse_signature(&g_sig[f], fn_names[f], kSig[f]) < 0) return nullptr;
     docs[f] = std::string(fn_names[f]) + "($module, " + std::string(kSig[f]) + ")\n--\n\n" +
-              (doc_body(static_cast<Fn>(f)) ? doc_body(static_cast<Fn>(f)) : "");
+              fn_docs[f];
   }
   for (PyMethodDef *m = methods; m->ml_name; m++)
     for (int f = 0; f < FN_COUNT; f++)
