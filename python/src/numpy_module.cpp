@@ -266,8 +266,13 @@ enum Fn {
   FN_COUNT
 };
 
-constexpr std::string_view kSig[] = {
-#define RN_FN(name, where, op, sig, doc) sig,
+/* Their rows: name, signature, docstring. */
+constexpr struct {
+  const char *name;
+  std::string_view sig;
+  const char *doc;
+} kFns[] = {
+#define RN_FN(name, where, op, sig, doc) {#name, sig, doc},
 #include "ops.def"
 #undef RN_FN
 };
@@ -682,23 +687,13 @@ PyMODINIT_FUNC PyInit__native(void) {
   }
   // the signatures and docstrings of the op table's functions
   static std::string docs[FN_COUNT];
-  static const char *fn_names[] = {
-#define RN_FN(name, where, op, sig, doc) #name,
-#include "ops.def"
-#undef RN_FN
-  };
-  static const char *fn_docs[] = {
-#define RN_FN(name, where, op, sig, doc) doc,
-#include "ops.def"
-#undef RN_FN
-  };
   for (int f = 0; f < FN_COUNT; f++) {
-    if (parse_signature(&g_sig[f], fn_names[f], kSig[f]) < 0) return nullptr;
-    docs[f] = std::string(fn_names[f]) + "($module, " + std::string(kSig[f]) + ")\n--\n\n" +
-              fn_docs[f];
+    if (parse_signature(&g_sig[f], kFns[f].name, kFns[f].sig) < 0) return nullptr;
+    docs[f] = std::string(kFns[f].name) + "($module, " + std::string(kFns[f].sig) + ")\n--\n\n" +
+              kFns[f].doc;
   }
   for (PyMethodDef *m = methods; m->ml_name; m++)
     for (int f = 0; f < FN_COUNT; f++)
-      if (!m->ml_doc && std::string_view(m->ml_name) == fn_names[f]) m->ml_doc = docs[f].c_str();
+      if (!m->ml_doc && std::string_view(m->ml_name) == kFns[f].name) m->ml_doc = docs[f].c_str();
   return PyModule_Create(&module_def);
 }
