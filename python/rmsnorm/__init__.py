@@ -13,6 +13,8 @@ The functions are compiled (rmsnorm._native, over numpy's C API); large outputs
 come from a cache of warm blocks (cache_info, set_cache_limit, empty_cache).
 """
 
+from importlib import import_module as _import_module
+
 from ._errors import ArgumentError, DtypeError, Error, NotAvailableError, OutOfMemoryError
 
 try:
@@ -25,65 +27,26 @@ except ImportError as err:  # pragma: no cover - says how to build
     ) from None
 
 from ._native import (  # noqa: E402
-    cache_info,
-    cpu_features,
-    empty_cache,
-    fused_add_rms_norm,
-    fused_add_rms_norm_backward,
-    get_num_threads,
-    isa,
-    layer_norm,
-    layer_norm_backward,
-    library_version,
-    linear_available,
-    qk_norm,
-    qk_norm_backward,
-    rms_norm,
-    rms_norm_backward,
-    rms_norm_fp8,
-    rms_norm_int8,
-    rms_norm_linear,
-    rms_norm_linear_backward,
-    set_cache_limit,
-    set_num_threads,
+    cache_info, cpu_features, empty_cache, fused_add_rms_norm, fused_add_rms_norm_backward,
+    get_num_threads, isa, layer_norm, layer_norm_backward, library_version, linear_available,
+    qk_norm, qk_norm_backward, rms_norm, rms_norm_backward, rms_norm_fp8, rms_norm_int8,
+    rms_norm_linear, rms_norm_linear_backward, set_cache_limit, set_num_threads,
 )
 
 __version__ = library_version()
 
 __all__ = [
-    "rms_norm",
-    "rms_norm_backward",
-    "layer_norm",
-    "layer_norm_backward",
-    "fused_add_rms_norm",
-    "fused_add_rms_norm_backward",
-    "qk_norm",
-    "qk_norm_backward",
-    "rms_norm_linear",
-    "rms_norm_linear_backward",
-    "linear_available",
-    "rms_norm_int8",
-    "rms_norm_fp8",
-    "set_num_threads",
-    "get_num_threads",
-    "isa",
-    "cpu_features",
-    "library_version",
-    "cache_info",
-    "set_cache_limit",
-    "empty_cache",
-    "Error",
-    "ArgumentError",
-    "DtypeError",
-    "OutOfMemoryError",
-    "NotAvailableError",
+    "rms_norm", "rms_norm_backward", "layer_norm", "layer_norm_backward",
+    "fused_add_rms_norm", "fused_add_rms_norm_backward", "qk_norm", "qk_norm_backward",
+    "rms_norm_linear", "rms_norm_linear_backward", "linear_available",
+    "rms_norm_int8", "rms_norm_fp8",
+    "set_num_threads", "get_num_threads", "isa", "cpu_features", "library_version",
+    "cache_info", "set_cache_limit", "empty_cache",
+    "Error", "ArgumentError", "DtypeError", "OutOfMemoryError", "NotAvailableError",
 ]
 
 
 def __getattr__(name):
-    # `rmsnorm.torch` without importing torch for numpy-only users.
-    if name == "torch":
-        import importlib
-
-        return importlib.import_module(".torch", __name__)
+    if name == "torch":  # imported on first use: numpy-only users never import torch
+        return _import_module(".torch", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

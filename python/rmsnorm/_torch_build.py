@@ -1,10 +1,7 @@
 """_torch_build.py - rmsnorm._torch, the torch module, compiled on first use against the torch
-that is running (from the sources in rmsnorm/_torch_src/) and kept in a per-user cache.
-
-One build per torch build and installed package: the cache key covers torch's version, git
-revision, C++ ABI setting and folder, the package's folder, the sources and the compile
-flags. `python -m rmsnorm._torch_build` builds it ahead of time and shows the compiler's
-output.
+that is running (from the sources in rmsnorm/_torch_src/) and kept in a per-user cache, one
+build per torch build and installed package (cache_key). `python -m rmsnorm._torch_build`
+builds it ahead of time and shows the compiler's output.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ _NAME = "rmsnorm._torch"
 # contraction); torch's headers are system headers, so their warnings stay out.
 _FLAGS = ("-std=c++20", "-O2", "-DNDEBUG", "-fPIC", "-fvisibility=hidden",
           "-fvisibility-inlines-hidden", "-ffp-contract=off", "-Wall", "-Wextra")
-_TAIL_LINES = 25  # of the compiler's output, in the error
 
 
 class BuildError(Exception):
@@ -39,8 +35,7 @@ class BuildError(Exception):
 
 def cache_root() -> str:
     """$RMSNORM_BUILD_CACHE, else $XDG_CACHE_HOME/rmsnorm, else ~/.cache/rmsnorm."""
-    root = os.environ.get("RMSNORM_BUILD_CACHE")
-    if root:
+    if root := os.environ.get("RMSNORM_BUILD_CACHE"):
         return os.path.abspath(root)
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(os.path.abspath(xdg), "rmsnorm")
@@ -79,48 +74,31 @@ def cache_key(torch: dict, package_dir: str, digest: str,
 
 def find_compiler() -> list:
     """$CXX (split as a shell would: `ccache g++` works), else c++, g++ or clang++ on PATH."""
-    cxx = os.environ.get("CXX", "").strip()
-    if cxx:
+    if cxx := os.environ.get("CXX", "").strip():
         argv = shlex.split(cxx)
         if shutil.which(argv[0]) is None:
             raise BuildError(f"the C++ compiler CXX={cxx!r} was not found")
         return argv
-    for name in ("c++", "g++", "clang++"):
-        path = shutil.which(name)
+    for path in map(shutil.which, ("c++", "g++", "clang++")):
         if path:
             return [path]
     raise BuildError("no C++ compiler was found (CXX is not set, and none of c++, g++, clang++ "
                      "is on PATH); install one (Debian/Ubuntu: apt install g++)")
 
 
-def _tail(text: str) -> str:
-    lines = text.rstrip().splitlines()[-_TAIL_LINES:]
-    return "\n".join("    " + line for line in lines)
-
-
-def _run(cmds: list, tmp: str) -> str:
-    """Runs the commands at once (the two sources compile in parallel); their output, or
-    BuildError with the first failure's last lines."""
-    procs = []
-    for i, cmd in enumerate(cmds):
-        log = open(os.path.join(tmp, f"{i}.log"), "w+")
-        try:
-            procs.append((cmd, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
-        except OSError as err:
-            log.close()
-            raise BuildError(f"{cmd[0]} cannot run: {err}") from None
-    out, failed = [], None
-    for cmd, log, proc in procs:
-        rc = proc.wait()
-        log.seek(0)
-        text = log.read()
-        log.close()
-        out.append(text)
-        if rc != 0 and failed is None:
-            failed = (cmd, rc, text)
-    if failed:
-        cmd, rc, text = failed
-        raise BuildError(f"`{shlex.join(cmd)}` failed (exit status {rc}):\n{_tail(text)}")
+def _run(cmds: list) -> str:
+    """Runs the commands at once (the sources compile in parallel); their output, or
+    BuildError with the first failure's last 25 lines."""
+    try:
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, errors="replace") for cmd in cmds]
+    except OSError as err:
+        raise BuildError(f"{cmds[0][0]} cannot run: {err}") from None
+    out = [proc.communicate()[0] for proc in procs]
+    for cmd, proc, text in zip(cmds, procs, out):
+        if proc.returncode:
+            tail = "\n".join("    " + line for line in text.rstrip().splitlines()[-25:])
+            raise BuildError(f"`{shlex.join(cmd)}` failed (exit status {proc.returncode}):\n{tail}")
     return "".join(out)
 
 
@@ -142,11 +120,11 @@ def _compile(cxx: list, out: str, info: dict) -> str:
     with tempfile.TemporaryDirectory(dir=os.path.dirname(out)) as tmp:
         objects = [os.path.join(tmp, os.path.basename(s) + ".o") for s in sources]
         log = _run([[*cxx, *_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={info['cxx11_abi']}", *includes,
-                     "-c", s, "-o", o] for s, o in zip(sources, objects)], tmp)
+                     "-c", s, "-o", o] for s, o in zip(sources, objects)])
         # The package's two libraries and torch's by their SONAMEs, found through RUNPATH.
         log += _run([[*cxx, "-shared", *objects, *libs, "-L", torch_lib, "-ltorch_python",
                       "-ltorch_cpu", "-ltorch", "-lc10", "-Xlinker", "-rpath", "-Xlinker", _PKG,
-                      "-Xlinker", "-rpath", "-Xlinker", torch_lib, "-o", out]], tmp)
+                      "-Xlinker", "-rpath", "-Xlinker", torch_lib, "-o", out]])
     return log
 
 
@@ -177,8 +155,7 @@ def _build(entry: str, path: str, info: dict, cxx: list, verbose: bool) -> None:
 
 
 def _import(path: str):
-    loader = importlib.machinery.ExtensionFileLoader(_NAME, path)
-    spec = importlib.util.spec_from_file_location(_NAME, path, loader=loader)
+    spec = importlib.util.spec_from_file_location(_NAME, path)  # an extension, by its suffix
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules[_NAME] = module

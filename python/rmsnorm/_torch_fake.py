@@ -22,15 +22,6 @@ def _text(op: str, key: str, **fields) -> str:
     return f"rmsnorm::{op}: " + _MSG[key].format(**fields)
 
 
-def _take(op: str, t, what: str):
-    if t is None:
-        return
-    if t.device.type not in ("cpu", "meta"):
-        raise TypeError(_text(op, "device", what=what, device=t.device))
-    if t.dtype not in FLOATS:
-        raise TypeError(_text(op, "dtype", what=what, dtype=str(t.dtype)[6:]))
-
-
 def _check(op: str, cond, key: str, **fields):
     torch._check_value(cond, lambda: _text(op, key, **fields))
 
@@ -39,14 +30,9 @@ def _same(a, shape) -> bool:
     return a.dim() == len(shape) and all(x == y for x, y in zip(a.shape, shape))
 
 
-def _param(op: str, p, what: str, shape):
-    if p is not None:
-        _check(op, _same(p, shape), "param_shape", what=what, shape=list(p.shape),
-               norm=list(shape))
-
-
 def _checks(op: str, a: dict, x, what: str):
     """The shape checks of the op's family (its arguments say which)."""
+    shapes = {"weight": x.shape[-1:], "bias": x.shape[-1:]}
     if "normalized_shape" in a:
         ns = a["normalized_shape"]
         _check(op, len(ns) >= 1, "empty_norm")
@@ -70,14 +56,13 @@ def _checks(op: str, a: dict, x, what: str):
             if name in a:
                 torch._check_type(a[name].dtype == torch.float64, lambda: _text(
                     op, "row_sums", what=name, dtype=str(a[name].dtype)[6:]))
-        shapes = {"weight": x.shape[-1:], "bias": x.shape[-1:]}
     else:  # (*, heads, head_dim)
         _check(op, x.dim() >= 2, "heads", what=what, shape=list(x.shape))
-        shapes = {"weight": x.shape[-1:], "bias": x.shape[-1:]}
     for name, shape in shapes.items():
-        _param(op, a.get(name), name, shape)
-    if a.get("out") is not None:
-        out = a["out"]
+        if (p := a.get(name)) is not None:
+            _check(op, _same(p, shape), "param_shape", what=name, shape=list(p.shape),
+                   norm=list(shape))
+    if (out := a.get("out")) is not None:
         _check(op, _same(out, x.shape), "same_shape", what="out", shape=list(out.shape),
                ref=what, ref_shape=list(x.shape))
         torch._check_type(out.dtype == x.dtype, lambda: _text(
@@ -123,9 +108,12 @@ def _register(op: _ops.Op) -> None:
 
     def fake(*pos, **kw):
         a = {**defaults, **dict(zip((arg.name for arg in args), pos)), **kw}
-        for arg in args:
-            if isinstance(a.get(arg.name), torch.Tensor):
-                _take(op.name, a[arg.name], arg.name)
+        for arg in args:  # in the schema's order
+            t = a.get(arg.name)
+            if isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "meta"):
+                raise TypeError(_text(op.name, "device", what=arg.name, device=t.device))
+            if isinstance(t, torch.Tensor) and t.dtype not in FLOATS:
+                raise TypeError(_text(op.name, "dtype", what=arg.name, dtype=str(t.dtype)[6:]))
         what = "new_residual" if "new_residual" in a else "input"
         x = a[what]
         _checks(op.name, a, x, what)

@@ -1,21 +1,12 @@
-"""rmsnorm.torch - the library for CPU torch tensors, as torch ops.
+"""rmsnorm.torch - the library for CPU torch tensors, as torch ops (docs/python.md).
 
-Importing it registers the ops of namespace ``rmsnorm`` with torch.library
-(``torch.ops.rmsnorm.rms_norm``, ``.rms_norm_backward``, ``.layer_norm``, ...;
-compiled in rmsnorm._torch, which the first import compiles against the
-running torch into a per-user cache; fake kernels for tracing in
-rmsnorm._torch_fake), so they work under autograd (gradients of any order),
-torch.compile(fullgraph=True), torch.export, fake and meta tensors. The
-functions here (rms_norm, layer_norm, fused_add_rms_norm, qk_norm,
-rms_norm_linear, rms_norm_int8, rms_norm_fp8) call those ops; the modules
-RMSNorm, LayerNorm, LlamaRMSNorm and GemmaRMSNorm are drop-in replacements for
-torch's and transformers', and patch(model) swaps a model's norms for them in
-place. The submodule rmsnorm.torch.distributed normalizes rows whose hidden
-dimension is sharded across the ranks of a torch.distributed group.
-
-Threads: every call runs on up to torch.get_num_threads() threads (read in C++
-on each call, so torch.set_num_threads and OMP_NUM_THREADS apply); results do
-not depend on it.
+Importing it registers the ops torch.ops.rmsnorm.* (rmsnorm._torch, compiled by the first
+import against the running torch; fake kernels in rmsnorm._torch_fake), which work under
+autograd (any order), torch.compile(fullgraph=True), torch.export, fake and meta tensors.
+The functions here call those ops; the modules RMSNorm, LayerNorm, LlamaRMSNorm and
+GemmaRMSNorm replace torch's and transformers', and patch(model) swaps a model's norms for
+them in place. Calls run on up to torch.get_num_threads() threads (read on each call);
+results do not depend on it. Sharded rows: rmsnorm.torch.distributed.
 """
 
 from __future__ import annotations
@@ -27,29 +18,17 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import nn
 
-# Compiled on first import against this torch, then taken from the cache
-# (rmsnorm/_torch_build.py); ImportError saying why when that cannot be done.
 from .._torch_build import load as _load_compiled
 
-_C = _load_compiled()
+_C = _load_compiled()  # ImportError saying why when it cannot be compiled or loaded
 
 from .. import _torch_fake  # noqa: E402,F401  (the fake kernels)
 from .._ops import FNS as _FNS  # noqa: E402
 
 __all__ = [
-    "rms_norm",
-    "rms_norm_with_rstd",
-    "layer_norm",
-    "fused_add_rms_norm",
-    "qk_norm",
-    "rms_norm_linear",
-    "rms_norm_int8",
-    "rms_norm_fp8",
-    "RMSNorm",
-    "LayerNorm",
-    "LlamaRMSNorm",
-    "GemmaRMSNorm",
-    "patch",
+    "rms_norm", "rms_norm_with_rstd", "layer_norm", "fused_add_rms_norm", "qk_norm",
+    "rms_norm_linear", "rms_norm_int8", "rms_norm_fp8",
+    "RMSNorm", "LayerNorm", "LlamaRMSNorm", "GemmaRMSNorm", "patch",
 ]
 
 _Shape = Union[int, Sequence[int], torch.Size]
@@ -65,15 +44,12 @@ def _ns(normalized_shape):
 
 _DOCS = {
     "rms_norm": """torch.nn.functional.rms_norm on the C library (op rmsnorm::rms_norm),
-    differentiable in input, weight and bias to any order.
-
-    The keywords are those of rmsnorm.rms_norm (numpy): bias, offset (multiply by
-    1 + weight, Gemma), eps_outside (1/(sqrt(mean(x^2)) + eps)), partial
-    (pRMSNorm), round_before_weight (HF Llama's rounding order for half
-    dtypes). eps None: torch's default, float32's epsilon (float64's for
-    float64 data). out: write into this tensor (rows at one stride; the input
-    itself normalizes in place), only without autograd (rmsnorm::rms_norm.out).
-    """,
+    differentiable in input, weight and bias to any order. The keywords are those of
+    rmsnorm.rms_norm (numpy): bias, offset (multiply by 1 + weight, Gemma), eps_outside
+    (1/(sqrt(mean(x^2)) + eps)), partial (pRMSNorm), round_before_weight (HF Llama's rounding
+    order for half dtypes). eps None: float32's epsilon (float64's for float64 data), as
+    torch. out: write into this tensor (rows at one stride; the input itself normalizes in
+    place), only without autograd (rmsnorm::rms_norm.out).""",
     "rms_norm_with_rstd": """(output, rstd): rms_norm and the per-row r = 1/sqrt(mean(x^2) + eps), shape
     (*leading, 1, ..., 1), float32 (float64 for float64 data); rstd has no
     gradient (op rmsnorm::rms_norm_forward).""",
@@ -102,11 +78,10 @@ _DOCS = {
 
 def _variant(op: str, overload: str, test: str) -> tuple:
     """The lines that call op.overload (under `if test:`): (eager, traced). Eager: the
-    compiled entry point, which calls the same op through the dispatcher without torch's
-    per-argument Python conversion (NotImplemented from it: an argument only torch.ops can
-    take, then torch.ops); traced (under torch.compile/export): the torch.ops call."""
-    schema = getattr(_ops, op).default._schema if not overload else \
-        getattr(getattr(_ops, op), overload)._schema
+    compiled entry point, the same op without torch's per-argument Python conversion (then
+    torch.ops when it returns NotImplemented: an argument only torch.ops can take); traced
+    (under torch.compile/export): the torch.ops call."""
+    schema = getattr(getattr(_ops, op), overload or "default")._schema
     args = schema.arguments
     handle = _C.op(f"rmsnorm::{op}", overload)
     fast = ", ".join(a.name for a in args)
@@ -131,12 +106,9 @@ def _define(fn) -> None:
     function's without return_*), then with __torch_function__ subclasses or modes their
     handler, then the op variant its arguments ask for."""
     params = [p for p in fn.params if not p.name.startswith("return_")]
-    sig, star = [], False
-    for p in params:
-        if p.kwonly and not star:
-            sig.append("*")
-            star = True
-        sig.append(p.name if p.default is None else f"{p.name}={p.default}")
+    sig = [p.name if p.default is None else f"{p.name}={p.default}" for p in params]
+    kw = next((i for i, p in enumerate(params) if p.kwonly), len(params))
+    sig[kw:kw] = ["*"] if kw < len(params) else []
     names = {p.name for p in params}
     # __torch_function__ looks at the op's Tensor arguments (and out=)
     schema = getattr(_ops, fn.op).default._schema
@@ -171,16 +143,9 @@ for _fn in _FNS:
 
 def _param(module: nn.Module, name: str) -> Optional[torch.Tensor]:
     """module.<name> for the modules' forward: one dict read for a registered parameter
-    (instead of Module.__getattr__), else the attribute itself, which is what a
-    parametrization (a property) or torch.func.functional_call puts in its place."""
+    (not Module.__getattr__), else the attribute (a parametrization, functional_call)."""
     p = module._parameters
     return p[name] if name in p else getattr(module, name)
-
-
-def _shape_tuple(normalized_shape: _Shape) -> tuple:
-    if isinstance(normalized_shape, numbers.Integral):
-        normalized_shape = (normalized_shape,)
-    return tuple(normalized_shape)
 
 
 class _AffineNorm(nn.Module):
@@ -189,20 +154,17 @@ class _AffineNorm(nn.Module):
 
     __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
 
-    def _init_affine(self, normalized_shape: _Shape, eps: Optional[float],
-                     elementwise_affine: bool, bias: bool, device, dtype) -> None:
-        factory = {"device": device, "dtype": dtype}
-        self.normalized_shape = _shape_tuple(normalized_shape)
+    def __init__(self, normalized_shape: _Shape, eps: Optional[float], elementwise_affine: bool,
+                 bias: bool, device, dtype) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-        else:
-            self.register_parameter("weight", None)
-        if elementwise_affine and bias:
-            self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-        else:
-            self.register_parameter("bias", None)
+        for name, on in (("weight", elementwise_affine), ("bias", elementwise_affine and bias)):
+            self.register_parameter(name, nn.Parameter(torch.empty(
+                self.normalized_shape, device=device, dtype=dtype)) if on else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -223,8 +185,7 @@ class RMSNorm(_AffineNorm):
     def __init__(self, normalized_shape: _Shape, eps: Optional[float] = None,
                  elementwise_affine: bool = True, device=None, dtype=None, *,
                  bias: bool = False) -> None:
-        super().__init__()
-        self._init_affine(normalized_shape, eps, elementwise_affine, bias, device, dtype)
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():  # TorchScript compiles this branch only
@@ -241,8 +202,7 @@ class LayerNorm(_AffineNorm):
     def __init__(self, normalized_shape: _Shape, eps: float = 1e-5,
                  elementwise_affine: bool = True, bias: bool = True, device=None,
                  dtype=None) -> None:
-        super().__init__()
-        self._init_affine(normalized_shape, eps, elementwise_affine, bias, device, dtype)
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():
@@ -253,15 +213,14 @@ class LayerNorm(_AffineNorm):
 
 
 class LlamaRMSNorm(nn.Module):
-    """transformers' LlamaRMSNorm (also Mistral's, Qwen2's, ...): weight starts at
-    ones, attribute variance_epsilon. Numerics: normalize in float32, round to the
-    input dtype, then multiply by the weight (HF's order; round_before_weight);
-    a weight of another dtype than the input gives its promoted dtype, as HF.
+    """transformers' LlamaRMSNorm (also Mistral's, Qwen2's, ...): weight starts at ones,
+    attribute variance_epsilon. Numerics: normalize in float32, round to the input dtype,
+    then multiply by the weight (HF's order; round_before_weight); a weight of another dtype
+    than the input gives its promoted dtype, as HF.
 
-    In float16/bfloat16 the result can differ from HF's where HF's float32 row
-    statistic differs from ours in its last bits (see README, "HF numerics").
-    exact_hf=True computes the statistic with torch's own kernels exactly as HF
-    writes it and rounds as HF does: the same bits as transformers' module."""
+    In float16/bfloat16 the result can differ from HF's where HF's float32 row statistic
+    differs from ours in its last bits (docs/python.md, "HF numerics"). exact_hf=True
+    computes as HF does, with torch's own ops: the same bits as transformers' module."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, *, exact_hf: bool = False) -> None:
         super().__init__()
@@ -321,8 +280,8 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():
-            weight = self.weight
-            return torch.ops.rmsnorm.rms_norm(x, weight.shape, weight, self.eps, offset=True)
+            return torch.ops.rmsnorm.rms_norm(x, self.weight.shape, self.weight, self.eps,
+                                              offset=True)
         weight = _param(self, "weight")
         return rms_norm(x, weight.shape, weight, self.eps, offset=True)
 
@@ -335,14 +294,6 @@ class GemmaRMSNorm(nn.Module):
 _OURS = (RMSNorm, LayerNorm, LlamaRMSNorm, GemmaRMSNorm)
 
 
-def _hf_eps(module: nn.Module) -> Optional[float]:
-    for name in ("variance_epsilon", "eps"):
-        value = getattr(module, name, None)
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            return float(value)
-    return None
-
-
 def _hf_candidate(module: nn.Module, exact_hf: bool) -> Optional[nn.Module]:
     """Ours in place of an HF-style RMSNorm (a class named *RMSNorm holding only a
     1-D weight), Gemma's form when the class name says Gemma, else Llama's."""
@@ -351,21 +302,20 @@ def _hf_candidate(module: nn.Module, exact_hf: bool) -> Optional[nn.Module]:
     if (set(params) != {"weight"} or weight.dim() != 1 or list(module.buffers())
             or list(module.children())):
         return None
-    eps = _hf_eps(module)
-    if eps is None:
+    eps = [getattr(module, name, None) for name in ("variance_epsilon", "eps")]
+    eps = [float(v) for v in eps if isinstance(v, numbers.Real) and not isinstance(v, bool)]
+    if not eps:
         return None
-    if "gemma" in type(module).__name__.lower():
-        new = GemmaRMSNorm(weight.shape[0], eps)
-    else:
-        new = LlamaRMSNorm(weight.shape[0], eps, exact_hf=exact_hf)
+    gemma = "gemma" in type(module).__name__.lower()
+    new = GemmaRMSNorm(weight.shape[0], eps[0]) if gemma else \
+        LlamaRMSNorm(weight.shape[0], eps[0], exact_hf=exact_hf)
     new.weight = weight
     return new
 
 
 def _same_numerics(old: nn.Module, new: nn.Module) -> bool:
-    """Runs both modules on one random float32 input, with a random weight put in
-    for the check (so a weight that happens to be all ones or zeros cannot hide a
-    difference), and compares. The global RNG is not touched."""
+    """Runs both modules on one random float32 input, with a random weight put in for the
+    check (all ones or zeros could hide a difference), and compares; the global RNG is kept."""
     weight = old.weight
     gen = torch.Generator().manual_seed(0x5eed)
     x = torch.randn(3, weight.shape[0], generator=gen)
@@ -419,24 +369,20 @@ def _replacement(module: nn.Module, layer_norm: bool, verify: bool,
 
 def patch(model: nn.Module, *, layer_norm: bool = False, verify: bool = True,
           exact_hf: bool = False) -> nn.Module:
-    """Replaces, in place, every RMSNorm-like module of `model` with ours:
-    torch.nn.RMSNorm with rmsnorm.torch.RMSNorm; classes named *RMSNorm in the
-    style of transformers (a 1-D `weight` and an eps in `variance_epsilon` or
-    `eps`) with LlamaRMSNorm, or GemmaRMSNorm when the class name contains
-    "Gemma"; with layer_norm=True also torch.nn.LayerNorm with
-    rmsnorm.torch.LayerNorm. The new modules hold the same Parameter objects
-    (optimizers and tied weights are unaffected) and keep training/eval mode.
+    """Replaces, in place, every RMSNorm-like module of `model` with ours: torch.nn.RMSNorm
+    with rmsnorm.torch.RMSNorm; classes named *RMSNorm in the style of transformers (a 1-D
+    `weight` and an eps in `variance_epsilon` or `eps`) with LlamaRMSNorm, or GemmaRMSNorm
+    when the class name contains "Gemma"; with layer_norm=True also torch.nn.LayerNorm with
+    rmsnorm.torch.LayerNorm. The new modules hold the same Parameter objects (optimizers and
+    tied weights are unaffected) and keep training/eval mode.
 
-    verify: first run each HF-style module and its replacement on a random input
-    and keep the original (with a warning) unless they agree. exact_hf: the
-    LlamaRMSNorm replacements keep HF's numerics bit for bit (LlamaRMSNorm's
-    exact_hf). Returns the model, or the replacement when the model itself is such
-    a module.
+    verify: first run each HF-style module and its replacement on a random input and keep
+    the original (with a warning) unless they agree. exact_hf: the LlamaRMSNorm
+    replacements keep HF's numerics bit for bit. Returns the model, or the replacement when
+    the model itself is such a module.
     """
     done = {}
-    for module in list(model.modules()):
-        if id(module) in done:
-            continue
+    for module in list(model.modules()):  # each module once, however often it is shared
         new = _replacement(module, layer_norm, verify, exact_hf)
         if new is not None:
             new.train(module.training)

@@ -1,43 +1,16 @@
 """rmsnorm.torch.distributed - RMSNorm over a hidden dimension sharded across the ranks of a
-torch.distributed process group, differentiable (README.md, "Sharded hidden dimension").
+torch.distributed process group, differentiable (docs/sharding.md, "In PyTorch").
 
-Each rank of the group holds a column shard of the same rows: x_shard (*, width) is columns
-[column_offset, column_offset + width) of rows of d_global columns, and weight and bias are
-the shard's width elements. The compute steps are the ops rmsnorm::rms_norm_shard_stats,
-_shard_forward, _shard_backward_dots and _shard_backward (librmsnorm's rmsnorm_shard_*);
-between them the sums over the group cross it in one torch.distributed.all_reduce (SUM) of
-float64 per forward and one per backward, which also carries the ranks' agreement (below):
-16 values per rank and the first 4096 rows' sums (zeros past rows); more rows follow in a
-second all_reduce.
-Any backend that sums float64 tensors on the CPU carries them (gloo).
+The steps are the ops rmsnorm::rms_norm_shard_stats, _shard_forward, _shard_backward_dots
+and _shard_backward; between them the per-row sums cross the group in one float64
+all_reduce (SUM) per forward and one per backward (gloo, or any backend that sums float64
+CPU tensors), which also carries every rank's record of its call: every rank raises the
+same exception when any rank's arguments are wrong or the ranks disagree, none is left
+waiting in a collective.
 
-    import torch.distributed as dist
     from rmsnorm.torch.distributed import rms_norm
     y_shard = rms_norm(x_shard, g_shard)          # columns laid out in group rank order
     y_shard.sum().backward()                      # x_shard.grad, g_shard.grad: this shard's
-
-Where the shard sits: with column_offset and d_global None, the shards lie in group rank
-order (rank 0 the first columns), found from the widths the first all_reduce carries; the
-statistics then take a second all_reduce. Give both (every rank its own) and they ride on
-the first.
-
-The ranks agree, always: the first all_reduce of a forward and of a backward is the same on
-every rank whatever its arguments, and carries every rank's record of its call (its own
-argument error, if any; the rows and leading shape, width, placement, dtypes, eps (None
-taken as the dtype's default, 0 and -0 alike), partial and flags), each in its own slots of
-the sum, so every rank holds every record exactly and raises the same exception when any
-rank's own arguments are invalid (that rank its own, the others naming it and quoting its
-message) or the ranks disagree: rows (or the leading shape), d_global, or shards not
-covering [0, d_global) exactly once: ValueError; dtype or parameter dtypes: TypeError;
-eps, partial, offset, eps_outside, round_before_weight, which of weight/bias is given, or
-column_offset given on some ranks only: ValueError; a forward meeting a backward:
-ValueError. Nobody is left waiting in a collective. check=, set_checks() and
-RMSNORM_DISTRIBUTED_CHECK are kept for compatibility: the checks they turned on are now
-always made.
-
-dweight and dbias are this rank's shard summed over this rank's rows. Where rows are also
-split over ranks (data or sequence parallelism) their sum over those ranks is left to the
-usual machinery (DDP, or an all_reduce of the gradients), as for any parameter.
 """
 
 from __future__ import annotations
@@ -56,24 +29,22 @@ from . import _ops  # torch.ops.rmsnorm, with the ops registered
 __all__ = ["rms_norm", "set_checks", "checks_enabled"]
 
 _checks: Optional[bool] = None  # None: the environment variable decides
-# False in bench/mpi/bench_torch_agreement.py's measurement only: the sums without the agreement
+# False in bench/mpi/bench_torch_agreement.py's measurement only: the sums without the
+# agreement, for shards given
 _AGREE = True
 
 
 def set_checks(on: Optional[bool]) -> None:
-    """Kept for compatibility: the collective argument checks are always made. Sets what
-    checks_enabled() returns (None: back to the environment variable
-    RMSNORM_DISTRIBUTED_CHECK)."""
+    """Kept for compatibility (the checks are always made): sets what checks_enabled()
+    returns (None: the environment variable RMSNORM_DISTRIBUTED_CHECK decides again)."""
     global _checks
     _checks = None if on is None else bool(on)
 
 
 def checks_enabled() -> bool:
-    """Kept for compatibility (the checks are always made): the set_checks() /
-    RMSNORM_DISTRIBUTED_CHECK setting."""
-    if _checks is not None:
-        return _checks
-    return os.environ.get("RMSNORM_DISTRIBUTED_CHECK", "0") not in ("", "0")
+    """Kept for compatibility: the set_checks() / RMSNORM_DISTRIBUTED_CHECK setting."""
+    env = os.environ.get("RMSNORM_DISTRIBUTED_CHECK", "0") not in ("", "0")
+    return env if _checks is None else _checks
 
 
 # ---- the agreement ------------------------------------------------------------------------
@@ -84,8 +55,9 @@ _RECORD = 16
 _ERR, _PHASE, _ROWS, _LEAD, _LEAD2, _WIDTH, _DTYPE, _OFFSET, _DGLOBAL, _EPS, _PARTIAL, \
     _FLAGS, _WDTYPE, _BDTYPE = range(14)
 _ERR_TYPE, _ERR_VALUE, _ERR_OTHER = 1, 2, 3
-# rows' sums the first all_reduce carries: gloo's all_reduce took about as long for 4 to 8224
-# float64 (0.52-0.67 ms on 2 ranks of the 2-vCPU VM) as a second all_reduce costs
+_CLASSES = {_ERR_TYPE: TypeError, _ERR_VALUE: ValueError, _ERR_OTHER: RuntimeError}
+# rows' sums the first all_reduce carries (gloo's all_reduce costs about the same for 4 as for
+# 8224 float64: bench/RESULTS.md)
 _HEAD_ROWS = 4096
 
 
@@ -98,8 +70,7 @@ def _eps_value(eps, x):
     float64's for float64 data), and -0.0 is 0.0; anything else is left for the checks."""
     if eps is None:
         if isinstance(x, torch.Tensor) and x.dtype in _FLOATS:
-            return torch.finfo(torch.float64 if x.dtype == torch.float64 else
-                               torch.float32).eps
+            return torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
         return None
     if isinstance(eps, (int, float)) and not isinstance(eps, bool):
         return 0.0 if eps == 0 else float(eps)
@@ -107,7 +78,8 @@ def _eps_value(eps, x):
 
 
 def _local_error(x, weight, bias, eps, partial, column_offset, d_global):
-    """This rank's own argument error, as an exception (None when there is none)."""
+    """This rank's own argument error, as an exception (None when there is none). Given
+    columns are the op's to check: local_sums runs before the collective."""
     try:
         for t, what in ((x, "x_shard"), (weight, "weight"), (bias, "bias")):
             if t is None and what != "x_shard":
@@ -127,11 +99,6 @@ def _local_error(x, weight, bias, eps, partial, column_offset, d_global):
                                  f"[{x.shape[-1]}]")
         if (column_offset is None) != (d_global is None):
             raise ValueError("give both column_offset and d_global, or neither")
-        if d_global is not None and not (d_global >= 1 and 0 <= column_offset
-                                         and column_offset + x.shape[-1] <= d_global):
-            raise ValueError(f"the shard's columns [{column_offset}, "
-                             f"{column_offset + x.shape[-1]}) are not inside a row of "
-                             f"d_global = {d_global} columns")
         if not (math.isfinite(eps) and eps >= 0):
             raise ValueError(f"eps must be finite and >= 0, got {eps}")
         if not (0 < partial <= 1):
@@ -142,32 +109,47 @@ def _local_error(x, weight, bias, eps, partial, column_offset, d_global):
 
 
 def _err_kind(err) -> int:
-    if err is None:
-        return 0
-    return _ERR_TYPE if isinstance(err, TypeError) else \
+    return 0 if err is None else _ERR_TYPE if isinstance(err, TypeError) else \
         _ERR_VALUE if isinstance(err, ValueError) else _ERR_OTHER
 
 
 def _record(phase, err, x, weight, bias, eps, partial, flags, column_offset, d_global):
     r = [0.0] * _RECORD
-    r[_PHASE] = phase
-    if err is not None:
-        r[_ERR] = _err_kind(err)
-        return r
-    lead = tuple(x.shape[:-1])
-    h = hash(lead) & ((1 << 62) - 1)  # ints hash the same in every process
-    r[_ROWS] = math.prod(lead)
-    r[_LEAD], r[_LEAD2] = h >> 31, h & ((1 << 31) - 1)
-    r[_WIDTH] = x.shape[-1]
-    r[_DTYPE] = _code(x.dtype)
-    r[_OFFSET] = -1 if column_offset is None else column_offset
-    r[_DGLOBAL] = -1 if d_global is None else d_global
-    r[_EPS] = eps
-    r[_PARTIAL] = float(partial)
-    r[_FLAGS] = flags
-    r[_WDTYPE] = -2 if weight is None else _code(weight.dtype)
-    r[_BDTYPE] = -2 if bias is None else _code(bias.dtype)
+    r[_ERR], r[_PHASE] = _err_kind(err), phase
+    if err is None:
+        lead = tuple(x.shape[:-1])
+        h = hash(lead) & ((1 << 62) - 1)  # ints hash the same in every process
+        r[_ROWS], r[_LEAD], r[_LEAD2] = math.prod(lead), h >> 31, h & ((1 << 31) - 1)
+        r[_WIDTH], r[_DTYPE] = x.shape[-1], _code(x.dtype)
+        r[_OFFSET] = -1 if column_offset is None else column_offset
+        r[_DGLOBAL] = -1 if d_global is None else d_global
+        r[_EPS], r[_PARTIAL], r[_FLAGS] = eps, float(partial), flags
+        r[_WDTYPE] = -2 if weight is None else _code(weight.dtype)
+        r[_BDTYPE] = -2 if bias is None else _code(bias.dtype)
     return r
+
+
+def _covers(table) -> bool:
+    """Whether the shards [offset, offset + width) cover [0, d_global) exactly once."""
+    end = 0
+    for off, w in sorted((r[_OFFSET], r[_WIDTH]) for r in table if r[_WIDTH]):
+        if off != end:
+            return False
+        end += w
+    return end == table[0][_DGLOBAL]
+
+
+def _agree_fast(table):
+    """Whether the records agree, as _verdict finds them, in the few list comparisons of the
+    usual case (False leaves the errors and the messages to _verdict)."""
+    first = table[0]
+    if first[_ERR]:
+        return False
+    for r in table[1:]:
+        if r[:_WIDTH] != first[:_WIDTH] or r[_DTYPE] != first[_DTYPE] or \
+                r[_DGLOBAL:] != first[_DGLOBAL:] or (r[_OFFSET] < 0) != (first[_OFFSET] < 0):
+            return False
+    return first[_OFFSET] < 0 or _covers(table)
 
 
 def _verdict(table):
@@ -185,9 +167,8 @@ def _verdict(table):
     if differ(_ROWS, _LEAD, _LEAD2):
         return ValueError, f"the ranks disagree on the rows (rows {show(_ROWS)})"
     if differ(_DTYPE):
-        return TypeError, ("the ranks disagree on the dtype (" +
-                           show(_DTYPE, lambda c: str(_FLOATS[int(c)]).replace("torch.", "")) +
-                           ")")
+        names = show(_DTYPE, lambda c: str(_FLOATS[int(c)]).replace("torch.", ""))
+        return TypeError, f"the ranks disagree on the dtype ({names})"
     if differ(_WDTYPE, _BDTYPE):
         return TypeError, "the ranks disagree on the weight's or the bias's dtype (or presence)"
     for field, name, fmt in ((_EPS, "eps", repr), (_PARTIAL, "partial", repr),
@@ -201,41 +182,12 @@ def _verdict(table):
     if given == {True}:
         if differ(_DGLOBAL):
             return ValueError, f"the ranks disagree on d_global ({show(_DGLOBAL)})"
-        d = int(table[0][_DGLOBAL])
-        end = 0
-        for off, w in sorted((int(r[_OFFSET]), int(r[_WIDTH])) for r in table if r[_WIDTH]):
-            if off != end:
-                break
-            end += w
-        if end != d or sum(int(r[_WIDTH]) for r in table) != d:
+        if not _covers(table):
             return ValueError, ("the shards do not cover [0, d_global) exactly once (d_global = "
-                                f"{d}; [offset, width) " + ", ".join(
+                                f"{int(table[0][_DGLOBAL])}; [offset, width) " + ", ".join(
                                     f"rank {i}: [{int(r[_OFFSET])}, {int(r[_WIDTH])})"
                                     for i, r in enumerate(table)) + ")")
     return None
-
-
-def _agree_fast(table):
-    """Whether the records agree, as _verdict finds them, in the few list comparisons of the
-    usual case (False leaves the errors and the messages to _verdict)."""
-    first = table[0]
-    if first[_ERR]:
-        return False
-    for r in table[1:]:
-        if r[:_WIDTH] != first[:_WIDTH] or r[_DTYPE] != first[_DTYPE] or \
-                r[_DGLOBAL:] != first[_DGLOBAL:] or (r[_OFFSET] < 0) != (first[_OFFSET] < 0):
-            return False
-    if first[_OFFSET] < 0:
-        return True
-    end = 0
-    for off, w in sorted((r[_OFFSET], r[_WIDTH]) for r in table if r[_WIDTH]):
-        if off != end:
-            return False
-        end += w
-    return end == first[_DGLOBAL]
-
-
-_CLASSES = {_ERR_TYPE: TypeError, _ERR_VALUE: ValueError, _ERR_OTHER: RuntimeError}
 
 
 def _raise_failed(kinds, err, group):
@@ -269,27 +221,20 @@ def _agreed_sums(phase, group, x, weight, bias, eps, partial, flags, column_offs
     leading shape). Raises on every rank alike, else returns (column_offset, d_global, the
     sums over the group)."""
     n, me = dist.get_world_size(group), dist.get_rank(group)
-    if not _AGREE:  # the measurement's baseline: the sums alone
-        if column_offset is None:
-            widths = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
-            dist.all_gather(widths, torch.tensor([x.shape[-1]]), group=group)
-            widths = [int(w) for w in widths]
-            column_offset, d_global = sum(widths[:me]), sum(widths)
+    if not _AGREE and column_offset is not None:  # the measurement's baseline: the sums alone
         s = local_sums(column_offset, d_global)
         dist.all_reduce(s, op=dist.ReduceOp.SUM, group=group)
         return column_offset, d_global, s
     err = _local_error(x, weight, bias, eps, partial, column_offset, d_global)
     placed = column_offset is not None
-    s = None
-    if err is None and placed:
-        s, err = _local(local_sums, column_offset, d_global)
+    s, err = _local(local_sums, column_offset, d_global) if err is None and placed else (None, err)
     head = torch.zeros(n * _RECORD + _HEAD_ROWS, dtype=torch.float64)
     h = head.numpy()  # the same memory, written without torch's per-op cost
     h[me * _RECORD:(me + 1) * _RECORD] = _record(phase, err, x, weight, bias, eps, partial,
                                                  flags, column_offset, d_global)
     at = n * _RECORD  # the rows' sums in the head
-    flat = None if s is None else s.numpy().reshape(-1)  # the op's new, contiguous tensor
-    if flat is not None:
+    if s is not None:
+        flat = s.numpy().reshape(-1)  # the op's new, contiguous tensor
         k = min(flat.size, _HEAD_ROWS)
         h[at:at + k] = flat[:k]
     dist.all_reduce(head, op=dist.ReduceOp.SUM, group=group)
@@ -302,7 +247,7 @@ def _agreed_sums(phase, group, x, weight, bias, eps, partial, flags, column_offs
         if v is not None:
             raise v[0](f"rmsnorm.torch.distributed.rms_norm: {v[1]}")
     if placed:  # every rank (agreed): the other rows
-        out = torch.from_numpy(h[at:at + min(flat.size, _HEAD_ROWS)])
+        out = torch.from_numpy(h[at:at + k])
         if flat.size > _HEAD_ROWS:
             rest = torch.from_numpy(flat[_HEAD_ROWS:].copy())
             dist.all_reduce(rest, op=dist.ReduceOp.SUM, group=group)
@@ -312,8 +257,7 @@ def _agreed_sums(phase, group, x, weight, bias, eps, partial, flags, column_offs
     widths = [int(r[_WIDTH]) for r in table]
     column_offset, d_global = sum(widths[:me]), sum(widths)
     s, err = _local(local_sums, column_offset, d_global)
-    rows = int(table[0][_ROWS])
-    buf = torch.zeros(n + rows, dtype=torch.float64)
+    buf = torch.zeros(n + int(table[0][_ROWS]), dtype=torch.float64)
     buf[me] = _err_kind(err)
     if s is not None:
         buf[n:] = s.reshape(-1)
@@ -329,43 +273,34 @@ def _agreed_sums(phase, group, x, weight, bias, eps, partial, flags, column_offs
 
 class _ShardRMSNorm(torch.autograd.Function):
     """forward: shard stats -> all_reduce (with the agreement) -> shard forward (the summed
-    stats are saved); backward: shard dots -> all_reduce (with the agreement) -> shard
-    backward."""
+    stats saved); backward: shard dots -> all_reduce (with the agreement) -> shard backward."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps, offset, eps_outside, partial, rbw, column_offset,
                 d_global, group):
-        flags = _flags(offset, eps_outside, rbw)
+        flags = int(bool(offset)) | int(bool(eps_outside)) << 1 | int(bool(rbw)) << 2
         col, d_global, s = _agreed_sums(
             0, group, x, weight, bias, eps, partial, flags, column_offset, d_global,
             lambda c, d: _ops.rms_norm_shard_stats(x, d, c, partial=partial))
-        y = _ops.rms_norm_shard_forward(x, s, d_global, col, weight, eps, bias=bias,
-                                        offset=offset, eps_outside=eps_outside, partial=partial,
-                                        round_before_weight=rbw)
+        kw = dict(offset=offset, eps_outside=eps_outside, partial=partial)
         ctx.save_for_backward(x, weight, bias, s)
-        ctx.args = (eps, offset, eps_outside, partial, rbw, col, d_global, group)
-        return y
+        ctx.args = (eps, kw, flags, col, d_global, group)
+        return _ops.rms_norm_shard_forward(x, s, d_global, col, weight, eps, bias=bias,
+                                           round_before_weight=rbw, **kw)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         x, weight, bias, s = ctx.saved_tensors
-        eps, offset, eps_outside, partial, rbw, col, d_global, group = ctx.args
-        kw = dict(offset=offset, eps_outside=eps_outside, partial=partial)
+        eps, kw, flags, col, d_global, group = ctx.args
         # every rank sums, whichever gradients it needs: the ranks must make the same calls
         _, _, t = _agreed_sums(
-            1, group, x, weight, bias, eps, partial, _flags(offset, eps_outside, rbw), col,
-            d_global,
+            1, group, x, weight, bias, eps, kw["partial"], flags, col, d_global,
             lambda c, d: _ops.rms_norm_shard_backward_dots(dy, x, s, d, c, weight, eps, **kw))
-        mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1],
-                bias is not None and ctx.needs_input_grad[2]]
+        mask = list(ctx.needs_input_grad[:3])  # False for a weight or bias that is None
         dx, dw, db = _ops.rms_norm_shard_backward(dy, x, s, t, d_global, col, weight, eps, mask,
                                                   bias=bias, **kw)
         return (dx, dw, db) + (None,) * 8
-
-
-def _flags(offset, eps_outside, rbw):
-    return int(bool(offset)) | int(bool(eps_outside)) << 1 | int(bool(rbw)) << 2
 
 
 def rms_norm(x_shard: torch.Tensor, weight: Optional[torch.Tensor] = None,
@@ -383,10 +318,10 @@ def rms_norm(x_shard: torch.Tensor, weight: Optional[torch.Tensor] = None,
     rmsnorm.torch.rms_norm over the whole rows: eps (None: the dtype's default), offset
     (multiply by 1 + weight, Gemma), eps_outside, partial (pRMSNorm over the first
     ceil(partial * d_global) columns, wherever they lie), round_before_weight.
-    column_offset, d_global: both None (the shards in group rank order) or both given.
-    check: kept for compatibility (the collective argument checks are always made). Raises
-    TypeError / ValueError as rmsnorm.torch.rms_norm does, on every rank when any rank's
-    arguments are wrong or the ranks disagree (see the module's doc).
+    column_offset, d_global: both None (the shards in group rank order; a second all_reduce)
+    or both given. check: kept for compatibility (the checks are always made). Raises
+    TypeError / ValueError on every rank when any rank's arguments are wrong or the ranks
+    disagree (docs/sharding.md). dweight, dbias: this shard's, summed over this rank's rows.
     """
     del check  # the checks are always made
     return _ShardRMSNorm.apply(x_shard, weight, bias, _eps_value(eps, x_shard), offset,
