@@ -42,40 +42,6 @@ def _ns(normalized_shape):
     return normalized_shape
 
 
-_DOCS = {
-    "rms_norm": """torch.nn.functional.rms_norm on the C library (op rmsnorm::rms_norm),
-    differentiable in input, weight and bias to any order. The keywords are those of
-    rmsnorm.rms_norm (numpy): bias, offset (multiply by 1 + weight, Gemma), eps_outside
-    (1/(sqrt(mean(x^2)) + eps)), partial (pRMSNorm), round_before_weight (HF Llama's rounding
-    order for half dtypes). eps None: float32's epsilon (float64's for float64 data), as
-    torch. out: write into this tensor (rows at one stride; the input itself normalizes in
-    place), only without autograd (rmsnorm::rms_norm.out).""",
-    "rms_norm_with_rstd": """(output, rstd): rms_norm and the per-row r = 1/sqrt(mean(x^2) + eps), shape
-    (*leading, 1, ..., 1), float32 (float64 for float64 data); rstd has no
-    gradient (op rmsnorm::rms_norm_forward).""",
-    "layer_norm": """torch.nn.functional.layer_norm on the C library (op rmsnorm::layer_norm),
-    differentiable in input, weight and bias to any order; offset,
-    round_before_weight and out= as for rms_norm.""",
-    "fused_add_rms_norm": """(output, new_residual) = (rms_norm(residual + input, ...), residual + input) in
-    one pass (op rmsnorm::fused_add_rms_norm), differentiable in input, residual,
-    weight and bias. inplace=True (vLLM's: new_residual written into residual,
-    output into input; op rmsnorm::fused_add_rms_norm_inplace) only without
-    autograd.""",
-    "qk_norm": """QK-norm (op rmsnorm::qk_norm): RMSNorm over head_dim of input (*, heads,
-    head_dim) with one weight (head_dim,) for every head, read where the heads lie
-    (Q or K inside a fused QKV tensor, no copy), differentiable. inplace=True
-    (op rmsnorm::qk_norm_inplace) writes into input, only without autograd.""",
-    "rms_norm_linear": """rms_norm(input, (d,), norm_weight, eps) @ weight_matrix + bias with the gain
-    folded into the matrix (op rmsnorm::rms_norm_linear), differentiable in input,
-    weight_matrix (d, n), norm_weight and bias.""",
-    "rms_norm_int8": """(q, scale): RMSNorm to int8 with a per-row (scale=None) or static scale, as
-    rmsnorm.rms_norm_int8 (op rmsnorm::rms_norm_int8); q is a torch.int8 tensor.
-    Not differentiable.""",
-    "rms_norm_fp8": """(q, scale): RMSNorm to fp8 E4M3 (torch.float8_e4m3fn) with a per-row or static
-    scale, as rmsnorm.rms_norm_fp8 (op rmsnorm::rms_norm_fp8). Not differentiable.""",
-}
-
-
 def _variant(op: str, overload: str, test: str) -> tuple:
     """The lines that call op.overload (under `if test:`): (eager, traced). Eager: the
     compiled entry point, the same op without torch's per-argument Python conversion (then
@@ -129,7 +95,7 @@ def _define(fn) -> None:
              "_handle_tf": torch.overrides.handle_torch_function}
     exec(compile("\n".join(lines), f"<rmsnorm.torch.{fn.name}>", "exec"), scope)
     f = scope[fn.name]
-    f.__module__, f.__doc__ = __name__, _DOCS[fn.name]
+    f.__module__, f.__doc__ = __name__, f"{fn.doc}\n\nOp rmsnorm::{fn.op}."
     globals()[fn.name] = f
 
 
