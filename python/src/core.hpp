@@ -138,26 +138,17 @@ inline std::string list(Dims d) {
   return s + "]";
 }
 
-/* mean and rstd are float for fp32/fp16/bf16 data, double for fp64. */
+/* mean and rstd (and rmsnorm_linear_*'s matrices) are float for fp32/fp16/bf16 data, double
+ * for fp64. */
 inline int stats_dtype(int dt) { return dt == RMSNORM_F64 ? RMSNORM_F64 : RMSNORM_F32; }
-/* The type of rmsnorm_linear_*'s matrices. */
-inline int compute_dtype(int dt) { return stats_dtype(dt); }
 
-enum Norm { RMS, LAYER };
-
-/* The keyword options of the norms, as RMSNORM_FLAG_* bits. */
-inline unsigned flags_of(bool offset, bool eps_outside, bool round_before_weight) {
-  unsigned f = 0;
-  if (offset) f |= RMSNORM_FLAG_WEIGHT_OFFSET;
-  if (eps_outside) f |= RMSNORM_FLAG_EPS_OUTSIDE;
-  if (round_before_weight) f |= RMSNORM_FLAG_ROUND_BEFORE_WEIGHT;
-  return f;
-}
+/* QK: RMSNorm over the last dim of an input of shape (*, heads, head_dim). */
+enum Norm { RMS, LAYER, QK };
 
 struct Options {
   std::optional<double> eps;  // none: the library's default for the dtype
   double partial = 1.0;
-  unsigned flags = 0;
+  unsigned flags = 0;  // RMSNORM_FLAG_*
 };
 
 inline rmsnorm_config config(int dt, int param_dtype, const Options &o) {
@@ -197,7 +188,8 @@ inline std::optional<std::pair<int64_t, int64_t>> collapse(Dims shape, Dims stri
 /* (rows, ld) when the last k dims are one contiguous block of d elements and
  * the leading dims collapse to rows ld >= d elements apart; none when the
  * array must be copied first (broadcast, reversed, transposed, inner strides). */
-inline std::optional<std::pair<int64_t, int64_t>> row_layout(Dims shape, Dims strides, std::size_t k) {
+inline std::optional<std::pair<int64_t, int64_t>> row_layout(Dims shape, Dims strides,
+                                                            std::size_t k) {
   std::size_t n = shape.size() - k;
   int64_t d = prod(shape.subspan(n));
   int64_t rows = prod(shape.first(n));
@@ -212,70 +204,71 @@ inline std::optional<std::pair<int64_t, int64_t>> row_layout(Dims shape, Dims st
   return lead;
 }
 
+template <class B>
+using Array = typename B::Array;
+
+/* a itself when C-contiguous, else a contiguous copy. */
+template <class B>
+Array<B> dense(B &b, const Array<B> &a) {
+  return B::is_contiguous(a) ? a : b.contiguous(a);
+}
+
 /* An array seen as rows x d, row i at ptr + i*ld elements. */
 template <class B>
 struct Rows {
-  typename B::Array array;  // whose memory ptr is in: the input, or a copy
+  Array<B> array;  // whose memory ptr is in: the input, or a copy
   int64_t rows = 0, d = 0, ld = 0;
   void *ptr = nullptr;
 };
 
-/* a as rows x d: itself when it has a row-strided view, else a copy. */
+/* a as rows x d (its last k dims): itself when it has a row-strided view, else a copy. An
+ * array the library writes in place (`written`: its name; out=, inplace) must have the view
+ * and be writable where it is. */
 template <class B>
-Rows<B> as_rows(B &b, const typename B::Array &a, std::size_t k) {
-  Dims shape = B::shape(a);
-  int64_t d = prod(shape.subspan(shape.size() - k));
-  if (!B::is_contiguous(a)) {
-    Dims st;
-    if (b.strides(a, &st)) {
-      if (auto lay = row_layout(shape, st, k)) return {a, lay->first, d, lay->second, B::ptr(a)};
-    }
-    auto c = b.contiguous(a);
-    return {c, prod(shape.first(shape.size() - k)), d, d, B::ptr(c)};
-  }
-  return {a, prod(shape.first(shape.size() - k)), d, d, B::ptr(a)};
+Rows<B> as_rows(B &b, const Array<B> &a, std::size_t k, const char *written = nullptr) {
+  if (written) b.writable(a, written);
+  Dims shape = B::shape(a), st;
+  int64_t rows = prod(shape.first(shape.size() - k)), d = prod(shape.last(k));
+  if (B::is_contiguous(a)) return {a, rows, d, d, B::ptr(a)};
+  if (b.strides(a, &st))
+    if (auto lay = row_layout(shape, st, k)) return {a, lay->first, d, lay->second, B::ptr(a)};
+  if (written)
+    value_error(std::string(written) +
+                " must hold the normalized dims contiguously and its rows at one stride (a "
+                "contiguous array, or a row slice of one) to be written in place");
+  auto c = b.contiguous(a);
+  return {c, rows, d, d, B::ptr(c)};
 }
 
-/* The row stride of an array the library writes in place (out=, inplace):
- * it must have a row-strided view, and be writable where it is. */
+/* A new per-row array: shape with its last k dims made 1, none when not wanted; `fill` when
+ * those k dims hold no element (the library writes nothing then). */
 template <class B>
-int64_t writable_rows(B &b, const typename B::Array &a, std::size_t k, const char *what) {
-  b.writable(a, what);
-  Dims shape = B::shape(a);
-  int64_t d = prod(shape.subspan(shape.size() - k));
-  if (B::is_contiguous(a)) return d;
-  Dims st;
-  if (b.strides(a, &st)) {
-    if (auto lay = row_layout(shape, st, k)) return lay->second;
-  }
-  value_error(std::string(what) +
-              " must hold the normalized dims contiguously and its rows at one stride (a "
-              "contiguous array, or a row slice of one) to be written in place");
+Array<B> per_row_out(B &b, bool want, Dims shape, std::size_t k, int dtype, double fill) {
+  if (!want) return Array<B>();
+  Shape s(shape.begin(), shape.end() - static_cast<std::ptrdiff_t>(k));
+  s.insert(s.end(), k, 1);
+  return prod(shape.last(k)) ? b.empty(s, dtype) : b.full(s, dtype, fill);
 }
 
-/* Runs the library call f(ctx) on the calling thread's context with the backend's guard held
- * (the GIL released for numpy, for `elements` elements), then checks its status. */
+/* Runs the library call f(ctx, &cfg) on the calling thread's context with the backend's guard
+ * held (the GIL released for numpy, for `elements` elements), then checks its status. */
 template <class B, class F>
-void run(B &b, std::size_t elements, const char *fn, F &&f) {
+void run(B &b, int dt, int param_dtype, const Options &o, int64_t elements, const char *fn,
+         F &&f) {
+  rmsnorm_config cfg = config(dt, param_dtype, o);
   rmsnorm_context *ctx = b.context();
   rmsnorm_status st;
   {
-    [[maybe_unused]] auto unlocked = b.unlocked(elements);
-    st = f(ctx);
+    [[maybe_unused]] auto unlocked = b.unlocked(static_cast<std::size_t>(elements));
+    st = f(ctx, &cfg);
   }
   check(st, fn);
 }
 
 /* ---- argument checks ---------------------------------------------------------- */
 
-inline void check_normalized(Dims norm) {
-  if (norm.empty()) value_error(message("empty_norm", {}));
-  for (int64_t v : norm)
-    if (v < 0) value_error("normalized_shape must not be negative, got " + list(norm));
-}
-
 template <class B>
-int data_dtype(const typename B::Array &a, const char *what) {
+int data_dtype(const Array<B> &a, const char *what) {
   int dt = B::dtype(a);
   if (dt < 0)
     type_error(message("dtype", {{"what", what}, {"dtype", B::dtype_name(a)}}));
@@ -296,8 +289,7 @@ inline void check_input(Dims shape, Dims norm, const char *what) {
 
 /* a has ref's shape and dtype dt. */
 template <class B>
-void check_same(const typename B::Array &a, Dims shape, int dt, const char *what,
-                const char *ref_what) {
+void check_same(const Array<B> &a, Dims shape, int dt, const char *what, const char *ref_what) {
   Dims s = B::shape(a);
   if (!std::equal(s.begin(), s.end(), shape.begin(), shape.end()))
     value_error(message("same_shape", {{"what", what}, {"shape", list(s)}, {"ref", ref_what},
@@ -307,18 +299,37 @@ void check_same(const typename B::Array &a, Dims shape, int dt, const char *what
                                       {"ref", ref_what}, {"ref_dtype", dtype_name(dt)}}));
 }
 
+/* A saved mean or rstd (dtype stats_dtype(dt)), or a shard's per-row sums (`sums`: float64
+ * whatever the data), as the library takes it: rows contiguous values. */
+template <class B>
+Array<B> per_row_arg(B &b, const Array<B> &s, const char *name, int dt, int64_t rows,
+                     bool sums = false) {
+  if (!B::defined(s)) return s;
+  if (sums && B::dtype(s) != RMSNORM_F64)
+    type_error(message("row_sums", {{"what", name}, {"dtype", B::dtype_name(s)}}));
+  if (!sums && B::dtype(s) != stats_dtype(dt))
+    type_error(std::string(name) + " has dtype " + B::dtype_name(s) + "; it must be " +
+               dtype_name(stats_dtype(dt)) + " for " + dtype_name(dt) +
+               " data (as the forward returns it)");
+  int64_t n = prod(B::shape(s));
+  if (n != rows)
+    value_error(std::string(name) + " has " + std::to_string(n) + " values (shape " +
+                list(B::shape(s)) + "); expected one per row, " + std::to_string(rows));
+  return dense(b, s);
+}
+
 /* The weight and bias as the library takes them: shape normalized_shape,
  * contiguous, and one parameter dtype for both, the data's or float32 (other
  * float dtypes are converted to float32, exactly for float16/bfloat16). */
 template <class B>
 struct Params {
-  typename B::Array weight, bias;
+  Array<B> weight, bias;
   int param_dtype = -1;
   int weight_dtype = -1, bias_dtype = -1;  // the caller's, to give gradients back in
 };
 
 template <class B>
-int param_code(const typename B::Array &p, const char *name, Dims norm) {
+int param_code(const Array<B> &p, const char *name, Dims norm) {
   int code = data_dtype<B>(p, name);
   Dims s = B::shape(p);
   if (!std::equal(s.begin(), s.end(), norm.begin(), norm.end()))
@@ -327,19 +338,16 @@ int param_code(const typename B::Array &p, const char *name, Dims norm) {
 }
 
 template <class B>
-Params<B> params(B &b, int dt, Dims norm, const typename B::Array &weight,
-                 const typename B::Array &bias, const char *weight_name = "weight",
-                 std::optional<Dims> bias_shape = std::nullopt) {
+Params<B> params(B &b, int dt, Dims norm, const Array<B> &weight, const Array<B> &bias,
+                 const char *weight_name = "weight", std::optional<Dims> bias_shape = {}) {
   Params<B> p;
   if (B::defined(weight)) p.weight_dtype = param_code<B>(weight, weight_name, norm);
   if (B::defined(bias)) p.bias_dtype = param_code<B>(bias, "bias", bias_shape.value_or(norm));
-  p.param_dtype = (p.weight_dtype < 0 || p.weight_dtype == dt) && (p.bias_dtype < 0 || p.bias_dtype == dt)
-                      ? dt
-                      : RMSNORM_F32;
-  auto prep = [&](const typename B::Array &a, int code) -> typename B::Array {
+  auto data_or_none = [dt](int code) { return code < 0 || code == dt; };
+  p.param_dtype = data_or_none(p.weight_dtype) && data_or_none(p.bias_dtype) ? dt : RMSNORM_F32;
+  auto prep = [&](const Array<B> &a, int code) -> Array<B> {
     if (!B::defined(a)) return a;
-    if (code != p.param_dtype) return b.cast(a, p.param_dtype);
-    return B::is_contiguous(a) ? a : b.contiguous(a);
+    return code != p.param_dtype ? b.cast(a, p.param_dtype) : dense(b, a);
   };
   p.weight = prep(weight, p.weight_dtype);
   p.bias = prep(bias, p.bias_dtype);
@@ -347,25 +355,13 @@ Params<B> params(B &b, int dt, Dims norm, const typename B::Array &weight,
 }
 
 template <class B>
-void *ptr_or_null(const typename B::Array &a) {
+void *ptr_or_null(const Array<B> &a) {
   return B::defined(a) ? B::ptr(a) : nullptr;
 }
 
-/* shape[:-k] + (1,) * k: the shape of per-row statistics. */
-inline Shape stats_shape(Dims shape, std::size_t k) {
-  Shape s(shape.begin(), shape.end() - static_cast<std::ptrdiff_t>(k));
-  s.insert(s.end(), k, 1);
-  return s;
-}
-
-inline void check_flags(Norm kind, unsigned flags) {
-  if (kind == LAYER && (flags & RMSNORM_FLAG_EPS_OUTSIDE))
-    value_error("eps_outside applies to rms_norm only");
-}
-
-/* x (named what) of a norm over normalized_shape, checked in the order of the messages:
- * normalized_shape, x's dtype and shape, the arrays of x's shape and dtype (`same`: array
- * and name; absent ones skipped), the parameters, the flags. */
+/* x (named what) of a norm over normalized_shape (QK: over x's last dim), checked in the
+ * order of the messages: normalized_shape, x's dtype and shape, the arrays of x's shape and
+ * dtype (`same`: array and name; absent ones skipped), the parameters, the flags. */
 template <class B>
 struct NormIn {
   int dt;
@@ -373,370 +369,66 @@ struct NormIn {
   Params<B> p;
 };
 
-template <class B, class Array = typename B::Array>
-NormIn<B> norm_in(B &b, Norm kind, const Array &x, const char *what, Dims norm,
-                  const Array &weight, const Array &bias, const Options &o,
-                  std::initializer_list<std::pair<const Array *, const char *>> same = {}) {
-  check_normalized(norm);
+template <class B>
+NormIn<B> norm_in(B &b, Norm kind, const Array<B> &x, const char *what, Dims norm,
+                  const Array<B> &weight, const Array<B> &bias, const Options &o,
+                  std::initializer_list<std::pair<const Array<B> *, const char *>> same = {}) {
+  if (kind != QK && norm.empty()) value_error(message("empty_norm", {}));
+  for (int64_t v : norm)
+    if (v < 0) value_error("normalized_shape must not be negative, got " + list(norm));
   int dt = data_dtype<B>(x, what);
   Dims shape = B::shape(x);
+  if (kind == QK) {
+    if (shape.size() < 2) value_error(message("heads", {{"what", what}, {"shape", list(shape)}}));
+    norm = shape.last(1);
+  }
   check_input(shape, norm, what);
   for (const auto &[a, name] : same)
     if (B::defined(*a)) check_same<B>(*a, shape, dt, name, what);
   Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(kind, o.flags);
+  if (kind == LAYER && (o.flags & RMSNORM_FLAG_EPS_OUTSIDE))
+    value_error("eps_outside applies to rms_norm only");
   return {dt, shape, std::move(p)};
 }
 
-/* ---- forward ----------------------------------------------------------------- */
-
-template <class B>
-struct Forward {
-  typename B::Array y, mean, rstd;  // mean/rstd: shape (*leading, 1, ..., 1), when asked for
-  Rows<B> x;                        // the input as passed to the library
-};
-
-/* y = norm(x) into a new contiguous array, or into *out (its rows at one
- * stride; out may be x itself). */
-template <class B>
-Forward<B> forward(B &b, Norm kind, const typename B::Array &x, Dims norm,
-                   const typename B::Array &weight, const typename B::Array &bias,
-                   const Options &o, bool want_mean, bool want_rstd,
-                   const typename B::Array *out = nullptr) {
-  auto [dt, shape, p] = norm_in(b, kind, x, "input", norm, weight, bias, o);
-  std::size_t k = norm.size();
-  if (kind == LAYER && (want_mean || want_rstd)) want_mean = want_rstd = true;  // both or none
-  int64_t ldy = prod(norm);
-  if (out) {
-    check_same<B>(*out, shape, dt, "out", "input");
-    ldy = writable_rows(b, *out, k, "out");
-  }
-  Forward<B> r;
-  r.x = as_rows(b, x, k);
-  Shape sshape = stats_shape(shape, k);
-  int sdt = stats_dtype(dt);
-  if (r.x.d == 0) {  // nothing to normalize: torch gives mean 0 and rstd NaN
-    r.y = out ? *out : b.empty(shape, dt);
-    if (want_mean) r.mean = b.full(sshape, sdt, 0.0);
-    if (want_rstd) r.rstd = b.full(sshape, sdt, NAN);
-    return r;
-  }
-  r.y = out ? *out : b.empty(shape, dt);
-  if (want_mean) r.mean = b.empty(sshape, sdt);
-  if (want_rstd) r.rstd = b.empty(sshape, sdt);
-  rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  run(b, static_cast<std::size_t>(r.x.rows * r.x.d),
-      kind == RMS ? "rmsnorm_forward" : "rmsnorm_layernorm_forward", [&](rmsnorm_context *ctx) {
-    if (kind == RMS)
-      return rmsnorm_forward(ctx, &cfg, r.x.rows, r.x.d, r.x.ptr, r.x.ld, ptr_or_null<B>(p.weight),
-                             ptr_or_null<B>(p.bias), B::ptr(r.y), ldy, ptr_or_null<B>(r.rstd));
-    else
-      return rmsnorm_layernorm_forward(ctx, &cfg, r.x.rows, r.x.d, r.x.ptr, r.x.ld,
-                                       ptr_or_null<B>(p.weight), ptr_or_null<B>(p.bias), B::ptr(r.y),
-                                       ldy, ptr_or_null<B>(r.mean), ptr_or_null<B>(r.rstd));
-  });
-  return r;
-}
-
-/* ---- backward ------------------------------------------------------------------ */
+/* ---- gradients -------------------------------------------------------------------- */
 
 template <class B>
 struct Grads {
-  typename B::Array dx, dweight, dbias;
+  Array<B> dx, dweight, dbias;
 };
 
-/* A saved mean or rstd as the library takes it: rows contiguous values. */
+/* A new gradient of shape s, none when not wanted; 0 when there are no rows (the library
+ * writes nothing then). */
 template <class B>
-typename B::Array stat_arg(B &b, const typename B::Array &s, const char *name, int dt, int64_t rows) {
-  if (!B::defined(s)) return s;
-  int want = stats_dtype(dt);
-  if (B::dtype(s) != want)
-    type_error(std::string(name) + " has dtype " + B::dtype_name(s) + "; it must be " +
-               dtype_name(want) + " for " + dtype_name(dt) + " data (as the forward returns it)");
-  if (prod(B::shape(s)) != rows)
-    value_error(std::string(name) + " has " + std::to_string(prod(B::shape(s))) + " values (shape " +
-                list(B::shape(s)) + "); expected one per row, " + std::to_string(rows));
-  return B::is_contiguous(s) ? s : b.contiguous(s);
+Array<B> new_grad(B &b, bool want, Dims s, int dtype, int64_t rows) {
+  if (!want) return Array<B>();
+  return rows ? b.empty(s, dtype) : b.full(s, dtype, 0.0);
 }
 
-/* Parameter gradients in the caller's dtypes. */
-template <class B>
-void give_back(B &b, Grads<B> &g, const Params<B> &p) {
-  if (B::defined(g.dweight) && p.weight_dtype != p.param_dtype) g.dweight = b.cast(g.dweight, p.weight_dtype);
-  if (B::defined(g.dbias) && p.bias_dtype != p.param_dtype) g.dbias = b.cast(g.dbias, p.bias_dtype);
+/* dx (x's shape and dtype dt), and dweight/dbias (shape pshape) when asked for (the output
+ * mask's 1 and 2) and their parameter is given. */
+template <class A, class B>
+Grads<B> new_grads(A &a, B &b, const Params<B> &p, Dims shape, int dt, Dims pshape, int64_t rows) {
+  return {b.empty(shape, dt),
+          new_grad(b, a.mask(1) && B::defined(p.weight), pshape, p.param_dtype, rows),
+          new_grad(b, a.mask(2) && B::defined(p.bias), pshape, p.param_dtype, rows)};
 }
 
-/* g's dx and the wanted parameter gradients, new; those start at 0 when there are no rows
- * (the library writes nothing then). false when d == 0: nothing to compute, g is the
- * result (zero parameter gradients in the caller's dtypes). */
+/* A gradient computed in dtype `have`, given back in the caller's `want`. */
 template <class B>
-bool start_grads(B &b, Grads<B> *g, const Params<B> &p, Dims shape, int dt, Dims norm, int64_t rows,
-                 int64_t d, bool want_dweight, bool want_dbias) {
-  g->dx = b.empty(shape, dt);
-  auto grad = [&](bool want, int code) {
-    if (!want) return typename B::Array();
-    return d && rows ? b.empty(norm, code) : b.full(norm, code, 0.0);
-  };
-  g->dweight = grad(want_dweight, d ? p.param_dtype : p.weight_dtype);
-  g->dbias = grad(want_dbias, d ? p.param_dtype : p.bias_dtype);
-  return d != 0;
+Array<B> in_dtype(B &b, const Array<B> &g, int have, int want) {
+  return B::defined(g) && have != want ? b.cast(g, want) : g;
 }
 
-/* (dx, dweight, dbias); dweight/dbias only when wanted and their parameter is
- * given (bias only tells the dtype and shape of dbias). */
-template <class B>
-Grads<B> backward(B &b, Norm kind, const typename B::Array &dy, const typename B::Array &x, Dims norm,
-                  const typename B::Array &weight, const typename B::Array &bias,
-                  const typename B::Array &mean, const typename B::Array &rstd, const Options &o,
-                  bool want_dweight, bool want_dbias) {
-  auto [dt, shape, p] = norm_in(b, kind, x, "input", norm, weight, bias, o, {{&dy, "grad_output"}});
-  want_dweight = want_dweight && B::defined(p.weight);
-  want_dbias = want_dbias && B::defined(p.bias);
-  std::size_t k = norm.size();
-  Rows<B> xr = as_rows(b, x, k), dyr = as_rows(b, dy, k);
-  int64_t rows = xr.rows, d = xr.d;
-  Grads<B> g;
-  if (!start_grads(b, &g, p, shape, dt, norm, rows, d, want_dweight, want_dbias)) return g;
-  auto r = stat_arg(b, rstd, "rstd", dt, rows);
-  typename B::Array m;
-  if (kind == LAYER) {
-    m = stat_arg(b, mean, "mean", dt, rows);
-    if (B::defined(m) != B::defined(r))
-      value_error("layer_norm_backward takes both mean and rstd, or neither");
-  }
-  rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  run(b, static_cast<std::size_t>(rows * d),
-      kind == RMS ? "rmsnorm_backward" : "rmsnorm_layernorm_backward", [&](rmsnorm_context *ctx) {
-    if (kind == RMS)
-      return rmsnorm_backward(ctx, &cfg, rows, d, xr.ptr, xr.ld, dyr.ptr, dyr.ld, ptr_or_null<B>(p.weight),
-                              ptr_or_null<B>(r), B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
-                              ptr_or_null<B>(g.dbias));
-    else
-      return rmsnorm_layernorm_backward(ctx, &cfg, rows, d, xr.ptr, xr.ld, dyr.ptr, dyr.ld,
-                                        ptr_or_null<B>(p.weight), ptr_or_null<B>(m), ptr_or_null<B>(r),
-                                        B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
-                                        ptr_or_null<B>(g.dbias));
-  });
-  give_back(b, g, p);
-  return g;
+/* Returns (dx when asked for, dweight, dbias), the latter in their parameters' dtypes. */
+template <class A, class B>
+void ret_grads(A &a, B &b, const Grads<B> &g, const Params<B> &p) {
+  a.ret({a.mask(0) ? g.dx : Array<B>(), in_dtype(b, g.dweight, p.param_dtype, p.weight_dtype),
+         in_dtype(b, g.dbias, p.param_dtype, p.bias_dtype)});
 }
 
-/* ---- sharded hidden dimension (rmsnorm_shard_*) ------------------------------------------
- * x holds columns [offset, offset + width) of rows of d_global columns: its last dim is the
- * shard's width, its leading dims the rows. Per-row sums (stats, dots) are float64 arrays of
- * x's leading shape; weight and bias hold the shard's width elements. */
-
-template <class B>
-struct Shard {
-  Rows<B> x;
-  int dt = -1;
-  Shape lead;   // x's leading dims: the shape of the per-row sums
-  Shape shape;  // {width}: the shape of weight, bias and their gradients
-  std::size_t rows = 0, d_global = 0, offset = 0, width = 0, ldx = 0;
-};
-
-template <class B>
-Shard<B> shard_of(B &b, const typename B::Array &x, int64_t d_global, int64_t offset) {
-  Shard<B> s;
-  s.dt = data_dtype<B>(x, "input");
-  Dims shape = B::shape(x);
-  if (shape.empty()) value_error(message("shard_rank", {}));
-  int64_t width = shape.back();
-  if (d_global < 1 || offset < 0 || offset > d_global - width)
-    value_error(message("shard_columns", {{"begin", std::to_string(offset)},
-                                          {"end", std::to_string(offset + width)},
-                                          {"d_global", std::to_string(d_global)}}));
-  s.lead.assign(shape.begin(), shape.end() - 1);
-  s.shape = {width};
-  s.x = as_rows(b, x, 1);
-  s.rows = static_cast<std::size_t>(s.x.rows);
-  s.d_global = static_cast<std::size_t>(d_global);
-  s.offset = static_cast<std::size_t>(offset);
-  s.width = static_cast<std::size_t>(width);
-  s.ldx = static_cast<std::size_t>(s.x.ld);
-  return s;
-}
-
-/* A per-row sum as the library takes it: rows contiguous doubles. */
-template <class B>
-typename B::Array row_sums_arg(B &b, const typename B::Array &s, const char *name, std::size_t rows) {
-  if (B::dtype(s) != RMSNORM_F64)
-    type_error(message("row_sums", {{"what", name}, {"dtype", B::dtype_name(s)}}));
-  if (prod(B::shape(s)) != static_cast<int64_t>(rows))
-    value_error(std::string(name) + " has " + std::to_string(prod(B::shape(s))) +
-                " values (shape " + list(B::shape(s)) + "); expected one per row, " +
-                std::to_string(rows));
-  return B::is_contiguous(s) ? s : b.contiguous(s);
-}
-
-template <class B>
-double *f64(const typename B::Array &a) { return static_cast<double *>(B::ptr(a)); }
-
-/* Each row's partial sum of squares over the shard's columns below k. */
-template <class B>
-typename B::Array shard_stats(B &b, const typename B::Array &x, int64_t d_global, int64_t offset,
-                              const Options &o) {
-  Shard<B> s = shard_of(b, x, d_global, offset);
-  auto out = b.empty(s.lead, RMSNORM_F64);
-  rmsnorm_config cfg = config(s.dt, s.dt, o);
-  run(b, s.rows * s.width, "rmsnorm_shard_stats", [&](rmsnorm_context *ctx) {
-    return rmsnorm_shard_stats(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr, s.ldx,
-                               f64<B>(out));
-  });
-  return out;
-}
-
-/* y of the shard's columns from the summed statistics. */
-template <class B>
-typename B::Array shard_forward(B &b, const typename B::Array &x, const typename B::Array &stats,
-                                int64_t d_global, int64_t offset, const typename B::Array &weight,
-                                const typename B::Array &bias, const Options &o) {
-  Shard<B> s = shard_of(b, x, d_global, offset);
-  Params<B> p = params(b, s.dt, s.shape, weight, bias);
-  auto st = row_sums_arg(b, stats, "stats", s.rows);
-  auto y = b.empty(B::shape(x), s.dt);
-  rmsnorm_config cfg = config(s.dt, p.param_dtype, o);
-  run(b, s.rows * s.width, "rmsnorm_shard_forward", [&](rmsnorm_context *ctx) {
-    return rmsnorm_shard_forward(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr, s.ldx,
-                                 ptr_or_null<B>(p.weight), ptr_or_null<B>(p.bias), f64<B>(st),
-                                 B::ptr(y), s.width, nullptr);
-  });
-  return y;
-}
-
-/* Each row's partial of the backward's dot product, sum of gy_j xhat_j over the shard. */
-template <class B>
-typename B::Array shard_backward_dots(B &b, const typename B::Array &dy, const typename B::Array &x,
-                                      const typename B::Array &stats, int64_t d_global,
-                                      int64_t offset, const typename B::Array &weight,
-                                      const Options &o) {
-  Shard<B> s = shard_of(b, x, d_global, offset);
-  check_same<B>(dy, B::shape(x), s.dt, "grad_output", "input");
-  Params<B> p = params(b, s.dt, s.shape, weight, typename B::Array());
-  auto st = row_sums_arg(b, stats, "stats", s.rows);
-  Rows<B> dyr = as_rows(b, dy, 1);
-  auto out = b.empty(s.lead, RMSNORM_F64);
-  rmsnorm_config cfg = config(s.dt, p.param_dtype, o);
-  run(b, s.rows * s.width, "rmsnorm_shard_backward_dots", [&](rmsnorm_context *ctx) {
-    return rmsnorm_shard_backward_dots(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr,
-                                       s.ldx, dyr.ptr, static_cast<std::size_t>(dyr.ld),
-                                       ptr_or_null<B>(p.weight), f64<B>(st), f64<B>(out));
-  });
-  return out;
-}
-
-/* dx of the shard's columns from the summed statistics and dots; dweight and dbias
- * (summed over this call's rows) when wanted and their parameter is given. */
-template <class B>
-Grads<B> shard_backward(B &b, const typename B::Array &dy, const typename B::Array &x,
-                        const typename B::Array &stats, const typename B::Array &dots,
-                        int64_t d_global, int64_t offset, const typename B::Array &weight,
-                        const typename B::Array &bias, const Options &o, bool want_dweight,
-                        bool want_dbias) {
-  Shard<B> s = shard_of(b, x, d_global, offset);
-  check_same<B>(dy, B::shape(x), s.dt, "grad_output", "input");
-  Params<B> p = params(b, s.dt, s.shape, weight, bias);
-  auto st = row_sums_arg(b, stats, "stats", s.rows);
-  auto dsum = row_sums_arg(b, dots, "dots", s.rows);
-  Rows<B> dyr = as_rows(b, dy, 1);
-  // rows == 0: the library writes nothing, so the parameter gradients start at 0
-  auto param_grad = [&](bool want) {
-    if (!want) return typename B::Array();
-    return s.rows ? b.empty(s.shape, p.param_dtype) : b.full(s.shape, p.param_dtype, 0.0);
-  };
-  Grads<B> g;
-  g.dx = b.empty(B::shape(x), s.dt);
-  g.dweight = param_grad(want_dweight && B::defined(p.weight));
-  g.dbias = param_grad(want_dbias && B::defined(p.bias));
-  rmsnorm_config cfg = config(s.dt, p.param_dtype, o);
-  run(b, s.rows * s.width, "rmsnorm_shard_backward", [&](rmsnorm_context *ctx) {
-    return rmsnorm_shard_backward(ctx, &cfg, s.rows, s.d_global, s.offset, s.width, s.x.ptr, s.ldx,
-                                  dyr.ptr, static_cast<std::size_t>(dyr.ld),
-                                  ptr_or_null<B>(p.weight), f64<B>(st), f64<B>(dsum), B::ptr(g.dx),
-                                  s.width, ptr_or_null<B>(g.dweight), ptr_or_null<B>(g.dbias));
-  });
-  give_back(b, g, p);
-  return g;
-}
-
-/* ---- residual add + RMSNorm ------------------------------------------------------ */
-
-template <class B>
-struct AddForward {
-  typename B::Array y, h, rstd;  // h: h' = h + u (the residual updated in place, or new)
-};
-
-/* h' = h + u (rounded to the data dtype) and y = RMSNorm(h') in one pass
- * (rmsnorm_add_forward). u is the sub-layer output ("input"), h the residual.
- * inplace: h' is written into h and y into u (both writable, rows at one
- * stride); otherwise h is copied first and y is new. */
-template <class B>
-AddForward<B> add_forward(B &b, const typename B::Array &u, const typename B::Array &h, Dims norm,
-                          const typename B::Array &weight, const typename B::Array &bias,
-                          const Options &o, bool want_rstd, bool inplace) {
-  auto [dt, shape, p] = norm_in(b, RMS, u, "input", norm, weight, bias, o, {{&h, "residual"}});
-  std::size_t k = norm.size();
-  int64_t d = prod(norm), rows = prod(shape.first(shape.size() - k));
-  AddForward<B> r;
-  Rows<B> hr, ur;
-  int64_t ldy;
-  if (inplace) {
-    hr = {h, rows, d, writable_rows(b, h, k, "residual"), B::ptr(h)};
-    ldy = writable_rows(b, u, k, "input");
-    ur = {u, rows, d, ldy, B::ptr(u)};
-    r.y = u;
-  } else {
-    auto hc = b.cast(h, dt);  // a new contiguous copy: the library updates it
-    hr = {hc, rows, d, d, B::ptr(hc)};
-    ur = as_rows(b, u, k);
-    r.y = b.empty(shape, dt);
-    ldy = d;
-  }
-  r.h = hr.array;
-  Shape sshape = stats_shape(shape, k);
-  if (d == 0) {
-    if (want_rstd) r.rstd = b.full(sshape, stats_dtype(dt), NAN);
-    return r;
-  }
-  if (want_rstd) r.rstd = b.empty(sshape, stats_dtype(dt));
-  rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  run(b, static_cast<std::size_t>(rows * d), "rmsnorm_add_forward", [&](rmsnorm_context *ctx) {
-    return rmsnorm_add_forward(ctx, &cfg, rows, d, hr.ptr, hr.ld, ur.ptr, ur.ld, ptr_or_null<B>(p.weight),
-                               ptr_or_null<B>(p.bias), B::ptr(r.y), ldy, ptr_or_null<B>(r.rstd));
-  });
-  return r;
-}
-
-/* (dh, dweight, dbias) of add_forward: dh = dres + the norm's backward at h'
- * (new_residual), the gradient of both input and residual; dres none is 0. */
-template <class B>
-Grads<B> add_backward(B &b, const typename B::Array &dy, const typename B::Array &dres,
-                      const typename B::Array &h, Dims norm, const typename B::Array &weight,
-                      const typename B::Array &bias, const typename B::Array &rstd, const Options &o,
-                      bool want_dweight, bool want_dbias) {
-  auto [dt, shape, p] = norm_in(b, RMS, h, "new_residual", norm, weight, bias, o,
-                                {{&dy, "grad_output"}, {&dres, "grad_residual"}});
-  want_dweight = want_dweight && B::defined(p.weight);
-  want_dbias = want_dbias && B::defined(p.bias);
-  std::size_t k = norm.size();
-  Rows<B> hr = as_rows(b, h, k), dyr = as_rows(b, dy, k), drr;
-  if (B::defined(dres)) drr = as_rows(b, dres, k);
-  int64_t rows = hr.rows, d = hr.d;
-  Grads<B> g;
-  if (!start_grads(b, &g, p, shape, dt, norm, rows, d, want_dweight, want_dbias)) return g;
-  auto r = stat_arg(b, rstd, "rstd", dt, rows);
-  rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  run(b, static_cast<std::size_t>(rows * d), "rmsnorm_add_backward", [&](rmsnorm_context *ctx) {
-    return rmsnorm_add_backward(ctx, &cfg, rows, d, hr.ptr, hr.ld, dyr.ptr, dyr.ld, drr.ptr,
-                                B::defined(dres) ? drr.ld : d, ptr_or_null<B>(p.weight),
-                                ptr_or_null<B>(r), B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
-                                ptr_or_null<B>(g.dbias));
-  });
-  give_back(b, g, p);
-  return g;
-}
-
-/* ---- QK-norm: RMSNorm of every head of every token ------------------------------ */
+/* ---- QK-norm layouts ---------------------------------------------------------------- */
 
 /* x of shape (*, heads, head_dim): the leading dims collapse to one token
  * stride, heads at one head stride, head_dim contiguous. */
@@ -744,14 +436,9 @@ struct HeadLayout {
   int64_t tokens = 0, heads = 0, head_dim = 0, ld_token = 0, ld_head = 0;
 };
 
-inline void check_heads_shape(Dims shape, const char *what) {
-  if (shape.size() < 2)
-    value_error(message("heads", {{"what", what}, {"shape", list(shape)}}));
-}
-
 /* The layout of a (already checked) (*, heads, head_dim) array, or none. */
 template <class B>
-std::optional<HeadLayout> head_layout(B &b, const typename B::Array &a) {
+std::optional<HeadLayout> head_layout(B &b, const Array<B> &a) {
   Dims shape = B::shape(a);
   std::size_t n = shape.size();
   HeadLayout l{prod(shape.first(n - 2)), shape[n - 2], shape[n - 1], 0, 0};
@@ -764,121 +451,37 @@ std::optional<HeadLayout> head_layout(B &b, const typename B::Array &a) {
   if (!b.strides(a, &st)) return std::nullopt;
   if (l.head_dim > 1 && st[n - 1] != 1) return std::nullopt;
   l.ld_head = l.heads > 1 ? st[n - 2] : l.head_dim;
-  auto lead = collapse(shape, st, n - 2, (l.heads - 1) * l.ld_head + l.head_dim);
+  int64_t span = (l.heads - 1) * l.ld_head + l.head_dim;  // a token's heads, first to last
+  auto lead = collapse(shape, st, n - 2, span);
   if (!lead || l.ld_head < 0 || lead->second < 0) return std::nullopt;
   l.ld_token = lead->second;
   // rows must not overlap: token-major or head-major (the library checks too)
-  bool token_major = l.ld_head >= l.head_dim && l.ld_token >= (l.heads - 1) * l.ld_head + l.head_dim;
-  bool head_major = l.ld_token >= l.head_dim && l.ld_head >= (l.tokens - 1) * l.ld_token + l.head_dim;
+  bool token_major = l.ld_head >= l.head_dim && l.ld_token >= span;
+  bool head_major =
+      l.ld_token >= l.head_dim && l.ld_head >= (l.tokens - 1) * l.ld_token + l.head_dim;
   if (l.tokens * l.heads > 1 && !token_major && !head_major) return std::nullopt;
   return l;
 }
 
 template <class B>
 struct HeadRows {
-  typename B::Array array;
+  Array<B> array;
   HeadLayout l;
 };
 
+/* a itself when it has a head layout, else a copy; in place, a must have one. */
 template <class B>
-HeadRows<B> as_heads(B &b, const typename B::Array &a) {
+HeadRows<B> as_heads(B &b, const Array<B> &a, bool inplace = false) {
+  if (inplace) b.writable(a, "input");
   if (auto l = head_layout(b, a)) return {a, *l};
+  if (inplace)
+    value_error("qk_norm in place needs input's head_dim contiguous, its heads at one stride and "
+                "its leading dims at one token stride, without overlapping rows");
   auto c = b.contiguous(a);
   return {c, *head_layout(b, c)};
 }
 
-template <class B>
-struct QKForward {
-  typename B::Array y, rstd;  // rstd: (*, heads, 1)
-};
-
-/* QK-norm forward (rmsnorm_qk_norm_forward): y new and contiguous, or x
- * itself when inplace (which needs x's layout and writability). */
-template <class B>
-QKForward<B> qk_forward(B &b, const typename B::Array &x, const typename B::Array &weight,
-                        const typename B::Array &bias, const Options &o, bool want_rstd,
-                        bool inplace) {
-  int dt = data_dtype<B>(x, "input");
-  Dims shape = B::shape(x);
-  check_heads_shape(shape, "input");
-  Dims norm = shape.last(1);
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(RMS, o.flags);
-  HeadRows<B> xr;
-  HeadLayout ly;
-  QKForward<B> r;
-  if (inplace) {
-    b.writable(x, "input");
-    auto l = head_layout(b, x);
-    if (!l)
-      value_error("qk_norm in place needs input's head_dim contiguous, its heads at one stride and "
-                  "its leading dims at one token stride, without overlapping rows");
-    xr = {x, *l};
-    ly = *l;
-    r.y = x;
-  } else {
-    xr = as_heads(b, x);
-    ly = {xr.l.tokens, xr.l.heads, xr.l.head_dim, xr.l.heads * xr.l.head_dim, xr.l.head_dim};
-    r.y = b.empty(shape, dt);
-  }
-  Shape sshape = stats_shape(shape, 1);
-  if (ly.head_dim == 0) {
-    if (want_rstd) r.rstd = b.full(sshape, stats_dtype(dt), NAN);
-    return r;
-  }
-  if (want_rstd) r.rstd = b.empty(sshape, stats_dtype(dt));
-  rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  run(b, static_cast<std::size_t>(ly.tokens * ly.heads * ly.head_dim),
-      "rmsnorm_qk_norm_forward", [&](rmsnorm_context *ctx) {
-    return rmsnorm_qk_norm_forward(ctx, &cfg, ly.tokens, ly.heads, ly.head_dim, B::ptr(xr.array),
-                                   xr.l.ld_token, xr.l.ld_head, ptr_or_null<B>(p.weight),
-                                   ptr_or_null<B>(p.bias), B::ptr(r.y), ly.ld_token, ly.ld_head,
-                                   ptr_or_null<B>(r.rstd));
-  });
-  return r;
-}
-
-/* QK-norm backward (rmsnorm_qk_norm_backward): dx, and dweight/dbias summed
- * over tokens and heads. rstd none: recomputed. */
-template <class B>
-Grads<B> qk_backward(B &b, const typename B::Array &dy, const typename B::Array &x,
-                     const typename B::Array &weight, const typename B::Array &bias,
-                     const typename B::Array &rstd, const Options &o, bool want_dweight,
-                     bool want_dbias) {
-  int dt = data_dtype<B>(x, "input");
-  Dims shape = B::shape(x);
-  check_heads_shape(shape, "input");
-  check_same<B>(dy, shape, dt, "grad_output", "input");
-  Dims norm = shape.last(1);
-  Params<B> p = params(b, dt, norm, weight, bias);
-  check_flags(RMS, o.flags);
-  want_dweight = want_dweight && B::defined(p.weight);
-  want_dbias = want_dbias && B::defined(p.bias);
-  HeadRows<B> xr = as_heads(b, x), dyr = as_heads(b, dy);
-  const HeadLayout &l = xr.l;
-  int64_t rows = l.tokens * l.heads;
-  Grads<B> g;
-  if (!start_grads(b, &g, p, shape, dt, norm, rows, l.head_dim, want_dweight, want_dbias)) return g;
-  auto r = stat_arg(b, rstd, "rstd", dt, rows);
-  rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  run(b, static_cast<std::size_t>(rows * l.head_dim),
-      "rmsnorm_qk_norm_backward", [&](rmsnorm_context *ctx) {
-    return rmsnorm_qk_norm_backward(ctx, &cfg, l.tokens, l.heads, l.head_dim, B::ptr(xr.array),
-                                    l.ld_token, l.ld_head, B::ptr(dyr.array), dyr.l.ld_token,
-                                    dyr.l.ld_head, ptr_or_null<B>(p.weight), ptr_or_null<B>(r),
-                                    B::ptr(g.dx), l.heads * l.head_dim, l.head_dim,
-                                    ptr_or_null<B>(g.dweight), ptr_or_null<B>(g.dbias));
-  });
-  give_back(b, g, p);
-  return g;
-}
-
-/* ---- RMSNorm with an 8-bit output ----------------------------------------------- */
-
-template <class B>
-struct Quant {
-  typename B::Array q, scale;
-};
+/* ---- quantization and linear helpers ------------------------------------------------ */
 
 /* v as Python's repr writes a float (numpy's for a float32): the fewest
  * digits that read back as v ("1e-50", "0.02", "-1", "nan", "inf"). */
@@ -921,156 +524,13 @@ inline float static_scale(double v) {
   return s;
 }
 
-/* (q, scale): int8 or fp8 E4M3 codes (rmsnorm_forward_quant). scale none:
- * dynamic, one float32 per row, shape (*leading, 1, ..., 1); else that static
- * scale, given back as a 0-d float32 array. */
-template <class B>
-Quant<B> forward_quant(B &b, rmsnorm_qtype qtype, const typename B::Array &x, Dims norm,
-                       const typename B::Array &weight, const typename B::Array &bias,
-                       const Options &o, std::optional<double> scale) {
-  auto [dt, shape, p] = norm_in(b, RMS, x, "input", norm, weight, bias, o);
-  std::size_t k = norm.size();
-  Rows<B> xr = as_rows(b, x, k);
-  Quant<B> r;
-  float s = scale ? static_scale(*scale) : 0.0f;
-  r.q = b.empty_quant(shape, qtype);
-  r.scale = scale ? b.scalar_f32(s) : b.empty(stats_shape(shape, k), RMSNORM_F32);
-  rmsnorm_config cfg = config(dt, p.param_dtype, o);
-  if (xr.d == 0) {
-    // nothing to quantize; the configuration is checked (a static scale was above)
-    if (!scale) r.scale = b.full(stats_shape(shape, k), RMSNORM_F32, 0.0);
-    return r;
-  }
-  run(b, static_cast<std::size_t>(xr.rows * xr.d),
-      "rmsnorm_forward_quant", [&](rmsnorm_context *ctx) {
-    return rmsnorm_forward_quant(ctx, &cfg, xr.rows, xr.d, xr.ptr, xr.ld, ptr_or_null<B>(p.weight),
-                                 ptr_or_null<B>(p.bias), qtype, scale ? &s : nullptr, B::ptr(r.q), xr.d,
-                                 scale ? nullptr : static_cast<float *>(B::ptr(r.scale)), nullptr);
-  });
-  return r;
-}
-
-/* ---- RMSNorm + linear, gain folded -------------------------------------------------- */
-
 inline void require_linear(const char *what) {
   if (rmsnorm_linear_available() != RMSNORM_OK)
     throw Error{Kind::NotAvailable,
-                std::string(what) + ": this librmsnorm was built without a BLAS (cblas_sgemm), so "
-                                    "rmsnorm_linear_* is not available (RMSNORM_ERROR_NOT_AVAILABLE)",
+                std::string(what) + ": this librmsnorm was built without a BLAS (cblas_sgemm), "
+                                    "so rmsnorm_linear_* is not available "
+                                    "(RMSNORM_ERROR_NOT_AVAILABLE)",
                 RMSNORM_ERROR_NOT_AVAILABLE};
-}
-
-template <class B>
-struct Linear {
-  Rows<B> x;
-  int dt = -1;
-  int64_t n = 0;
-  typename B::Array w;   // (d, n), contiguous, compute type
-  int w_dtype = -1;      // the caller's, to give dW back in
-  Params<B> p;           // g (d,) as weight, bias (n,)
-};
-
-/* x (*, d); w (d, n) of any float dtype, converted to the compute type; g
- * (d,) and bias (n,) in one parameter dtype (as params()). */
-template <class B>
-Linear<B> linear_args(B &b, const typename B::Array &x, const typename B::Array &w,
-                      const typename B::Array &g, const typename B::Array &bias) {
-  Linear<B> a;
-  a.dt = data_dtype<B>(x, "input");
-  Dims shape = B::shape(x);
-  if (shape.empty()) value_error(message("linear_rank", {}));
-  int64_t d = shape.back();
-  a.w_dtype = data_dtype<B>(w, "weight_matrix");
-  Dims ws = B::shape(w);
-  if (ws.size() != 2 || ws[0] != d)
-    value_error(message("linear_matrix", {{"shape", list(ws)}, {"d", std::to_string(d)}}));
-  a.n = ws[1];
-  if (d == 0 || a.n == 0)
-    value_error("rms_norm_linear needs d > 0 and n > 0, got d = " + std::to_string(d) +
-                ", n = " + std::to_string(a.n));
-  int cdt = compute_dtype(a.dt);
-  a.w = a.w_dtype != cdt ? b.cast(w, cdt) : (B::is_contiguous(w) ? w : b.contiguous(w));
-  int64_t dd[1] = {d}, nn[1] = {a.n};
-  a.p = params(b, a.dt, Dims(dd, 1), g, bias, "norm_weight", Dims(nn, 1));
-  a.x = as_rows(b, x, 1);
-  return a;
-}
-
-/* W' = diag(g) W (diag(1 + g) with the offset flag): rmsnorm_fold_weight. */
-template <class B>
-typename B::Array fold(B &b, const Linear<B> &a, const Options &o) {
-  int64_t d = a.x.d, n = a.n;
-  int64_t shape[2] = {d, n};
-  auto wf = b.empty(Dims(shape, 2), compute_dtype(a.dt));
-  rmsnorm_config cfg = config(a.dt, a.p.param_dtype, o);
-  check(rmsnorm_fold_weight(&cfg, d, n, ptr_or_null<B>(a.p.weight), B::ptr(a.w), n, B::ptr(wf), n),
-        "rmsnorm_fold_weight");
-  return wf;
-}
-
-/* (z, rstd): Z = diag(r) (X W') + bias, z (*, n) in the data dtype, rstd (*, 1). */
-template <class B>
-std::pair<typename B::Array, typename B::Array> linear_forward(B &b, const Linear<B> &a,
-                                                               const typename B::Array &wf,
-                                                               const Options &o, bool want_rstd) {
-  require_linear("rms_norm_linear");
-  Dims xs = B::shape(a.x.array);
-  Shape zs(xs.begin(), xs.end());
-  zs.back() = a.n;
-  auto z = b.empty(zs, a.dt);
-  typename B::Array rstd;
-  if (want_rstd) {
-    zs.back() = 1;
-    rstd = b.empty(zs, stats_dtype(a.dt));
-  }
-  rmsnorm_config cfg = config(a.dt, a.p.param_dtype, o);
-  run(b, static_cast<std::size_t>(a.x.rows * a.x.d),
-      "rmsnorm_linear_forward", [&](rmsnorm_context *ctx) {
-    return rmsnorm_linear_forward(ctx, &cfg, a.x.rows, a.x.d, a.n, a.x.ptr, a.x.ld, B::ptr(wf), a.n,
-                                  ptr_or_null<B>(a.p.bias), B::ptr(z), a.n, ptr_or_null<B>(rstd));
-  });
-  return {z, rstd};
-}
-
-template <class B>
-struct LinearGrads {
-  typename B::Array dx, dg, dw, db;
-};
-
-/* The gradients of linear_forward, each only when wanted (and its parameter
- * given), in the caller's dtypes (rmsnorm_linear_backward). */
-template <class B>
-LinearGrads<B> linear_backward(B &b, const Linear<B> &a, const typename B::Array &wf,
-                               const typename B::Array &dz, const Options &o, bool want_dg,
-                               bool want_dw, bool want_db) {
-  require_linear("rms_norm_linear_backward");
-  int64_t d = a.x.d, n = a.n, rows = a.x.rows;
-  int dt = a.dt;
-  Dims xs = B::shape(a.x.array);
-  Shape zs(xs.begin(), xs.end());
-  zs.back() = n;
-  check_same<B>(dz, zs, dt, "grad_output", "rms_norm_linear output");
-  Rows<B> dzr = as_rows(b, dz, 1);
-  want_dg = want_dg && B::defined(a.p.weight);
-  want_db = want_db && B::defined(a.p.bias);
-  int cdt = compute_dtype(dt);
-  int64_t dshape[1] = {d}, nshape[1] = {n}, wshape[2] = {d, n};
-  LinearGrads<B> g;
-  g.dx = b.empty(xs, dt);  // the library always writes dx
-  auto make = [&](Dims s, int code) { return rows ? b.empty(s, code) : b.full(s, code, 0.0); };
-  if (want_dg) g.dg = make(Dims(dshape, 1), a.p.param_dtype);
-  if (want_dw) g.dw = make(Dims(wshape, 2), cdt);
-  if (want_db) g.db = make(Dims(nshape, 1), a.p.param_dtype);
-  rmsnorm_config cfg = config(dt, a.p.param_dtype, o);
-  run(b, static_cast<std::size_t>(rows * d), "rmsnorm_linear_backward", [&](rmsnorm_context *ctx) {
-    return rmsnorm_linear_backward(ctx, &cfg, rows, d, n, a.x.ptr, a.x.ld, ptr_or_null<B>(a.p.weight),
-                                   B::ptr(a.w), n, B::ptr(wf), n, dzr.ptr, dzr.ld, B::ptr(g.dx), d,
-                                   ptr_or_null<B>(g.dg), ptr_or_null<B>(g.dw), n, ptr_or_null<B>(g.db));
-  });
-  if (B::defined(g.dg) && a.p.weight_dtype != a.p.param_dtype) g.dg = b.cast(g.dg, a.p.weight_dtype);
-  if (B::defined(g.db) && a.p.bias_dtype != a.p.param_dtype) g.db = b.cast(g.db, a.p.bias_dtype);
-  if (B::defined(g.dw) && a.w_dtype != cdt) g.dw = b.cast(g.dw, a.w_dtype);
-  return g;
 }
 
 /* ---- the kernels: one per op family -------------------------------------------------
@@ -1091,132 +551,445 @@ namespace kernels {
 
 template <class A>
 Options options(A &a) {
-  Options o;
-  o.eps = a.real("eps");
-  o.partial = a.real("partial").value_or(1.0);
-  o.flags = flags_of(a.flag("offset"), a.flag("eps_outside"), a.flag("round_before_weight"));
+  Options o{a.real("eps"), a.real("partial").value_or(1.0), 0};
+  if (a.flag("offset")) o.flags |= RMSNORM_FLAG_WEIGHT_OFFSET;
+  if (a.flag("eps_outside")) o.flags |= RMSNORM_FLAG_EPS_OUTSIDE;
+  if (a.flag("round_before_weight")) o.flags |= RMSNORM_FLAG_ROUND_BEFORE_WEIGHT;
   return o;
 }
 
-template <class A>
-void norm(A &a, Norm kind) {
+
+/* y = norm(x) into a new contiguous array, or into out= (its rows at one stride; out may be
+ * x itself); with the statistics, mean (LAYER) and rstd of shape (*leading, 1, ..., 1). */
+template <class A, class B = typename A::B>
+void norm_forward(A &a, Norm kind) {
+  B &b = a.backend();
+  Dims norm = a.norm();
+  auto x = a.in("input"), out = a.target("out");
+  Options o = options(a);
+  auto [dt, shape, p] = norm_in(b, kind, x, "input", norm, a.in("weight"), a.in("bias"), o);
   bool want = a.want_stats();
-  auto out = a.target("out");
-  auto r = forward(a.backend(), kind, a.in("input"), a.norm(), a.in("weight"), a.in("bias"),
-                   options(a), want && kind == LAYER, want, A::B::defined(out) ? &out : nullptr);
-  if (!want) a.ret({r.y});
-  else if (kind == RMS) a.ret({r.y, r.rstd});
-  else a.ret({r.y, r.mean, r.rstd});
+  std::size_t k = norm.size();
+  int64_t ldy = prod(norm);
+  if (B::defined(out)) {
+    check_same<B>(out, shape, dt, "out", "input");
+    ldy = as_rows(b, out, k, "out").ld;
+  }
+  Rows<B> xr = as_rows(b, x, k);
+  auto y = B::defined(out) ? out : b.empty(shape, dt);
+  // d == 0: nothing to normalize; torch gives mean 0 and rstd NaN
+  auto mean = per_row_out(b, want && kind == LAYER, shape, k, stats_dtype(dt), 0.0);
+  auto rstd = per_row_out(b, want, shape, k, stats_dtype(dt), NAN);
+  if (xr.d)
+    run(b, dt, p.param_dtype, o, xr.rows * xr.d,
+        kind == RMS ? "rmsnorm_forward" : "rmsnorm_layernorm_forward", [&](auto ctx, auto cfg) {
+      void *w = ptr_or_null<B>(p.weight), *bias = ptr_or_null<B>(p.bias), *yp = B::ptr(y);
+      return kind == RMS ? rmsnorm_forward(ctx, cfg, xr.rows, xr.d, xr.ptr, xr.ld, w, bias, yp,
+                                           ldy, ptr_or_null<B>(rstd))
+                         : rmsnorm_layernorm_forward(ctx, cfg, xr.rows, xr.d, xr.ptr, xr.ld, w,
+                                                     bias, yp, ldy, ptr_or_null<B>(mean),
+                                                     ptr_or_null<B>(rstd));
+    });
+  if (!want) a.ret({y});
+  else if (kind == RMS) a.ret({y, rstd});
+  else a.ret({y, mean, rstd});
 }
 
-template <class A>
+/* (dx, dweight, dbias); dweight/dbias only when asked for and their parameter is given (bias
+ * only tells the dtype and shape of dbias). */
+template <class A, class B = typename A::B>
 void norm_backward(A &a, Norm kind) {
-  auto g = backward(a.backend(), kind, a.in("grad_output"), a.in("input"), a.norm(),
-                    a.in("weight"), a.in("bias"), a.in("mean"), a.in("rstd"), options(a),
-                    a.mask(1), a.mask(2));
-  a.ret({a.mask(0) ? g.dx : decltype(g.dx)(), g.dweight, g.dbias});
+  B &b = a.backend();
+  Dims norm = a.norm();
+  auto dy = a.in("grad_output"), x = a.in("input"), mean = a.in("mean"), rstd = a.in("rstd");
+  Options o = options(a);
+  auto [dt, shape, p] = norm_in(b, kind, x, "input", norm, a.in("weight"), a.in("bias"), o,
+                                {{&dy, "grad_output"}});
+  std::size_t k = norm.size();
+  Rows<B> xr = as_rows(b, x, k), dyr = as_rows(b, dy, k);
+  int64_t rows = xr.rows, d = xr.d;
+  Grads<B> g = new_grads(a, b, p, shape, dt, norm, rows);
+  if (d) {
+    auto r = per_row_arg(b, rstd, "rstd", dt, rows), m = Array<B>();
+    if (kind == LAYER) {
+      m = per_row_arg(b, mean, "mean", dt, rows);
+      if (B::defined(m) != B::defined(r))
+        value_error("layer_norm_backward takes both mean and rstd, or neither");
+    }
+    run(b, dt, p.param_dtype, o, rows * d,
+        kind == RMS ? "rmsnorm_backward" : "rmsnorm_layernorm_backward", [&](auto ctx, auto cfg) {
+      void *w = ptr_or_null<B>(p.weight), *dw = ptr_or_null<B>(g.dweight),
+           *db = ptr_or_null<B>(g.dbias), *dx = B::ptr(g.dx);
+      return kind == RMS ? rmsnorm_backward(ctx, cfg, rows, d, xr.ptr, xr.ld, dyr.ptr, dyr.ld, w,
+                                            ptr_or_null<B>(r), dx, d, dw, db)
+                         : rmsnorm_layernorm_backward(ctx, cfg, rows, d, xr.ptr, xr.ld, dyr.ptr,
+                                                      dyr.ld, w, ptr_or_null<B>(m),
+                                                      ptr_or_null<B>(r), dx, d, dw, db);
+    });
+  }
+  ret_grads(a, b, g, p);
 }
 
-template <class A> void rms_norm(A &a) { norm(a, RMS); }
-template <class A> void layer_norm(A &a) { norm(a, LAYER); }
+template <class A> void rms_norm(A &a) { norm_forward(a, RMS); }
+template <class A> void layer_norm(A &a) { norm_forward(a, LAYER); }
 template <class A> void rms_norm_backward(A &a) { norm_backward(a, RMS); }
 template <class A> void layer_norm_backward(A &a) { norm_backward(a, LAYER); }
 
-template <class A>
+/* ---- residual add + RMSNorm ------------------------------------------------------------ */
+
+/* h' = h + u (rounded to the data dtype) and y = RMSNorm(h') in one pass, u the sub-layer
+ * output ("input"), h the residual. In place, h' is written into h and y into u (both
+ * writable, rows at one stride); otherwise h is copied first and y is new. */
+template <class A, class B = typename A::B>
 void fused_add_rms_norm(A &a) {
+  B &b = a.backend();
   bool inplace = a.inplace(), want = a.want_stats();
-  auto r = add_forward(a.backend(), inplace ? a.target("input") : a.in("input"),
-                       inplace ? a.target("residual") : a.in("residual"), a.norm(),
-                       a.in("weight"), a.in("bias"), options(a), want, inplace);
-  if (want) a.ret({r.y, r.h, r.rstd});
-  else a.ret({r.y, r.h});
+  auto u = inplace ? a.target("input") : a.in("input");
+  auto h = inplace ? a.target("residual") : a.in("residual");
+  Dims norm = a.norm();
+  Options o = options(a);
+  auto [dt, shape, p] = norm_in(b, RMS, u, "input", norm, a.in("weight"), a.in("bias"), o,
+                                {{&h, "residual"}});
+  std::size_t k = norm.size();
+  Rows<B> hr, ur;
+  if (inplace) {
+    hr = as_rows(b, h, k, "residual");
+    ur = as_rows(b, u, k, "input");
+  } else {
+    hr = as_rows(b, b.cast(h, dt), k);  // a new contiguous copy: the library updates it
+    ur = as_rows(b, u, k);
+  }
+  auto y = inplace ? u : b.empty(shape, dt);
+  auto rstd = per_row_out(b, want, shape, k, stats_dtype(dt), NAN);
+  if (hr.d)
+    run(b, dt, p.param_dtype, o, hr.rows * hr.d, "rmsnorm_add_forward", [&](auto ctx, auto cfg) {
+      return rmsnorm_add_forward(ctx, cfg, hr.rows, hr.d, hr.ptr, hr.ld, ur.ptr, ur.ld,
+                                 ptr_or_null<B>(p.weight), ptr_or_null<B>(p.bias), B::ptr(y),
+                                 inplace ? ur.ld : hr.d, ptr_or_null<B>(rstd));
+    });
+  if (want) a.ret({y, hr.array, rstd});
+  else a.ret({y, hr.array});
 }
 
-template <class A>
+/* (dh, dweight, dbias): dh = dres + the norm's backward at h' (new_residual), the gradient
+ * of both input and residual; dres none is 0. */
+template <class A, class B = typename A::B>
 void fused_add_rms_norm_backward(A &a) {
-  auto g = add_backward(a.backend(), a.in("grad_output"), a.in("grad_residual", true),
-                        a.in("new_residual"), a.norm(), a.in("weight"), a.in("bias"),
-                        a.in("rstd"), options(a), a.mask(1), a.mask(2));
-  a.ret({a.mask(0) ? g.dx : decltype(g.dx)(), g.dweight, g.dbias});
+  B &b = a.backend();
+  auto dy = a.in("grad_output"), dres = a.in("grad_residual", true), h = a.in("new_residual");
+  Dims norm = a.norm();
+  auto rstd = a.in("rstd");
+  Options o = options(a);
+  auto [dt, shape, p] = norm_in(b, RMS, h, "new_residual", norm, a.in("weight"), a.in("bias"), o,
+                                {{&dy, "grad_output"}, {&dres, "grad_residual"}});
+  std::size_t k = norm.size();
+  Rows<B> hr = as_rows(b, h, k), dyr = as_rows(b, dy, k), drr;
+  if (B::defined(dres)) drr = as_rows(b, dres, k);
+  int64_t rows = hr.rows, d = hr.d;
+  Grads<B> g = new_grads(a, b, p, shape, dt, norm, rows);
+  if (d) {
+    auto r = per_row_arg(b, rstd, "rstd", dt, rows);
+    run(b, dt, p.param_dtype, o, rows * d, "rmsnorm_add_backward", [&](auto ctx, auto cfg) {
+      return rmsnorm_add_backward(ctx, cfg, rows, d, hr.ptr, hr.ld, dyr.ptr, dyr.ld, drr.ptr,
+                                  B::defined(dres) ? drr.ld : d, ptr_or_null<B>(p.weight),
+                                  ptr_or_null<B>(r), B::ptr(g.dx), d, ptr_or_null<B>(g.dweight),
+                                  ptr_or_null<B>(g.dbias));
+    });
+  }
+  ret_grads(a, b, g, p);
 }
 
-template <class A>
+/* ---- QK-norm: RMSNorm of every head of every token ------------------------------------- */
+
+/* y new and contiguous, or x itself in place (which needs x's layout and writability);
+ * rstd (*, heads, 1). */
+template <class A, class B = typename A::B>
 void qk_norm(A &a) {
+  B &b = a.backend();
   bool inplace = a.inplace(), want = a.want_stats();
-  auto r = qk_forward(a.backend(), inplace ? a.target("input") : a.in("input"), a.in("weight"),
-                      a.in("bias"), options(a), want, inplace);
-  if (want) a.ret({r.y, r.rstd});
-  else a.ret({r.y});
+  auto x = inplace ? a.target("input") : a.in("input");
+  Options o = options(a);
+  auto [dt, shape, p] = norm_in(b, QK, x, "input", {}, a.in("weight"), a.in("bias"), o);
+  HeadRows<B> xr = as_heads(b, x, inplace);
+  const HeadLayout &l = xr.l;
+  auto y = inplace ? x : b.empty(shape, dt);
+  auto rstd = per_row_out(b, want, shape, 1, stats_dtype(dt), NAN);
+  if (l.head_dim)
+    run(b, dt, p.param_dtype, o, l.tokens * l.heads * l.head_dim, "rmsnorm_qk_norm_forward",
+        [&](auto ctx, auto cfg) {
+      return rmsnorm_qk_norm_forward(ctx, cfg, l.tokens, l.heads, l.head_dim, B::ptr(xr.array),
+                                     l.ld_token, l.ld_head, ptr_or_null<B>(p.weight),
+                                     ptr_or_null<B>(p.bias), B::ptr(y),
+                                     inplace ? l.ld_token : l.heads * l.head_dim,
+                                     inplace ? l.ld_head : l.head_dim, ptr_or_null<B>(rstd));
+    });
+  if (want) a.ret({y, rstd});
+  else a.ret({y});
 }
 
-template <class A>
+/* dx, and dweight/dbias summed over tokens and heads. rstd none: recomputed. */
+template <class A, class B = typename A::B>
 void qk_norm_backward(A &a) {
-  auto g = qk_backward(a.backend(), a.in("grad_output"), a.in("input"), a.in("weight"),
-                       a.in("bias"), a.in("rstd"), options(a), a.mask(1), a.mask(2));
-  a.ret({a.mask(0) ? g.dx : decltype(g.dx)(), g.dweight, g.dbias});
+  B &b = a.backend();
+  auto dy = a.in("grad_output"), x = a.in("input"), rstd = a.in("rstd");
+  Options o = options(a);
+  auto [dt, shape, p] = norm_in(b, QK, x, "input", {}, a.in("weight"), a.in("bias"), o,
+                                {{&dy, "grad_output"}});
+  HeadRows<B> xr = as_heads(b, x), dyr = as_heads(b, dy);
+  const HeadLayout &l = xr.l;
+  int64_t rows = l.tokens * l.heads;
+  Grads<B> g = new_grads(a, b, p, shape, dt, shape.last(1), rows);
+  if (l.head_dim) {
+    auto r = per_row_arg(b, rstd, "rstd", dt, rows);
+    run(b, dt, p.param_dtype, o, rows * l.head_dim, "rmsnorm_qk_norm_backward",
+        [&](auto ctx, auto cfg) {
+      return rmsnorm_qk_norm_backward(ctx, cfg, l.tokens, l.heads, l.head_dim, B::ptr(xr.array),
+                                      l.ld_token, l.ld_head, B::ptr(dyr.array), dyr.l.ld_token,
+                                      dyr.l.ld_head, ptr_or_null<B>(p.weight), ptr_or_null<B>(r),
+                                      B::ptr(g.dx), l.heads * l.head_dim, l.head_dim,
+                                      ptr_or_null<B>(g.dweight), ptr_or_null<B>(g.dbias));
+    });
+  }
+  ret_grads(a, b, g, p);
 }
 
-template <class A>
-void quant(A &a, rmsnorm_qtype q) {
-  auto r = forward_quant(a.backend(), q, a.in("input"), a.norm(), a.in("weight"), a.in("bias"),
-                         options(a), a.real("scale"));
-  a.ret({r.q, r.scale});
+/* ---- RMSNorm with an 8-bit output ------------------------------------------------------- */
+
+/* (q, scale): int8 or fp8 E4M3 codes. scale none: dynamic, one float32 per row, shape
+ * (*leading, 1, ..., 1); else that static scale, given back as a 0-d float32 array. */
+template <class A, class B = typename A::B>
+void quant(A &a, rmsnorm_qtype qtype) {
+  B &b = a.backend();
+  auto x = a.in("input");
+  Dims norm = a.norm();
+  Options o = options(a);
+  std::optional<double> scale = a.real("scale");
+  auto [dt, shape, p] = norm_in(b, RMS, x, "input", norm, a.in("weight"), a.in("bias"), o);
+  std::size_t k = norm.size();
+  Rows<B> xr = as_rows(b, x, k);
+  float s = scale ? static_scale(*scale) : 0.0f;
+  auto q = b.empty_quant(shape, qtype);
+  auto sc = scale ? b.scalar_f32(s) : per_row_out(b, true, shape, k, RMSNORM_F32, 0.0);
+  if (!xr.d)  // nothing to quantize; the configuration is checked (a static scale was above)
+    config(dt, p.param_dtype, o);
+  else
+    run(b, dt, p.param_dtype, o, xr.rows * xr.d, "rmsnorm_forward_quant", [&](auto ctx, auto cfg) {
+      return rmsnorm_forward_quant(ctx, cfg, xr.rows, xr.d, xr.ptr, xr.ld, ptr_or_null<B>(p.weight),
+                                   ptr_or_null<B>(p.bias), qtype, scale ? &s : nullptr, B::ptr(q),
+                                   xr.d, scale ? nullptr : static_cast<float *>(B::ptr(sc)),
+                                   nullptr);
+    });
+  a.ret({q, sc});
 }
 
 template <class A> void rms_norm_int8(A &a) { quant(a, RMSNORM_Q_INT8); }
 template <class A> void rms_norm_fp8(A &a) { quant(a, RMSNORM_Q_FP8_E4M3); }
 
-template <class A>
-auto linear_of(A &a) {
-  return linear_args(a.backend(), a.in("input"), a.in("weight_matrix"), a.in("norm_weight"),
-                     a.in("bias"));
+/* ---- RMSNorm + linear, gain folded ------------------------------------------------------ */
+
+/* The arguments of RMSNorm + linear: x (*, d); w (d, n) of any float dtype, converted to the
+ * compute type (stats_dtype); g (d,) and bias (n,) in one parameter dtype (as params()). */
+template <class B>
+struct Linear {
+  Rows<B> x;
+  int dt = -1;
+  int64_t n = 0;
+  Shape z_shape;      // (*, n): the output's
+  Array<B> w;         // (d, n), contiguous, compute type
+  int w_dtype = -1;   // the caller's, to give dW back in
+  Params<B> p;        // g (d,) as weight, bias (n,)
+  Array<B> w_folded;  // W' = diag(g) W (diag(1 + g) with the offset flag)
+};
+
+/* The arguments, checked, and W' folded (rmsnorm_fold_weight). */
+template <class A, class B = typename A::B>
+Linear<B> linear_of(A &a, const Options &o) {
+  B &b = a.backend();
+  auto x = a.in("input"), w = a.in("weight_matrix"), g = a.in("norm_weight"), bias = a.in("bias");
+  Linear<B> l;
+  l.dt = data_dtype<B>(x, "input");
+  Dims shape = B::shape(x);
+  if (shape.empty()) value_error(message("linear_rank", {}));
+  int64_t d = shape.back();
+  l.w_dtype = data_dtype<B>(w, "weight_matrix");
+  Dims ws = B::shape(w);
+  if (ws.size() != 2 || ws[0] != d)
+    value_error(message("linear_matrix", {{"shape", list(ws)}, {"d", std::to_string(d)}}));
+  l.n = ws[1];
+  if (d == 0 || l.n == 0)
+    value_error("rms_norm_linear needs d > 0 and n > 0, got d = " + std::to_string(d) +
+                ", n = " + std::to_string(l.n));
+  int cdt = stats_dtype(l.dt);
+  l.w = l.w_dtype != cdt ? b.cast(w, cdt) : dense(b, w);
+  l.p = params(b, l.dt, ws.first(1), g, bias, "norm_weight", ws.last(1));
+  l.x = as_rows(b, x, 1);
+  l.z_shape.assign(shape.begin(), shape.end());
+  l.z_shape.back() = l.n;
+  l.w_folded = b.empty(ws, cdt);
+  rmsnorm_config cfg = config(l.dt, l.p.param_dtype, o);
+  check(rmsnorm_fold_weight(&cfg, d, l.n, ptr_or_null<B>(l.p.weight), B::ptr(l.w), l.n,
+                            B::ptr(l.w_folded), l.n),
+        "rmsnorm_fold_weight");
+  return l;
 }
 
-template <class A>
+/* (z, rstd): Z = diag(r) (X W') + bias, z (*, n) in the data dtype, rstd (*, 1). */
+template <class A, class B = typename A::B>
 void rms_norm_linear(A &a) {
-  auto o = options(a);
-  auto l = linear_of(a);
+  B &b = a.backend();
+  Options o = options(a);
+  Linear<B> l = linear_of(a, o);
   bool want = a.want_stats();
-  auto [z, rstd] = linear_forward(a.backend(), l, fold(a.backend(), l, o), o, want);
+  require_linear("rms_norm_linear");
+  auto z = b.empty(l.z_shape, l.dt);
+  auto rstd = per_row_out(b, want, B::shape(l.x.array), 1, stats_dtype(l.dt), NAN);
+  run(b, l.dt, l.p.param_dtype, o, l.x.rows * l.x.d, "rmsnorm_linear_forward",
+      [&](auto ctx, auto cfg) {
+    return rmsnorm_linear_forward(ctx, cfg, l.x.rows, l.x.d, l.n, l.x.ptr, l.x.ld,
+                                  B::ptr(l.w_folded), l.n, ptr_or_null<B>(l.p.bias), B::ptr(z),
+                                  l.n, ptr_or_null<B>(rstd));
+  });
   if (want) a.ret({z, rstd});
   else a.ret({z});
 }
 
-template <class A>
+/* The gradients, each only when asked for (and its parameter given), in the caller's
+ * dtypes. */
+template <class A, class B = typename A::B>
 void rms_norm_linear_backward(A &a) {
-  auto o = options(a);
-  auto l = linear_of(a);
-  auto g = linear_backward(a.backend(), l, fold(a.backend(), l, o), a.in("grad_output"), o,
-                           a.mask(2), a.mask(1), a.mask(3));
-  a.ret({a.mask(0) ? g.dx : decltype(g.dx)(), g.dw, g.dg, g.db});
+  B &b = a.backend();
+  Options o = options(a);
+  Linear<B> l = linear_of(a, o);
+  auto dz = a.in("grad_output");
+  require_linear("rms_norm_linear_backward");
+  int64_t d = l.x.d, n = l.n, rows = l.x.rows, ws[2] = {d, n};
+  int dt = l.dt, cdt = stats_dtype(dt), pdt = l.p.param_dtype;
+  check_same<B>(dz, l.z_shape, dt, "grad_output", "rms_norm_linear output");
+  Rows<B> dzr = as_rows(b, dz, 1);
+  auto dx = b.empty(B::shape(l.x.array), dt);  // the library always writes dx
+  auto dg = new_grad(b, a.mask(2) && B::defined(l.p.weight), Dims(ws, 1), pdt, rows);
+  auto dw = new_grad(b, a.mask(1), Dims(ws, 2), cdt, rows);
+  auto db = new_grad(b, a.mask(3) && B::defined(l.p.bias), Dims(ws + 1, 1), pdt, rows);
+  run(b, dt, pdt, o, rows * d, "rmsnorm_linear_backward", [&](auto ctx, auto cfg) {
+    return rmsnorm_linear_backward(ctx, cfg, rows, d, n, l.x.ptr, l.x.ld,
+                                   ptr_or_null<B>(l.p.weight), B::ptr(l.w), n, B::ptr(l.w_folded),
+                                   n, dzr.ptr, dzr.ld, B::ptr(dx), d, ptr_or_null<B>(dg),
+                                   ptr_or_null<B>(dw), n, ptr_or_null<B>(db));
+  });
+  a.ret({a.mask(0) ? dx : Array<B>(), in_dtype(b, dw, cdt, l.w_dtype),
+         in_dtype(b, dg, pdt, l.p.weight_dtype), in_dtype(b, db, pdt, l.p.bias_dtype)});
 }
 
-/* The steps of RMSNorm over a column shard (see "sharded hidden dimension" above). */
-template <class A>
+/* ---- sharded hidden dimension (rmsnorm_shard_*) ------------------------------------------
+ * x holds columns [offset, offset + width) of rows of d_global columns: its last dim is the
+ * shard's width, its leading dims the rows. Per-row sums (stats, dots) are float64 arrays of
+ * x's leading shape; weight and bias hold the shard's width elements. */
+
+template <class B>
+struct Shard {
+  Rows<B> x;  // rows x width
+  int dt = -1;
+  Shape lead;  // x's leading dims: the shape of the per-row sums
+  int64_t d_global = 0, offset = 0;
+  Dims cols() const { return Dims(&x.d, 1); }  // {width}: weight's, bias's, their gradients'
+};
+
+template <class A, class B = typename A::B>
+Shard<B> shard_of(A &a, const Array<B> &x) {
+  Shard<B> s;
+  s.dt = data_dtype<B>(x, "input");
+  Dims shape = B::shape(x);
+  if (shape.empty()) value_error(message("shard_rank", {}));
+  int64_t width = shape.back();
+  s.d_global = a.integer("d_global");
+  s.offset = a.integer("column_offset");
+  if (s.d_global < 1 || s.offset < 0 || s.offset > s.d_global - width)
+    value_error(message("shard_columns", {{"begin", std::to_string(s.offset)},
+                                          {"end", std::to_string(s.offset + width)},
+                                          {"d_global", std::to_string(s.d_global)}}));
+  s.lead.assign(shape.begin(), shape.end() - 1);
+  s.x = as_rows(a.backend(), x, 1);
+  return s;
+}
+
+/* Each row's partial sum of squares over the shard's columns. */
+template <class A, class B = typename A::B>
 void rms_norm_shard_stats(A &a) {
-  a.ret({shard_stats(a.backend(), a.in("input"), a.integer("d_global"),
-                     a.integer("column_offset"), options(a))});
+  B &b = a.backend();
+  Shard<B> s = shard_of(a, a.in("input"));
+  Options o = options(a);
+  auto out = b.empty(s.lead, RMSNORM_F64);
+  run(b, s.dt, s.dt, o, s.x.rows * s.x.d, "rmsnorm_shard_stats", [&](auto ctx, auto cfg) {
+    return rmsnorm_shard_stats(ctx, cfg, s.x.rows, s.d_global, s.offset, s.x.d, s.x.ptr, s.x.ld,
+                               static_cast<double *>(B::ptr(out)));
+  });
+  a.ret({out});
 }
 
-template <class A>
+/* y of the shard's columns from the summed statistics. */
+template <class A, class B = typename A::B>
 void rms_norm_shard_forward(A &a) {
-  a.ret({shard_forward(a.backend(), a.in("input"), a.in("stats"), a.integer("d_global"),
-                       a.integer("column_offset"), a.in("weight"), a.in("bias"), options(a))});
+  B &b = a.backend();
+  auto x = a.in("input"), stats = a.in("stats");
+  Shard<B> s = shard_of(a, x);
+  Options o = options(a);
+  Params<B> p = params(b, s.dt, s.cols(), a.in("weight"), a.in("bias"));
+  auto st = per_row_arg(b, stats, "stats", s.dt, s.x.rows, true);
+  auto y = b.empty(B::shape(x), s.dt);
+  run(b, s.dt, p.param_dtype, o, s.x.rows * s.x.d, "rmsnorm_shard_forward",
+      [&](auto ctx, auto cfg) {
+    return rmsnorm_shard_forward(ctx, cfg, s.x.rows, s.d_global, s.offset, s.x.d, s.x.ptr, s.x.ld,
+                                 ptr_or_null<B>(p.weight), ptr_or_null<B>(p.bias),
+                                 static_cast<double *>(B::ptr(st)), B::ptr(y), s.x.d, nullptr);
+  });
+  a.ret({y});
 }
 
-template <class A>
+/* Each row's partial of the backward's dot product, sum of gy_j xhat_j over the shard. */
+template <class A, class B = typename A::B>
 void rms_norm_shard_backward_dots(A &a) {
-  a.ret({shard_backward_dots(a.backend(), a.in("grad_output"), a.in("input"), a.in("stats"),
-                             a.integer("d_global"), a.integer("column_offset"), a.in("weight"),
-                             options(a))});
+  B &b = a.backend();
+  auto dy = a.in("grad_output"), x = a.in("input"), stats = a.in("stats");
+  Shard<B> s = shard_of(a, x);
+  Options o = options(a);
+  check_same<B>(dy, B::shape(x), s.dt, "grad_output", "input");
+  Params<B> p = params(b, s.dt, s.cols(), a.in("weight"), Array<B>());
+  auto st = per_row_arg(b, stats, "stats", s.dt, s.x.rows, true);
+  Rows<B> dyr = as_rows(b, dy, 1);
+  auto out = b.empty(s.lead, RMSNORM_F64);
+  run(b, s.dt, p.param_dtype, o, s.x.rows * s.x.d, "rmsnorm_shard_backward_dots",
+      [&](auto ctx, auto cfg) {
+    return rmsnorm_shard_backward_dots(ctx, cfg, s.x.rows, s.d_global, s.offset, s.x.d, s.x.ptr,
+                                       s.x.ld, dyr.ptr, dyr.ld, ptr_or_null<B>(p.weight),
+                                       static_cast<double *>(B::ptr(st)),
+                                       static_cast<double *>(B::ptr(out)));
+  });
+  a.ret({out});
 }
 
-template <class A>
+/* dx of the shard's columns from the summed statistics and dots; dweight and dbias (summed
+ * over this call's rows) when asked for and their parameter is given. */
+template <class A, class B = typename A::B>
 void rms_norm_shard_backward(A &a) {
-  auto g = shard_backward(a.backend(), a.in("grad_output"), a.in("input"), a.in("stats"),
-                          a.in("dots"), a.integer("d_global"), a.integer("column_offset"),
-                          a.in("weight"), a.in("bias"), options(a), a.mask(1), a.mask(2));
-  a.ret({a.mask(0) ? g.dx : decltype(g.dx)(), g.dweight, g.dbias});
+  B &b = a.backend();
+  auto dy = a.in("grad_output"), x = a.in("input"), stats = a.in("stats"), dots = a.in("dots");
+  Shard<B> s = shard_of(a, x);
+  Options o = options(a);
+  check_same<B>(dy, B::shape(x), s.dt, "grad_output", "input");
+  Params<B> p = params(b, s.dt, s.cols(), a.in("weight"), a.in("bias"));
+  auto st = per_row_arg(b, stats, "stats", s.dt, s.x.rows, true);
+  auto dsum = per_row_arg(b, dots, "dots", s.dt, s.x.rows, true);
+  Rows<B> dyr = as_rows(b, dy, 1);
+  Grads<B> g = new_grads(a, b, p, B::shape(x), s.dt, s.cols(), s.x.rows);
+  run(b, s.dt, p.param_dtype, o, s.x.rows * s.x.d, "rmsnorm_shard_backward",
+      [&](auto ctx, auto cfg) {
+    return rmsnorm_shard_backward(ctx, cfg, s.x.rows, s.d_global, s.offset, s.x.d, s.x.ptr,
+                                  s.x.ld, dyr.ptr, dyr.ld, ptr_or_null<B>(p.weight),
+                                  static_cast<double *>(B::ptr(st)),
+                                  static_cast<double *>(B::ptr(dsum)), B::ptr(g.dx), s.x.d,
+                                  ptr_or_null<B>(g.dweight), ptr_or_null<B>(g.dbias));
+  });
+  ret_grads(a, b, g, p);
 }
 
 }  // namespace kernels
