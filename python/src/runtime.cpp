@@ -13,6 +13,7 @@
 #include <mutex>
 #include <new>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace rnpy {
@@ -160,9 +161,7 @@ class Cache {
   }
 
   void free(Block *b) {
-    std::vector<Block *> evicted;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
+    evicting([&](std::vector<Block *> &evicted) {
       live_bytes_ -= b->size;
       live_blocks_--;
       if (b->size <= limit_) {
@@ -172,31 +171,23 @@ class Cache {
       } else {
         evicted.push_back(b);
       }
-    }
-    unmap(evicted);
+    });
   }
 
   std::size_t set_limit(std::size_t bytes) {
-    std::vector<Block *> evicted;
-    std::size_t old;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      old = limit_;
-      limit_ = bytes;
+    std::size_t old = 0;
+    evicting([&](std::vector<Block *> &evicted) {
+      old = std::exchange(limit_, bytes);
       trim_locked(&evicted);
-    }
-    unmap(evicted);
+    });
     return old;
   }
 
   void release() {
-    std::vector<Block *> evicted;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
+    evicting([&](std::vector<Block *> &evicted) {
       evicted.swap(free_);
       cached_bytes_ = 0;
-    }
-    unmap(evicted);
+    });
   }
 
   CacheInfo info() {
@@ -210,11 +201,23 @@ class Cache {
   void unlock() { mu_.unlock(); }
 
  private:
+  /* Runs f(evicted) with the lock held, then unmaps the blocks it evicted (unlocked). */
+  template <class F>
+  void evicting(F &&f) {
+    std::vector<Block *> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      f(evicted);
+    }
+    unmap(evicted);
+  }
+
   void trim_locked(std::vector<Block *> *evicted) {
     std::size_t drop = 0;
     while (cached_bytes_ > limit_ && drop < free_.size()) cached_bytes_ -= free_[drop++]->size;
-    evicted->insert(evicted->end(), free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(drop));
-    free_.erase(free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(drop));
+    auto kept = free_.begin() + static_cast<std::ptrdiff_t>(drop);
+    evicted->insert(evicted->end(), free_.begin(), kept);
+    free_.erase(free_.begin(), kept);
   }
 
   static void unmap(const std::vector<Block *> &blocks) {
@@ -239,14 +242,10 @@ Cache &cache() {
   return *c;
 }
 
-void before_fork() { cache().lock(); }
-void after_fork_parent() { cache().unlock(); }
-void after_fork_child() { cache().unlock(); }
-
 struct AtFork {
   AtFork() {
     cache();
-    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    pthread_atfork([] { cache().lock(); }, [] { cache().unlock(); }, [] { cache().unlock(); });
   }
 } g_at_fork;
 
