@@ -886,16 +886,33 @@ void rms_norm_linear_backward(A &a) {
  * x's leading shape; weight and bias hold the shard's width elements. */
 
 template <class B>
+double *f64(const Array<B> &a) {
+  return static_cast<double *>(B::ptr(a));
+}
+
+/* A shard op's arguments, checked in the order of the messages: input, grad_output like it,
+ * the parameters (width elements), the summed statistics; those the op lacks are none. */
+template <class B>
 struct Shard {
-  Rows<B> x;  // rows x width
+  Rows<B> x, dy;  // rows x width
   int dt = -1;
   Shape lead;  // x's leading dims: the shape of the per-row sums
   int64_t d_global = 0, offset = 0;
+  Options o;
+  Params<B> p;
+  Array<B> stats;
   Dims cols() const { return Dims(&x.d, 1); }  // {width}: weight's, bias's, their gradients'
+
+  template <class F>
+  void run(B &b, const char *fn, F &&f) {
+    rncore::run(b, dt, p.param_dtype, o, x.rows * x.d, fn, f);
+  }
 };
 
 template <class A, class B = typename A::B>
-Shard<B> shard_of(A &a, const Array<B> &x) {
+Shard<B> shard_of(A &a) {
+  B &b = a.backend();
+  auto dy = a.in("grad_output"), x = a.in("input"), stats = a.in("stats");
   Shard<B> s;
   s.dt = data_dtype<B>(x, "input");
   Dims shape = B::shape(x);
@@ -908,63 +925,48 @@ Shard<B> shard_of(A &a, const Array<B> &x) {
                                           {"end", std::to_string(s.offset + width)},
                                           {"d_global", std::to_string(s.d_global)}}));
   s.lead.assign(shape.begin(), shape.end() - 1);
-  s.x = as_rows(a.backend(), x, 1);
+  s.x = as_rows(b, x, 1);
+  s.o = options(a);
+  if (B::defined(dy)) check_same<B>(dy, shape, s.dt, "grad_output", "input");
+  s.p = params(b, s.dt, s.cols(), a.in("weight"), a.in("bias"));
+  s.stats = per_row_arg(b, stats, "stats", s.dt, s.x.rows, true);
+  if (B::defined(dy)) s.dy = as_rows(b, dy, 1);
   return s;
 }
 
-/* Each row's partial sum of squares over the shard's columns. */
+/* Per-row partial sums over the shard's columns, float64 of x's leading shape: the sums of
+ * squares (stats), or the backward's dot products, sums of gy_j xhat_j (dots). */
 template <class A, class B = typename A::B>
-void rms_norm_shard_stats(A &a) {
+void shard_sums(A &a, bool dots) {
   B &b = a.backend();
-  Shard<B> s = shard_of(a, a.in("input"));
-  Options o = options(a);
+  Shard<B> s = shard_of(a);
   auto out = b.empty(s.lead, RMSNORM_F64);
-  run(b, s.dt, s.dt, o, s.x.rows * s.x.d, "rmsnorm_shard_stats", [&](auto ctx, auto cfg) {
-    return rmsnorm_shard_stats(ctx, cfg, s.x.rows, s.d_global, s.offset, s.x.d, s.x.ptr, s.x.ld,
-                               static_cast<double *>(B::ptr(out)));
+  s.run(b, dots ? "rmsnorm_shard_backward_dots" : "rmsnorm_shard_stats", [&](auto ctx, auto cfg) {
+    if (!dots)
+      return rmsnorm_shard_stats(ctx, cfg, s.x.rows, s.d_global, s.offset, s.x.d, s.x.ptr,
+                                 s.x.ld, f64<B>(out));
+    return rmsnorm_shard_backward_dots(ctx, cfg, s.x.rows, s.d_global, s.offset, s.x.d, s.x.ptr,
+                                       s.x.ld, s.dy.ptr, s.dy.ld, ptr_or_null<B>(s.p.weight),
+                                       f64<B>(s.stats), f64<B>(out));
   });
   a.ret({out});
 }
+
+template <class A> void rms_norm_shard_stats(A &a) { shard_sums(a, false); }
+template <class A> void rms_norm_shard_backward_dots(A &a) { shard_sums(a, true); }
 
 /* y of the shard's columns from the summed statistics. */
 template <class A, class B = typename A::B>
 void rms_norm_shard_forward(A &a) {
   B &b = a.backend();
-  auto x = a.in("input"), stats = a.in("stats");
-  Shard<B> s = shard_of(a, x);
-  Options o = options(a);
-  Params<B> p = params(b, s.dt, s.cols(), a.in("weight"), a.in("bias"));
-  auto st = per_row_arg(b, stats, "stats", s.dt, s.x.rows, true);
-  auto y = b.empty(B::shape(x), s.dt);
-  run(b, s.dt, p.param_dtype, o, s.x.rows * s.x.d, "rmsnorm_shard_forward",
-      [&](auto ctx, auto cfg) {
+  Shard<B> s = shard_of(a);
+  auto y = b.empty(B::shape(s.x.array), s.dt);
+  s.run(b, "rmsnorm_shard_forward", [&](auto ctx, auto cfg) {
     return rmsnorm_shard_forward(ctx, cfg, s.x.rows, s.d_global, s.offset, s.x.d, s.x.ptr, s.x.ld,
-                                 ptr_or_null<B>(p.weight), ptr_or_null<B>(p.bias),
-                                 static_cast<double *>(B::ptr(st)), B::ptr(y), s.x.d, nullptr);
+                                 ptr_or_null<B>(s.p.weight), ptr_or_null<B>(s.p.bias),
+                                 f64<B>(s.stats), B::ptr(y), s.x.d, nullptr);
   });
   a.ret({y});
-}
-
-/* Each row's partial of the backward's dot product, sum of gy_j xhat_j over the shard. */
-template <class A, class B = typename A::B>
-void rms_norm_shard_backward_dots(A &a) {
-  B &b = a.backend();
-  auto dy = a.in("grad_output"), x = a.in("input"), stats = a.in("stats");
-  Shard<B> s = shard_of(a, x);
-  Options o = options(a);
-  check_same<B>(dy, B::shape(x), s.dt, "grad_output", "input");
-  Params<B> p = params(b, s.dt, s.cols(), a.in("weight"), Array<B>());
-  auto st = per_row_arg(b, stats, "stats", s.dt, s.x.rows, true);
-  Rows<B> dyr = as_rows(b, dy, 1);
-  auto out = b.empty(s.lead, RMSNORM_F64);
-  run(b, s.dt, p.param_dtype, o, s.x.rows * s.x.d, "rmsnorm_shard_backward_dots",
-      [&](auto ctx, auto cfg) {
-    return rmsnorm_shard_backward_dots(ctx, cfg, s.x.rows, s.d_global, s.offset, s.x.d, s.x.ptr,
-                                       s.x.ld, dyr.ptr, dyr.ld, ptr_or_null<B>(p.weight),
-                                       static_cast<double *>(B::ptr(st)),
-                                       static_cast<double *>(B::ptr(out)));
-  });
-  a.ret({out});
 }
 
 /* dx of the shard's columns from the summed statistics and dots; dweight and dbias (summed
@@ -972,24 +974,16 @@ void rms_norm_shard_backward_dots(A &a) {
 template <class A, class B = typename A::B>
 void rms_norm_shard_backward(A &a) {
   B &b = a.backend();
-  auto dy = a.in("grad_output"), x = a.in("input"), stats = a.in("stats"), dots = a.in("dots");
-  Shard<B> s = shard_of(a, x);
-  Options o = options(a);
-  check_same<B>(dy, B::shape(x), s.dt, "grad_output", "input");
-  Params<B> p = params(b, s.dt, s.cols(), a.in("weight"), a.in("bias"));
-  auto st = per_row_arg(b, stats, "stats", s.dt, s.x.rows, true);
-  auto dsum = per_row_arg(b, dots, "dots", s.dt, s.x.rows, true);
-  Rows<B> dyr = as_rows(b, dy, 1);
-  Grads<B> g = new_grads(a, b, p, B::shape(x), s.dt, s.cols(), s.x.rows);
-  run(b, s.dt, p.param_dtype, o, s.x.rows * s.x.d, "rmsnorm_shard_backward",
-      [&](auto ctx, auto cfg) {
+  Shard<B> s = shard_of(a);
+  auto dots = per_row_arg(b, a.in("dots"), "dots", s.dt, s.x.rows, true);
+  Grads<B> g = new_grads(a, b, s.p, B::shape(s.x.array), s.dt, s.cols(), s.x.rows);
+  s.run(b, "rmsnorm_shard_backward", [&](auto ctx, auto cfg) {
     return rmsnorm_shard_backward(ctx, cfg, s.x.rows, s.d_global, s.offset, s.x.d, s.x.ptr,
-                                  s.x.ld, dyr.ptr, dyr.ld, ptr_or_null<B>(p.weight),
-                                  static_cast<double *>(B::ptr(st)),
-                                  static_cast<double *>(B::ptr(dsum)), B::ptr(g.dx), s.x.d,
+                                  s.x.ld, s.dy.ptr, s.dy.ld, ptr_or_null<B>(s.p.weight),
+                                  f64<B>(s.stats), f64<B>(dots), B::ptr(g.dx), s.x.d,
                                   ptr_or_null<B>(g.dweight), ptr_or_null<B>(g.dbias));
   });
-  ret_grads(a, b, g, p);
+  ret_grads(a, b, g, s.p);
 }
 
 }  // namespace kernels
