@@ -437,11 +437,6 @@ double as_double(PyObject *o, const char *what) {
   return v;
 }
 
-std::optional<double> optional_double(PyObject *o, const char *what) {
-  if (o == Py_None) return std::nullopt;
-  return as_double(o, what);
-}
-
 bool as_bool(PyObject *o) {
   int v = PyObject_IsTrue(o);
   if (v < 0) throw PyErrorSet{};

@@ -125,22 +125,10 @@ struct TorchBackend {
     return true;
   }
   static void *ptr(const Tensor &t) { return t.data_ptr(); }
-  Tensor contiguous(const Tensor &t) {
-    Tensor c = new_tensor(shape(t), t.scalar_type());
-    c.copy_(t);
-    return c;
-  }
-  Tensor cast(const Tensor &t, int code) {
-    Tensor c = new_tensor(shape(t), kTypes[code]);
-    c.copy_(t);
-    return c;
-  }
+  Tensor contiguous(const Tensor &t) { return cast(t, code_of(t.scalar_type())); }
+  Tensor cast(const Tensor &t, int code) { return empty(shape(t), code).copy_(t); }
   Tensor empty(Dims s, int code) { return new_tensor(s, kTypes[code]); }
-  Tensor full(Dims s, int code, double v) {
-    Tensor t = empty(s, code);
-    t.fill_(v);
-    return t;
-  }
+  Tensor full(Dims s, int code, double v) { return empty(s, code).fill_(v); }
   Tensor empty_quant(Dims s, int qtype) {
     return new_tensor(s, qtype == RMSNORM_Q_INT8 ? at::kChar : at::kFloat8_e4m3fn);
   }
