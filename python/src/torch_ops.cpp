@@ -38,6 +38,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -55,7 +56,6 @@
 namespace rnops {
 
 using at::Tensor;
-using OptTensor = std::optional<Tensor>;
 using OptDouble = std::optional<double>;
 using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
 
@@ -224,13 +224,13 @@ class Args {
   bool has(std::string_view n) const { return find(n) != nullptr; }
   /* a tensor argument as the kernels read it (take); undefined for None or absent */
   Tensor in(const char *n, bool = false) const {
-    const c10::IValue *v = find(n);
-    return !v || v->isNone() ? Tensor() : take(op(), v->toTensor(), n);
+    Tensor t = raw(n);
+    return t.defined() ? take(op(), t, n) : t;
   }
   /* an argument written in place (out=, the in-place ops' inputs), taken as it is */
   Tensor target(const char *n) const {
-    const c10::IValue *v = find(n);
-    return !v || v->isNone() ? Tensor() : take_out(op(), v->toTensor(), n);
+    Tensor t = raw(n);
+    return t.defined() ? take_out(op(), t, n) : t;
   }
   Tensor raw(const char *n) const {  // as given (the autograd kernels' view)
     const c10::IValue *v = find(n);
@@ -257,8 +257,9 @@ class Args {
   OptDouble eps() const { return real("eps"); }
   double partial() const { return real("partial").value_or(1.0); }
   int64_t integer(const char *n) const { return find(n)->toInt(); }
-  int64_t k() const {  // the normalized dims
-    return static_cast<int64_t>(find("normalized_shape")->toSymIntVector().size());
+  int64_t k() const {  // the normalized dims (QK-norm: the last)
+    const c10::IValue *v = find("normalized_shape");
+    return v ? static_cast<int64_t>(v->toSymIntVector().size()) : 1;
   }
   Dims norm() {
     norm_.clear();
@@ -530,16 +531,16 @@ bool autograd_needed(const c10::OperatorHandle &op, const torch::jit::Stack &s) 
 
 using Outs = std::vector<Tensor>;
 
-void norm_jvp(const Args &a, const Outs &o, rncore::Norm kind, int64_t k) {
+void norm_jvp(const Args &a, const Outs &o, rncore::Norm kind) {
   Tensor x = a.raw("input"), w = a.raw("weight"), b = a.raw("bias");
   if (any_tangent({&x, &w, &b}))
-    norm_tangent(o[0], kind, x, tangent(x), k, w, b, a.eps(), a.flag("offset"),
+    norm_tangent(o[0], kind, x, tangent(x), a.k(), w, b, a.eps(), a.flag("offset"),
                  a.flag("eps_outside"), a.partial());
 }
 
-void rms_norm_jvp(const Args &a, const Outs &o) { norm_jvp(a, o, rncore::RMS, a.k()); }
-void layer_norm_jvp(const Args &a, const Outs &o) { norm_jvp(a, o, rncore::LAYER, a.k()); }
-void qk_norm_jvp(const Args &a, const Outs &o) { norm_jvp(a, o, rncore::RMS, 1); }
+void rms_norm_jvp(const Args &a, const Outs &o) { norm_jvp(a, o, rncore::RMS); }
+void layer_norm_jvp(const Args &a, const Outs &o) { norm_jvp(a, o, rncore::LAYER); }
+void qk_norm_jvp(const Args &a, const Outs &o) { norm_jvp(a, o, rncore::RMS); }
 
 /* Residual add + RMSNorm: h = input + residual has the tangent th = t_input + t_residual, and
  * the norm's input is h. */
@@ -586,12 +587,13 @@ void rms_norm_linear_jvp(const Args &a, const Outs &o) {
  * name: grad_* (its leading ones) from the gradients of the op's outputs, output_mask from
  * the edges that need a gradient, the others from the op's saved arguments and outputs. */
 
-/* Where an argument of the backward op comes from. */
+/* Where an argument of the backward op comes from: the gradient of the op's output i
+ * (None where optional and no gradient came, else zeros), the output mask, the op's
+ * argument i (a tensor one saved as a SavedVariable) or the op's output i (saved). */
 struct Source {
   enum Kind { GRAD, MASK, ARG, OUT } kind;
-  std::size_t i = 0;      // GRAD, OUT: the output; ARG: the op's argument
-  bool tensor = false;    // ARG: a tensor (saved as a SavedVariable)
-  bool optional = false;  // GRAD: None may stand for a zero gradient
+  std::size_t i = 0;
+  bool tensor = false;  // ARG: a tensor; GRAD: optional
 };
 
 struct DiffKernel;
@@ -616,6 +618,7 @@ struct DiffKernel final : c10::OperatorKernel {
   DiffKernel(const char *schema, const char *kernel_, Jvp jvp_)
       : name(name_of(schema)), kernel(kernel_), jvp(jvp_) {}
   void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet, torch::jit::Stack *s);
+  void resolve(const c10::OperatorHandle &op);
 
   std::string name, kernel;
   Jvp jvp;
@@ -625,22 +628,17 @@ struct DiffKernel final : c10::OperatorKernel {
   std::size_t ngrad = 0;      // the leading grad_* arguments of bwd: the differentiable outputs
   std::vector<Source> src;    // by argument of bwd
   std::vector<std::vector<std::size_t>> edges;  // by output of bwd: the edges it is the gradient of
-
-  void resolve(const c10::OperatorHandle &op);
 };
-
-bool is_tensor(const c10::Argument &a) {
-  c10::TypePtr t = a.real_type();
-  if (t->kind() == c10::TypeKind::OptionalType)
-    t = t->expectRef<c10::OptionalType>().getElementType();
-  return t->kind() == c10::TypeKind::TensorType;
-}
 
 template <class V>
 long index_of(const V &list, std::string_view name) {
   for (std::size_t i = 0; i < list.size(); i++)
     if (list[i].name() == name) return static_cast<long>(i);
   return -1;
+}
+
+bool optional(const c10::Argument &a) {
+  return a.real_type()->kind() == c10::TypeKind::OptionalType;
 }
 
 void DiffKernel::resolve(const c10::OperatorHandle &op) {
@@ -650,34 +648,32 @@ void DiffKernel::resolve(const c10::OperatorHandle &op) {
   record = op.schema().returns().size() == 1 && with_stats ? *with_stats : op;
   const auto &args = op.schema().arguments();
   long ne = 0;
-  for (const c10::Argument &a : args) edge_of.push_back(is_tensor(a) ? ne++ : -1);
-  const auto &outs = record->schema().returns();
+  for (const c10::Argument &a : args) {
+    auto t = optional(a) ? a.real_type()->expectRef<c10::OptionalType>().getElementType()
+                         : a.real_type();
+    edge_of.push_back(t->kind() == c10::TypeKind::TensorType ? ne++ : -1);
+  }
   for (const c10::Argument &a : bwd->schema().arguments()) {
     const std::string &n = a.name();
-    long i;
+    long i = index_of(args, n), o = index_of(record->schema().returns(), n);
     if (ngrad == src.size() && n.rfind("grad_", 0) == 0)
-      src.push_back({Source::GRAD, ngrad++, false, a.real_type()->kind() == c10::TypeKind::OptionalType});
-    else if (n == "output_mask")
-      src.push_back({Source::MASK});
-    else if ((i = index_of(args, n)) >= 0)
-      src.push_back({Source::ARG, static_cast<std::size_t>(i), edge_of[i] >= 0});
-    else if ((i = index_of(outs, n)) >= 0)
-      src.push_back({Source::OUT, static_cast<std::size_t>(i)});
-    else
-      TORCH_INTERNAL_ASSERT(false, "rmsnorm::", kernel, "_backward: no source for ", n);
+      src.push_back({Source::GRAD, ngrad++, optional(a)});
+    else if (n == "output_mask") src.push_back({Source::MASK});
+    else if (i >= 0) src.push_back({Source::ARG, std::size_t(i), edge_of[std::size_t(i)] >= 0});
+    else if (o >= 0) src.push_back({Source::OUT, std::size_t(o)});
+    else TORCH_INTERNAL_ASSERT(false, "rmsnorm::", kernel, "_backward: no source for ", n);
   }
+  // grad_<argument>: that argument's edge; grad: the edges no other output names
   std::vector<bool> named(static_cast<std::size_t>(ne));
-  const auto &grads = bwd->schema().returns();
-  for (const c10::Argument &r : grads) {
+  for (const c10::Argument &r : bwd->schema().returns()) {
     long i = r.name().rfind("grad_", 0) == 0 ? index_of(args, r.name().substr(5)) : -1;
     edges.emplace_back();
-    if (i >= 0) edges.back().push_back(static_cast<std::size_t>(edge_of[i]));
-    if (i >= 0) named[static_cast<std::size_t>(edge_of[i])] = true;
+    if (i >= 0) edges.back().push_back(std::size_t(edge_of[std::size_t(i)]));
+    if (i >= 0) named[std::size_t(edge_of[std::size_t(i)])] = true;
   }
-  for (std::size_t r = 0; r < grads.size(); r++)  // `grad`: the edges no other output names
-    if (grads[r].name() == "grad")
-      for (std::size_t e = 0; e < named.size(); e++)
-        if (!named[e]) edges[r].push_back(e);
+  for (std::size_t r = 0; r < edges.size(); r++)
+    for (std::size_t e = 0; bwd->schema().returns()[r].name() == "grad" && e < named.size(); e++)
+      if (!named[e]) edges[r].push_back(e);
 }
 
 void DiffKernel::operator()(const c10::OperatorHandle &op, c10::DispatchKeySet,
@@ -688,41 +684,38 @@ void DiffKernel::operator()(const c10::OperatorHandle &op, c10::DispatchKeySet,
     return;
   }
   std::call_once(once, [&] { resolve(op); });
-  const std::size_t n = op.schema().arguments().size(), nret = op.schema().returns().size();
-  torch::jit::Stack args(s->end() - static_cast<std::ptrdiff_t>(n), s->end());
+  const auto n = std::ptrdiff_t(op.schema().arguments().size());
+  const auto m = std::ptrdiff_t(record->schema().returns().size());
+  torch::jit::Stack args(s->end() - n, s->end());
+  auto tensor = [&](std::size_t i) { return args[i].isTensor() ? args[i].toTensor() : Tensor(); };
   std::vector<Tensor> ins;  // the tensor arguments: the node's next edges
-  for (std::size_t i = 0; i < n; i++)
-    if (edge_of[i] >= 0) ins.push_back(args[i].isTensor() ? args[i].toTensor() : Tensor());
-  Ptr<OpNode> node;
-  if (grad_needed(ins)) {
-    torch::autograd::edge_list next;
-    for (const Tensor &t : ins)
-      next.push_back(t.defined() ? torch::autograd::impl::gradient_edge(t) : torch::autograd::Edge());
-    node = make_node<OpNode>(std::move(next));
-    node->k = this;
-  }
+  torch::autograd::edge_list next;
+  for (std::size_t i = 0; i < args.size(); i++)
+    if (edge_of[i] >= 0) ins.push_back(tensor(i));
+  for (const Tensor &t : ins)
+    next.push_back(t.defined() ? torch::autograd::impl::gradient_edge(t) : torch::autograd::Edge());
+  Ptr<OpNode> node = grad_needed(ins) ? make_node<OpNode>(std::move(next)) : Ptr<OpNode>();
   {
     Guard guard;
     record->callBoxed(s);
   }
-  const std::size_t m = record->schema().returns().size();
-  Outs outs;
-  for (auto it = s->end() - static_cast<std::ptrdiff_t>(m); it != s->end(); ++it)
-    outs.push_back(it->toTensor());
-  s->erase(s->end() - static_cast<std::ptrdiff_t>(m - nret), s->end());
+  Outs outs;  // then only those the op itself returns stay on the stack
+  for (auto it = s->end() - m; it != s->end(); ++it) outs.push_back(it->toTensor());
+  s->erase(s->end() - (m - std::ptrdiff_t(op.schema().returns().size())), s->end());
   if (node) {
-    std::vector<Tensor> diff(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(ngrad));
+    std::vector<Tensor> diff(outs.begin(), outs.begin() + std::ptrdiff_t(ngrad));
     torch::autograd::set_history(diff, node);
   }
   jvp(Args(op, &args, name.c_str()), outs);
   if (!node) return;
   // after the tangents, so that an output is saved with its own (forward over reverse)
+  node->k = this;
   node->values.resize(src.size());
   node->saved.resize(src.size());
   for (std::size_t j = 0; j < src.size(); j++) {
     const Source &f = src[j];
     if (f.kind == Source::ARG && !f.tensor) node->values[j] = args[f.i];
-    else if (f.kind == Source::ARG) node->saved[j] = SavedVariable(ins[static_cast<std::size_t>(edge_of[f.i])], false);
+    else if (f.kind == Source::ARG) node->saved[j] = SavedVariable(tensor(f.i), false);
     else if (f.kind == Source::OUT) node->saved[j] = SavedVariable(outs[f.i], true);
   }
 }
@@ -730,11 +723,9 @@ void DiffKernel::operator()(const c10::OperatorHandle &op, c10::DispatchKeySet,
 /* "RmsNormBackward" for the kernel rms_norm. */
 std::string OpNode::name() const {
   std::string out;
-  bool up = true;
-  for (char c : k->kernel) {
-    if (c != '_') out += up ? static_cast<char>(c - 'a' + 'A') : c;
-    up = c == '_';
-  }
+  for (std::size_t i = 0; i < k->kernel.size(); i++)
+    if (k->kernel[i] != '_')
+      out += i == 0 || k->kernel[i - 1] == '_' ? char(std::toupper(k->kernel[i])) : k->kernel[i];
   return out + "Backward";
 }
 
@@ -742,20 +733,19 @@ torch::autograd::variable_list OpNode::apply(torch::autograd::variable_list &&gr
   torch::autograd::variable_list out(num_outputs());
   if (std::none_of(grads.begin(), grads.end(), [](const Tensor &g) { return g.defined(); }))
     return out;
-  auto needed = [&](const std::vector<std::size_t> &es) {
-    return std::any_of(es.begin(), es.end(), [&](std::size_t e) { return task_should_compute_output(e); });
-  };
   torch::jit::Stack st;
   for (std::size_t j = 0; j < k->src.size(); j++) {
     const Source &f = k->src[j];
-    if (f.kind == Source::GRAD) {
-      const Tensor &g = grads[f.i];
-      if (g.defined()) st.emplace_back(g);
-      else if (f.optional) st.emplace_back();
-      else st.emplace_back(input_metadata(f.i).zeros_like());
+    if (f.kind == Source::GRAD && grads[f.i].defined()) {
+      st.emplace_back(grads[f.i]);
+    } else if (f.kind == Source::GRAD) {
+      st.push_back(f.tensor ? c10::IValue() : c10::IValue(input_metadata(f.i).zeros_like()));
     } else if (f.kind == Source::MASK) {
       c10::List<bool> mask;
-      for (const auto &es : k->edges) mask.push_back(needed(es));
+      for (const auto &es : k->edges)
+        mask.push_back(std::any_of(es.begin(), es.end(), [&](std::size_t e) {
+          return task_should_compute_output(e);
+        }));
       st.emplace_back(std::move(mask));
     } else if (f.kind == Source::ARG && !f.tensor) {
       st.push_back(values[j]);
@@ -766,11 +756,10 @@ torch::autograd::variable_list OpNode::apply(torch::autograd::variable_list &&gr
   }
   k->bwd->callBoxed(st);
   for (std::size_t r = 0; r < k->edges.size(); r++) {
-    if (!st[r].isTensor()) continue;
-    Tensor g = st[r].toTensor();
     bool given = false;  // one gradient for several edges: the same values, not one tensor
     for (std::size_t e : k->edges[r])
-      if (task_should_compute_output(e)) out[e] = std::exchange(given, true) ? g.clone() : g;
+      if (st[r].isTensor() && task_should_compute_output(e))
+        out[e] = std::exchange(given, true) ? st[r].toTensor().clone() : st[r].toTensor();
   }
   return out;
 }
@@ -789,33 +778,21 @@ void backward_autograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
   K(a);
 }
 
-/* The composite backward of a norm over the input's last k dims (rms, layer, qk). */
-Tensor3 norm_composite(const Args &a, rncore::Norm kind, const Tensor &x, int64_t k) {
-  return backward_composite(kind, a.raw("grad_output"), x, k, a.raw("weight"), a.raw("bias"),
-                            eps_value(a.eps(), x), a.flag("offset"), a.flag("eps_outside"),
-                            a.partial(), {a.mask(0), a.mask(1), a.mask(2)});
+/* The composite backward of a norm over x's last k dims (QK-norm: its last), plus the
+ * gradient that passes the residual add by (fused add). */
+void norm_composite(Args &a, rncore::Norm kind, const char *x_name) {
+  Tensor x = a.raw(x_name), r = a.raw("grad_residual");
+  auto [dx, dw, db] = backward_composite(
+      kind, a.raw("grad_output"), x, a.k(), a.raw("weight"), a.raw("bias"), eps_value(a.eps(), x),
+      a.flag("offset"), a.flag("eps_outside"), a.partial(), {a.mask(0), a.mask(1), a.mask(2)});
+  a.ret({dx.defined() && r.defined() ? dx + r : dx, dw, db});
 }
 
-void rms_norm_backward_composite(Args &a) {
-  auto [dx, dw, db] = norm_composite(a, rncore::RMS, a.raw("input"), a.k());
-  a.ret({dx, dw, db});
-}
-
-void layer_norm_backward_composite(Args &a) {
-  auto [dx, dw, db] = norm_composite(a, rncore::LAYER, a.raw("input"), a.k());
-  a.ret({dx, dw, db});
-}
-
-void qk_norm_backward_composite(Args &a) {
-  auto [dx, dw, db] = norm_composite(a, rncore::RMS, a.raw("input"), 1);
-  a.ret({dx, dw, db});
-}
-
+void rms_norm_backward_composite(Args &a) { norm_composite(a, rncore::RMS, "input"); }
+void layer_norm_backward_composite(Args &a) { norm_composite(a, rncore::LAYER, "input"); }
+void qk_norm_backward_composite(Args &a) { norm_composite(a, rncore::RMS, "input"); }
 void fused_add_rms_norm_backward_composite(Args &a) {
-  auto [dx, dw, db] = norm_composite(a, rncore::RMS, a.raw("new_residual"), a.k());
-  Tensor r = a.raw("grad_residual");
-  if (dx.defined() && r.defined()) dx = dx + r;
-  a.ret({dx, dw, db});
+  norm_composite(a, rncore::RMS, "new_residual");
 }
 
 /* Z = (xhat * w) W + bias: dY = dZ W^T is the norm's upstream gradient,
@@ -886,9 +863,9 @@ void nograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
 /* The CPU kernels, also for tensors of other devices, sparse and quantized ones: their first
  * step (take) refuses those with a TypeError naming the op. */
 void cpu_kernels(torch::Library &m) {
-#define RN_OP(id, kind, kernel, schema)                                               \
-  m.impl(name_of(schema).c_str(), torch::CppFunction::makeFromBoxedFunctor(          \
-                                      std::make_unique<CpuKernel>(&rncore::kernels::kernel<Args>, schema)));
+#define RN_OP(id, kind, kernel, schema)                          \
+  m.impl(name_of(schema).c_str(), torch::CppFunction::makeFromBoxedFunctor( \
+      std::make_unique<CpuKernel>(&rncore::kernels::kernel<Args>, schema)));
 #define RN_FN(...)
 #include "ops.def"
 #undef RN_OP
@@ -932,14 +909,11 @@ TORCH_LIBRARY_IMPL(rmsnorm, Autograd, m) {
 #undef RN_OP
 }
 
-TORCH_LIBRARY_IMPL(rmsnorm, ADInplaceOrView, m) {
-#define RN_OP_INPLACE(schema) \
-  m.impl(rnops::name_of(schema).c_str(),     \
-         torch::CppFunction::makeFromBoxedFunction<&rnops::inplace_or_view>());
-#define RN_OP_DIFF(schema)
-#define RN_OP_BACKWARD(schema)
-#define RN_OP_NOGRAD(schema)
-#define RN_OP(id, kind, kernel, schema) RN_OP_##kind(schema)
+TORCH_LIBRARY_IMPL(rmsnorm, ADInplaceOrView, m) {  // the INPLACE rows
+#define RN_OP(id, kind, kernel, schema)                                  \
+  if (std::string_view(#kind) == "INPLACE")                              \
+    m.impl(rnops::name_of(schema).c_str(),                               \
+           torch::CppFunction::makeFromBoxedFunction<&rnops::inplace_or_view>());
 #include "ops.def"
 #undef RN_OP
 }
