@@ -4,6 +4,8 @@
 #ifndef RMSNORM_QUANT_AVX2_H
 #define RMSNORM_QUANT_AVX2_H
 
+#include <string.h>
+
 #include "simd_avx2.h"
 
 typedef __m256i vi; /* VF_W int32 codes */

@@ -8,7 +8,8 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
+
+#include "kernels/tail_buffer.h"
 
 #define VF_W 8
 #define VD_W 4
@@ -38,17 +39,8 @@ static inline __m256d vf_cvt_lo(vf v) { return _mm256_cvtps_pd(_mm256_castps256_
 static inline __m256d vf_cvt_hi(vf v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
 
 static inline vf vf_load_f32(const float *p) { return _mm256_loadu_ps(p); }
-static inline vf vf_loadn_f32(const float *p, size_t n) {
-  float buf[8] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return _mm256_loadu_ps(buf);
-}
 static inline void vf_store_f32(float *p, vf v) { _mm256_storeu_ps(p, v); }
-static inline void vf_storen_f32(float *p, vf v, size_t n) {
-  float buf[8];
-  _mm256_storeu_ps(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
+V_BUFFERED_TAILS(vf, f32, float, VF_W)
 static inline void vf_stream_f32(float *p, vf v) { _mm256_stream_ps(p, v); }
 
 /* A 16-bit storage type's accessors, from its widening to and narrowing from
@@ -58,19 +50,10 @@ static inline void vf_stream_f32(float *p, vf v) { _mm256_stream_ps(p, v); }
   static inline vf vf_load_##T(const uint16_t *p) {                                \
     return widen(_mm_loadu_si128((const __m128i *)(const void *)p));               \
   }                                                                                \
-  static inline vf vf_loadn_##T(const uint16_t *p, size_t n) {                     \
-    uint16_t buf[8] = {0};                                                         \
-    memcpy(buf, p, n * sizeof *p);                                                 \
-    return vf_load_##T(buf);                                                       \
-  }                                                                                \
   static inline void vf_store_##T(uint16_t *p, vf v) {                             \
     _mm_storeu_si128((__m128i *)(void *)p, narrow(v));                             \
   }                                                                                \
-  static inline void vf_storen_##T(uint16_t *p, vf v, size_t n) {                  \
-    uint16_t buf[8];                                                               \
-    vf_store_##T(buf, v);                                                          \
-    memcpy(p, buf, n * sizeof *p);                                                 \
-  }                                                                                \
+  V_BUFFERED_TAILS(vf, T, uint16_t, VF_W)                                          \
   static inline void vf_stream_##T(uint16_t *p, vf v) {                            \
     _mm_stream_si128((__m128i *)(void *)p, narrow(v));                             \
   }                                                                                \
@@ -148,17 +131,8 @@ static inline double vd_halve(vd v) {
   return _mm_cvtsd_f64(_mm_add_sd(b, _mm_unpackhi_pd(b, b)));
 }
 static inline vd vd_load_f64(const double *p) { return _mm256_loadu_pd(p); }
-static inline vd vd_loadn_f64(const double *p, size_t n) {
-  double buf[4] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return _mm256_loadu_pd(buf);
-}
 static inline void vd_store_f64(double *p, vd v) { _mm256_storeu_pd(p, v); }
-static inline void vd_storen_f64(double *p, vd v, size_t n) {
-  double buf[4];
-  _mm256_storeu_pd(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
+V_BUFFERED_TAILS(vd, f64, double, VD_W)
 static inline void vd_stream_f64(double *p, vd v) { _mm256_stream_pd(p, v); }
 
 static inline void v_store_fence(void) { _mm_sfence(); }

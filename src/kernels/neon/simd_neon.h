@@ -11,7 +11,8 @@
 #include <arm_neon.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
+
+#include "kernels/tail_buffer.h"
 
 #define VF_W 4
 #define VD_W 2
@@ -47,17 +48,8 @@ static inline vd vf_cvt_lo(vf v) { return vcvt_f64_f32(vget_low_f32(v)); }
 static inline vd vf_cvt_hi(vf v) { return vcvt_high_f64_f32(v); }
 
 static inline vf vf_load_f32(const float *p) { return vld1q_f32(p); }
-static inline vf vf_loadn_f32(const float *p, size_t n) {
-  float buf[4] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return vld1q_f32(buf);
-}
 static inline void vf_store_f32(float *p, vf v) { vst1q_f32(p, v); }
-static inline void vf_storen_f32(float *p, vf v, size_t n) {
-  float buf[4];
-  vst1q_f32(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
+V_BUFFERED_TAILS(vf, f32, float, VF_W)
 /* AArch64 has no non-temporal store of one vector register through the
  * intrinsics (STNP stores pairs): "streaming" stores are plain stores. */
 static inline void vf_stream_f32(float *p, vf v) { vst1q_f32(p, v); }
@@ -68,17 +60,8 @@ static inline void vf_stream_f32(float *p, vf v) { vst1q_f32(p, v); }
  * value the stored bits hold). */
 #define VF_HALF_ACCESSORS(T, widen, narrow)                                        \
   static inline vf vf_load_##T(const uint16_t *p) { return widen(vld1_u16(p)); }  \
-  static inline vf vf_loadn_##T(const uint16_t *p, size_t n) {                     \
-    uint16_t buf[4] = {0};                                                         \
-    memcpy(buf, p, n * sizeof *p);                                                 \
-    return vf_load_##T(buf);                                                       \
-  }                                                                                \
   static inline void vf_store_##T(uint16_t *p, vf v) { vst1_u16(p, narrow(v)); }  \
-  static inline void vf_storen_##T(uint16_t *p, vf v, size_t n) {                  \
-    uint16_t buf[4];                                                               \
-    vf_store_##T(buf, v);                                                          \
-    memcpy(p, buf, n * sizeof *p);                                                 \
-  }                                                                                \
+  V_BUFFERED_TAILS(vf, T, uint16_t, VF_W)                                          \
   static inline void vf_stream_##T(uint16_t *p, vf v) { vf_store_##T(p, v); }      \
   static inline vf vf_round_##T(vf v) { return widen(narrow(v)); }
 
@@ -115,17 +98,8 @@ static inline vd vd_zero_from(vd v, size_t n) {
 /* lanes halved within one vector: lane 0 += lane 1 */
 static inline double vd_halve(vd v) { return vgetq_lane_f64(v, 0) + vgetq_lane_f64(v, 1); }
 static inline vd vd_load_f64(const double *p) { return vld1q_f64(p); }
-static inline vd vd_loadn_f64(const double *p, size_t n) {
-  double buf[2] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return vld1q_f64(buf);
-}
 static inline void vd_store_f64(double *p, vd v) { vst1q_f64(p, v); }
-static inline void vd_storen_f64(double *p, vd v, size_t n) {
-  double buf[2];
-  vst1q_f64(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
+V_BUFFERED_TAILS(vd, f64, double, VD_W)
 static inline void vd_stream_f64(double *p, vd v) { vst1q_f64(p, v); }
 
 /* the "streaming" stores are plain stores (above): DMB ISHST orders them
