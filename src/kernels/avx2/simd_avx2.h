@@ -17,14 +17,20 @@
 typedef __m256 vf;
 typedef __m256d vd;
 
+/* The arithmetic of a compute type's vector V of scalars S, by the suffix of
+ * its intrinsics (ps: float, pd: double): V_zero, V_set1, V_add, V_sub,
+ * V_mul, V_fma (a * b + c) and V_fnma (c - a * b), the last two rounded once. */
+#define V_ARITH(V, S, sfx)                                                         \
+  static inline V V##_zero(void) { return _mm256_setzero_##sfx(); }                \
+  static inline V V##_set1(S a) { return _mm256_set1_##sfx(a); }                   \
+  static inline V V##_add(V a, V b) { return _mm256_add_##sfx(a, b); }             \
+  static inline V V##_sub(V a, V b) { return _mm256_sub_##sfx(a, b); }             \
+  static inline V V##_mul(V a, V b) { return _mm256_mul_##sfx(a, b); }             \
+  static inline V V##_fma(V a, V b, V c) { return _mm256_fmadd_##sfx(a, b, c); }   \
+  static inline V V##_fnma(V a, V b, V c) { return _mm256_fnmadd_##sfx(a, b, c); }
+
 /* ---- float compute ---- */
-static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
-static inline vf vf_set1(float a) { return _mm256_set1_ps(a); }
-static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
-static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
-static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
-static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vf vf_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+V_ARITH(vf, float, ps)
 static inline __m256i lanes_below(size_t n, int count) {
   __m256i iota = count == 8 ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
                             : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
@@ -115,13 +121,7 @@ static inline void vf_stream2_bf16(uint16_t *p, vf a, vf b) {
 }
 
 /* ---- double compute ---- */
-static inline vd vd_zero(void) { return _mm256_setzero_pd(); }
-static inline vd vd_set1(double a) { return _mm256_set1_pd(a); }
-static inline vd vd_add(vd a, vd b) { return _mm256_add_pd(a, b); }
-static inline vd vd_sub(vd a, vd b) { return _mm256_sub_pd(a, b); }
-static inline vd vd_mul(vd a, vd b) { return _mm256_mul_pd(a, b); }
-static inline vd vd_fma(vd a, vd b, vd c) { return _mm256_fmadd_pd(a, b, c); }
-static inline vd vd_fnma(vd a, vd b, vd c) { return _mm256_fnmadd_pd(a, b, c); }
+V_ARITH(vd, double, pd)
 static inline vd vd_zero_from(vd v, size_t n) {
   return _mm256_and_pd(v, _mm256_castsi256_pd(lanes_below(n, 4)));
 }

@@ -26,15 +26,20 @@
 typedef float32x4_t vf;
 typedef float64x2_t vd;
 
+/* The arithmetic of a compute type's vector V of scalars S, by the suffix of
+ * its intrinsics (f32, f64): V_zero, V_set1, V_add, V_sub, V_mul, V_fma
+ * (a * b + c, FMLA) and V_fnma (c - a * b, FMLS), the last two rounded once. */
+#define V_ARITH(V, S, sfx)                                                         \
+  static inline V V##_zero(void) { return vdupq_n_##sfx((S)0); }                   \
+  static inline V V##_set1(S a) { return vdupq_n_##sfx(a); }                       \
+  static inline V V##_add(V a, V b) { return vaddq_##sfx(a, b); }                  \
+  static inline V V##_sub(V a, V b) { return vsubq_##sfx(a, b); }                  \
+  static inline V V##_mul(V a, V b) { return vmulq_##sfx(a, b); }                  \
+  static inline V V##_fma(V a, V b, V c) { return vfmaq_##sfx(c, a, b); }          \
+  static inline V V##_fnma(V a, V b, V c) { return vfmsq_##sfx(c, a, b); }
+
 /* ---- float compute ---- */
-static inline vf vf_zero(void) { return vdupq_n_f32(0.0f); }
-static inline vf vf_set1(float a) { return vdupq_n_f32(a); }
-static inline vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
-static inline vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
-static inline vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }
-/* a * b + c and c - a * b, each rounded once (FMLA, FMLS) */
-static inline vf vf_fma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
-static inline vf vf_fnma(vf a, vf b, vf c) { return vfmsq_f32(c, a, b); }
+V_ARITH(vf, float, f32)
 static inline uint32x4_t lanes_below_f(size_t n) {
   static const uint32_t iota[4] = {0, 1, 2, 3};
   return vcltq_u32(vld1q_u32(iota), vdupq_n_u32((uint32_t)n));
@@ -83,13 +88,7 @@ static inline uint16x4_t f32_to_bf16(vf v) {
 VF_HALF_ACCESSORS(bf16, bf16_widen, f32_to_bf16)
 
 /* ---- double compute ---- */
-static inline vd vd_zero(void) { return vdupq_n_f64(0.0); }
-static inline vd vd_set1(double a) { return vdupq_n_f64(a); }
-static inline vd vd_add(vd a, vd b) { return vaddq_f64(a, b); }
-static inline vd vd_sub(vd a, vd b) { return vsubq_f64(a, b); }
-static inline vd vd_mul(vd a, vd b) { return vmulq_f64(a, b); }
-static inline vd vd_fma(vd a, vd b, vd c) { return vfmaq_f64(c, a, b); }
-static inline vd vd_fnma(vd a, vd b, vd c) { return vfmsq_f64(c, a, b); }
+V_ARITH(vd, double, f64)
 static inline vd vd_zero_from(vd v, size_t n) {
   static const uint64_t iota[2] = {0, 1};
   uint64x2_t keep = vcltq_u64(vld1q_u64(iota), vdupq_n_u64((uint64_t)n));
