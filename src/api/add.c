@@ -51,8 +51,7 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
                   .weight = weight, .bias = bias, .nparam = d};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
-  rn_entry_lock(&e);
-  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   add_fwd_job job;
   job.ks = e.kernels;
   job.add = (rn_add_args){cfg->dtype, d, h, ldh, u, ldu, h, ldh};

@@ -110,8 +110,7 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
                   .weight = weight, .bias = bias, .nparam = d};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
-  rn_entry_lock(&e);
-  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   rn_forward_args a = rn_entry_forward_args(&e, norm, d, x, ldx, y, ldy);
   a.mean = mean;
   a.rstd = rstd;

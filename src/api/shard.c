@@ -133,8 +133,7 @@ rmsnorm_status rmsnorm_shard_stats(rmsnorm_context *ctx, const rmsnorm_config *c
     for (size_t i = 0; i < rows; i++) partial[i] = 0;
     return RMSNORM_OK;
   }
-  rn_entry_lock(&e);
-  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   sums_job j = {e.kernels, cfg, &sh,
                 {0, offset, sh.k_local, x, ldx, NULL, 0, NULL, NULL, partial}, NULL, NULL};
   rn_run_rows(ctx, rn_split_for(ctx, rows, rows * sh.k_local * es, rows), rows, sums_rows, &j);
@@ -204,8 +203,7 @@ rmsnorm_status rmsnorm_shard_forward(rmsnorm_context *ctx, const rmsnorm_config 
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
   if ((st = check_stats(stats, rows)) != RMSNORM_OK) return st;
 
-  rn_entry_lock(&e);
-  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   fwd_job j = {e.kernels, cfg, &sh, rn_entry_forward_args(&e, RN_RMSNORM, width, x, ldx, y, ldy),
                stats, rstd};
   j.a.k = sh.k_local;
