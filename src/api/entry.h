@@ -96,6 +96,10 @@ rmsnorm_status rn_entry_lock_params(rn_entry *e);
  * `bytes` region, or NULL when out of memory (the lock is still held: return
  * rn_entry_unlock(e, RMSNORM_ERROR_OUT_OF_MEMORY)). */
 char *rn_entry_scratch(rn_entry *e, size_t bytes);
+/* The split (rn_split_for) of a backward over `rows` rows and `bytes` of
+ * traffic whose reduction chunks rows by RN_BACKWARD_CHUNK_ROWS: at most
+ * one task a chunk. */
+rn_split rn_entry_backward_split(const rn_entry *e, size_t rows, size_t bytes);
 /* A backward's dweight/dbias reduction (work.h): the plan over `units` in
  * chunks of chunk_units with the threads and tasks of `split`, then scratch
  * (rn_entry_scratch) of the plan's bytes and task_bytes for each of its

@@ -323,12 +323,11 @@ rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx, const rmsnorm_config
   if (width == 0) return RMSNORM_OK;
 
   /* scratch: [weight copy][the reduction's partials and totals] */
-  size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
   rn_entry_lock(&e); /* the plan takes the task count from the context */
   rn_grad_plan plan;
   char *sums = rn_entry_grad_scratch(&e, &plan, rows, RN_BACKWARD_CHUNK_ROWS, width, dweight,
-                                     dbias, rn_split_for(ctx, rows, rows * width * 3 * es, nchunks),
-                                     0);
+                                     dbias,
+                                     rn_entry_backward_split(&e, rows, rows * width * 3 * es), 0);
   if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
   bwd_job j = {e.kernels, cfg, &sh,
                rn_entry_backward_args(&e, RN_RMSNORM, width, x, ldx, dy, lddy, dx, lddx), stats,
