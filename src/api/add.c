@@ -51,8 +51,7 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
                   .weight = weight, .bias = bias, .nparam = d};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
-  rn_entry_lock(&e);
-  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   add_fwd_job job;
   job.ks = e.kernels;
   job.add = (rn_add_args){cfg->dtype, d, h, ldh, u, ldu, h, ldh};
@@ -134,13 +133,12 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
 
   /* scratch: [weight copy][the reduction's sums][each task's block of dx] */
   rn_entry_lock(&e);
-  size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
   size_t block = block_rows(d, es);
   size_t task_bytes = dres ? rn_align64(block * d * es) : 0;
   rn_grad_plan plan;
   char *sums = rn_entry_grad_scratch(
       &e, &plan, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
-      rn_split_for(ctx, rows, rows * d * (dres ? 4 : 3) * es, nchunks), task_bytes);
+      rn_entry_backward_split(&e, rows, rows * d * (dres ? 4 : 3) * es), task_bytes);
   if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
   add_bwd_job job;
   job.ks = e.kernels;

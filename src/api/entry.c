@@ -90,6 +90,17 @@ char *rn_entry_scratch(rn_entry *e, size_t bytes) {
   return s + e->wcopy + e->bcopy;
 }
 
+rmsnorm_status rn_entry_lock_params(rn_entry *e) {
+  rn_entry_lock(e);
+  if (!rn_entry_scratch(e, 0)) return rn_entry_unlock(e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  return RMSNORM_OK;
+}
+
+rn_split rn_entry_backward_split(const rn_entry *e, size_t rows, size_t bytes) {
+  size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
+  return rn_split_for(e->ctx, rows, bytes, nchunks);
+}
+
 char *rn_entry_grad_scratch(rn_entry *e, rn_grad_plan *plan, size_t units, size_t chunk_units,
                             size_t d, void *dweight, void *dbias, rn_split split,
                             size_t task_bytes) {

@@ -23,7 +23,9 @@
  *   ...                  its plan (thread split, gradient plan: they need the lock)
  *   rn_entry_scratch     the parameters in the compute type, and its own scratch
  *   ...                  its run
- *   rn_entry_unlock */
+ *   rn_entry_unlock
+ * An entry point with no plan and no scratch of its own takes the lock and
+ * the parameters in one step, rn_entry_lock_params. */
 typedef struct rn_entry {
   rmsnorm_context *ctx;
   rmsnorm_config cfg;     /* the caller's config, read and checked: used from then on */
@@ -85,11 +87,19 @@ rmsnorm_status rn_entry_check(rn_entry *e, const rn_buffers *b);
 /* Locks the context (context.h: the entry point that locks it unlocks it, on
  * every path) and reads its kernel set. */
 void rn_entry_lock(rn_entry *e);
+/* rn_entry_lock, then rn_entry_scratch for the parameters alone. @return
+ * RMSNORM_OK with the lock held, or RMSNORM_ERROR_OUT_OF_MEMORY with it
+ * released. */
+rmsnorm_status rn_entry_lock_params(rn_entry *e);
 /* Scratch for the parameter copies and `bytes` more (64-byte aligned), the
  * parameters converted into it (e->weight, e->bias); lock held. @return the
  * `bytes` region, or NULL when out of memory (the lock is still held: return
  * rn_entry_unlock(e, RMSNORM_ERROR_OUT_OF_MEMORY)). */
 char *rn_entry_scratch(rn_entry *e, size_t bytes);
+/* The split (rn_split_for) of a backward over `rows` rows and `bytes` of
+ * traffic whose reduction chunks rows by RN_BACKWARD_CHUNK_ROWS: at most
+ * one task a chunk. */
+rn_split rn_entry_backward_split(const rn_entry *e, size_t rows, size_t bytes);
 /* A backward's dweight/dbias reduction (work.h): the plan over `units` in
  * chunks of chunk_units with the threads and tasks of `split`, then scratch
  * (rn_entry_scratch) of the plan's bytes and task_bytes for each of its

@@ -110,8 +110,7 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
                   .weight = weight, .bias = bias, .nparam = d};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
-  rn_entry_lock(&e);
-  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   rn_forward_args a = rn_entry_forward_args(&e, norm, d, x, ldx, y, ldy);
   a.mean = mean;
   a.rstd = rstd;
@@ -199,12 +198,11 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
 
   /* scratch: [weight copy][the reduction's group sums and chunk partials] */
   rn_entry_lock(&e);
-  size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
   int split = split_rows(ctx, rows, d, es);
   rn_grad_plan plan;
   char *sums = rn_entry_grad_scratch(
       &e, &plan, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
-      split ? (rn_split){1, 1, 1} : rn_split_for(ctx, rows, rows * d * 3 * es, nchunks), 0);
+      split ? (rn_split){1, 1, 1} : rn_entry_backward_split(&e, rows, rows * d * 3 * es), 0);
   if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
   rn_backward_args a = rn_entry_backward_args(&e, norm, d, x, ldx, dy, lddy, dx, lddx);
   a.mean = mean;

@@ -116,8 +116,7 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
       .weight = weight, .bias = bias, .nparam = head_dim};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
-  rn_entry_lock(&e);
-  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   qk_fwd_job job;
   job.kernel = e.kernels->forward[cfg->dtype];
   job.g = (qk_strides){tokens, heads, ldx_token, ldy_token, 0, flat};

@@ -133,8 +133,7 @@ rmsnorm_status rmsnorm_shard_stats(rmsnorm_context *ctx, const rmsnorm_config *c
     for (size_t i = 0; i < rows; i++) partial[i] = 0;
     return RMSNORM_OK;
   }
-  rn_entry_lock(&e);
-  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   sums_job j = {e.kernels, cfg, &sh,
                 {0, offset, sh.k_local, x, ldx, NULL, 0, NULL, NULL, partial}, NULL, NULL};
   rn_run_rows(ctx, rn_split_for(ctx, rows, rows * sh.k_local * es, rows), rows, sums_rows, &j);
@@ -204,8 +203,7 @@ rmsnorm_status rmsnorm_shard_forward(rmsnorm_context *ctx, const rmsnorm_config 
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
   if ((st = check_stats(stats, rows)) != RMSNORM_OK) return st;
 
-  rn_entry_lock(&e);
-  if (!rn_entry_scratch(&e, 0)) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   fwd_job j = {e.kernels, cfg, &sh, rn_entry_forward_args(&e, RN_RMSNORM, width, x, ldx, y, ldy),
                stats, rstd};
   j.a.k = sh.k_local;
@@ -325,12 +323,11 @@ rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx, const rmsnorm_config
   if (width == 0) return RMSNORM_OK;
 
   /* scratch: [weight copy][the reduction's partials and totals] */
-  size_t nchunks = (rows + RN_BACKWARD_CHUNK_ROWS - 1) / RN_BACKWARD_CHUNK_ROWS;
   rn_entry_lock(&e); /* the plan takes the task count from the context */
   rn_grad_plan plan;
   char *sums = rn_entry_grad_scratch(&e, &plan, rows, RN_BACKWARD_CHUNK_ROWS, width, dweight,
-                                     dbias, rn_split_for(ctx, rows, rows * width * 3 * es, nchunks),
-                                     0);
+                                     dbias,
+                                     rn_entry_backward_split(&e, rows, rows * width * 3 * es), 0);
   if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
   bwd_job j = {e.kernels, cfg, &sh,
                rn_entry_backward_args(&e, RN_RMSNORM, width, x, ldx, dy, lddy, dx, lddx), stats,

@@ -4,6 +4,8 @@
 #ifndef RMSNORM_QUANT_AVX2_H
 #define RMSNORM_QUANT_AVX2_H
 
+#include <string.h>
+
 #include "simd_avx2.h"
 
 typedef __m256i vi; /* VF_W int32 codes */
@@ -63,28 +65,30 @@ static inline vi vf_e4m3_codes(vf t) {
 }
 static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
 
-/* the low byte of the first n codes to p */
-static inline void vi_store_bytes(void *p, vi c, size_t n) {
+/* the low byte of each code, in order, in the low 8 bytes: per 128-bit lane
+ * its four codes' low bytes to the lane's first dword, then the two dwords
+ * together */
+static inline __m128i vi_low_bytes(vi c) {
   const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
                                         -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
                                         -1, -1, -1, -1);
   __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(c, pick),
                                           _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
-  uint64_t bytes = (uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(b));
+  return _mm256_castsi256_si128(b);
+}
+/* the low byte of the first n codes to p */
+static inline void vi_store_bytes(void *p, vi c, size_t n) {
+  uint64_t bytes = (uint64_t)_mm_cvtsi128_si64(vi_low_bytes(c));
   memcpy(p, &bytes, n);
 }
 /* the low byte of the first n codes (n = 8 or 4) to p, non-temporally; p is
  * aligned to n */
 static inline void vi_stream_bytes(void *p, vi c, size_t n) {
-  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                        -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
-                                        -1, -1, -1, -1);
-  __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(c, pick),
-                                          _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+  __m128i b = vi_low_bytes(c);
   if (n == 8)
-    _mm_stream_si64((long long *)p, _mm_cvtsi128_si64(_mm256_castsi256_si128(b)));
+    _mm_stream_si64((long long *)p, _mm_cvtsi128_si64(b));
   else
-    _mm_stream_si32((int *)p, _mm_cvtsi128_si32(_mm256_castsi256_si128(b)));
+    _mm_stream_si32((int *)p, _mm_cvtsi128_si32(b));
 }
 
 /* the low bytes of 2 x n codes (c0's, then c1's) to p, non-temporally; p is

@@ -8,7 +8,8 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
+
+#include "kernels/tail_buffer.h"
 
 #define VF_W 8
 #define VD_W 4
@@ -16,14 +17,20 @@
 typedef __m256 vf;
 typedef __m256d vd;
 
+/* The arithmetic of a compute type's vector V of scalars S, by the suffix of
+ * its intrinsics (ps: float, pd: double): V_zero, V_set1, V_add, V_sub,
+ * V_mul, V_fma (a * b + c) and V_fnma (c - a * b), the last two rounded once. */
+#define V_ARITH(V, S, sfx)                                                         \
+  static inline V V##_zero(void) { return _mm256_setzero_##sfx(); }                \
+  static inline V V##_set1(S a) { return _mm256_set1_##sfx(a); }                   \
+  static inline V V##_add(V a, V b) { return _mm256_add_##sfx(a, b); }             \
+  static inline V V##_sub(V a, V b) { return _mm256_sub_##sfx(a, b); }             \
+  static inline V V##_mul(V a, V b) { return _mm256_mul_##sfx(a, b); }             \
+  static inline V V##_fma(V a, V b, V c) { return _mm256_fmadd_##sfx(a, b, c); }   \
+  static inline V V##_fnma(V a, V b, V c) { return _mm256_fnmadd_##sfx(a, b, c); }
+
 /* ---- float compute ---- */
-static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
-static inline vf vf_set1(float a) { return _mm256_set1_ps(a); }
-static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
-static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
-static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
-static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vf vf_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+V_ARITH(vf, float, ps)
 static inline __m256i lanes_below(size_t n, int count) {
   __m256i iota = count == 8 ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
                             : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
@@ -38,17 +45,8 @@ static inline __m256d vf_cvt_lo(vf v) { return _mm256_cvtps_pd(_mm256_castps256_
 static inline __m256d vf_cvt_hi(vf v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
 
 static inline vf vf_load_f32(const float *p) { return _mm256_loadu_ps(p); }
-static inline vf vf_loadn_f32(const float *p, size_t n) {
-  float buf[8] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return _mm256_loadu_ps(buf);
-}
 static inline void vf_store_f32(float *p, vf v) { _mm256_storeu_ps(p, v); }
-static inline void vf_storen_f32(float *p, vf v, size_t n) {
-  float buf[8];
-  _mm256_storeu_ps(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
+V_BUFFERED_TAILS(vf, f32, float, VF_W)
 static inline void vf_stream_f32(float *p, vf v) { _mm256_stream_ps(p, v); }
 
 /* A 16-bit storage type's accessors, from its widening to and narrowing from
@@ -58,19 +56,10 @@ static inline void vf_stream_f32(float *p, vf v) { _mm256_stream_ps(p, v); }
   static inline vf vf_load_##T(const uint16_t *p) {                                \
     return widen(_mm_loadu_si128((const __m128i *)(const void *)p));               \
   }                                                                                \
-  static inline vf vf_loadn_##T(const uint16_t *p, size_t n) {                     \
-    uint16_t buf[8] = {0};                                                         \
-    memcpy(buf, p, n * sizeof *p);                                                 \
-    return vf_load_##T(buf);                                                       \
-  }                                                                                \
   static inline void vf_store_##T(uint16_t *p, vf v) {                             \
     _mm_storeu_si128((__m128i *)(void *)p, narrow(v));                             \
   }                                                                                \
-  static inline void vf_storen_##T(uint16_t *p, vf v, size_t n) {                  \
-    uint16_t buf[8];                                                               \
-    vf_store_##T(buf, v);                                                          \
-    memcpy(p, buf, n * sizeof *p);                                                 \
-  }                                                                                \
+  V_BUFFERED_TAILS(vf, T, uint16_t, VF_W)                                          \
   static inline void vf_stream_##T(uint16_t *p, vf v) {                            \
     _mm_stream_si128((__m128i *)(void *)p, narrow(v));                             \
   }                                                                                \
@@ -132,13 +121,7 @@ static inline void vf_stream2_bf16(uint16_t *p, vf a, vf b) {
 }
 
 /* ---- double compute ---- */
-static inline vd vd_zero(void) { return _mm256_setzero_pd(); }
-static inline vd vd_set1(double a) { return _mm256_set1_pd(a); }
-static inline vd vd_add(vd a, vd b) { return _mm256_add_pd(a, b); }
-static inline vd vd_sub(vd a, vd b) { return _mm256_sub_pd(a, b); }
-static inline vd vd_mul(vd a, vd b) { return _mm256_mul_pd(a, b); }
-static inline vd vd_fma(vd a, vd b, vd c) { return _mm256_fmadd_pd(a, b, c); }
-static inline vd vd_fnma(vd a, vd b, vd c) { return _mm256_fnmadd_pd(a, b, c); }
+V_ARITH(vd, double, pd)
 static inline vd vd_zero_from(vd v, size_t n) {
   return _mm256_and_pd(v, _mm256_castsi256_pd(lanes_below(n, 4)));
 }
@@ -148,17 +131,8 @@ static inline double vd_halve(vd v) {
   return _mm_cvtsd_f64(_mm_add_sd(b, _mm_unpackhi_pd(b, b)));
 }
 static inline vd vd_load_f64(const double *p) { return _mm256_loadu_pd(p); }
-static inline vd vd_loadn_f64(const double *p, size_t n) {
-  double buf[4] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return _mm256_loadu_pd(buf);
-}
 static inline void vd_store_f64(double *p, vd v) { _mm256_storeu_pd(p, v); }
-static inline void vd_storen_f64(double *p, vd v, size_t n) {
-  double buf[4];
-  _mm256_storeu_pd(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
+V_BUFFERED_TAILS(vd, f64, double, VD_W)
 static inline void vd_stream_f64(double *p, vd v) { _mm256_stream_pd(p, v); }
 
 static inline void v_store_fence(void) { _mm_sfence(); }

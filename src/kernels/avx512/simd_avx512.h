@@ -20,14 +20,20 @@ typedef __m512d vd;
 static inline __mmask16 m16(size_t n) { return (__mmask16)((1u << n) - 1u); }
 static inline __mmask8 m8(size_t n) { return (__mmask8)((1u << n) - 1u); }
 
+/* The arithmetic of a compute type's vector V of scalars S, by the suffix of
+ * its intrinsics (ps: float, pd: double): V_zero, V_set1, V_add, V_sub,
+ * V_mul, V_fma (a * b + c) and V_fnma (c - a * b), the last two rounded once. */
+#define V_ARITH(V, S, sfx)                                                         \
+  static inline V V##_zero(void) { return _mm512_setzero_##sfx(); }                \
+  static inline V V##_set1(S a) { return _mm512_set1_##sfx(a); }                   \
+  static inline V V##_add(V a, V b) { return _mm512_add_##sfx(a, b); }             \
+  static inline V V##_sub(V a, V b) { return _mm512_sub_##sfx(a, b); }             \
+  static inline V V##_mul(V a, V b) { return _mm512_mul_##sfx(a, b); }             \
+  static inline V V##_fma(V a, V b, V c) { return _mm512_fmadd_##sfx(a, b, c); }   \
+  static inline V V##_fnma(V a, V b, V c) { return _mm512_fnmadd_##sfx(a, b, c); }
+
 /* ---- float compute ---- */
-static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
-static inline vf vf_set1(float a) { return _mm512_set1_ps(a); }
-static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
-static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
-static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vf vf_fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
+V_ARITH(vf, float, ps)
 static inline vf vf_zero_from(vf v, size_t n) { return _mm512_maskz_mov_ps(m16(n), v); }
 
 /* the two halves of a float vector, widened to double (exact) */
@@ -127,13 +133,7 @@ static inline __m256i f32_to_bf16(vf v) { return _mm512_cvtepi32_epi16(f32_to_bf
 VF_HALF_ACCESSORS(bf16, bf16_widen, f32_to_bf16)
 
 /* ---- double compute ---- */
-static inline vd vd_zero(void) { return _mm512_setzero_pd(); }
-static inline vd vd_set1(double a) { return _mm512_set1_pd(a); }
-static inline vd vd_add(vd a, vd b) { return _mm512_add_pd(a, b); }
-static inline vd vd_sub(vd a, vd b) { return _mm512_sub_pd(a, b); }
-static inline vd vd_mul(vd a, vd b) { return _mm512_mul_pd(a, b); }
-static inline vd vd_fma(vd a, vd b, vd c) { return _mm512_fmadd_pd(a, b, c); }
-static inline vd vd_fnma(vd a, vd b, vd c) { return _mm512_fnmadd_pd(a, b, c); }
+V_ARITH(vd, double, pd)
 static inline vd vd_zero_from(vd v, size_t n) { return _mm512_maskz_mov_pd(m8(n), v); }
 /* lanes halved within one vector: lane i += lane i + h, h = 4, 2, 1 */
 static inline double vd_halve(vd v) {

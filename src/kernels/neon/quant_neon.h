@@ -6,6 +6,8 @@
 #ifndef RMSNORM_QUANT_NEON_H
 #define RMSNORM_QUANT_NEON_H
 
+#include <string.h>
+
 #include "simd_neon.h"
 
 typedef int32x4_t vi; /* VF_W int32 codes */

@@ -11,7 +11,8 @@
 #include <arm_neon.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
+
+#include "kernels/tail_buffer.h"
 
 #define VF_W 4
 #define VD_W 2
@@ -25,15 +26,20 @@
 typedef float32x4_t vf;
 typedef float64x2_t vd;
 
+/* The arithmetic of a compute type's vector V of scalars S, by the suffix of
+ * its intrinsics (f32, f64): V_zero, V_set1, V_add, V_sub, V_mul, V_fma
+ * (a * b + c, FMLA) and V_fnma (c - a * b, FMLS), the last two rounded once. */
+#define V_ARITH(V, S, sfx)                                                         \
+  static inline V V##_zero(void) { return vdupq_n_##sfx((S)0); }                   \
+  static inline V V##_set1(S a) { return vdupq_n_##sfx(a); }                       \
+  static inline V V##_add(V a, V b) { return vaddq_##sfx(a, b); }                  \
+  static inline V V##_sub(V a, V b) { return vsubq_##sfx(a, b); }                  \
+  static inline V V##_mul(V a, V b) { return vmulq_##sfx(a, b); }                  \
+  static inline V V##_fma(V a, V b, V c) { return vfmaq_##sfx(c, a, b); }          \
+  static inline V V##_fnma(V a, V b, V c) { return vfmsq_##sfx(c, a, b); }
+
 /* ---- float compute ---- */
-static inline vf vf_zero(void) { return vdupq_n_f32(0.0f); }
-static inline vf vf_set1(float a) { return vdupq_n_f32(a); }
-static inline vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
-static inline vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
-static inline vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }
-/* a * b + c and c - a * b, each rounded once (FMLA, FMLS) */
-static inline vf vf_fma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
-static inline vf vf_fnma(vf a, vf b, vf c) { return vfmsq_f32(c, a, b); }
+V_ARITH(vf, float, f32)
 static inline uint32x4_t lanes_below_f(size_t n) {
   static const uint32_t iota[4] = {0, 1, 2, 3};
   return vcltq_u32(vld1q_u32(iota), vdupq_n_u32((uint32_t)n));
@@ -47,17 +53,8 @@ static inline vd vf_cvt_lo(vf v) { return vcvt_f64_f32(vget_low_f32(v)); }
 static inline vd vf_cvt_hi(vf v) { return vcvt_high_f64_f32(v); }
 
 static inline vf vf_load_f32(const float *p) { return vld1q_f32(p); }
-static inline vf vf_loadn_f32(const float *p, size_t n) {
-  float buf[4] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return vld1q_f32(buf);
-}
 static inline void vf_store_f32(float *p, vf v) { vst1q_f32(p, v); }
-static inline void vf_storen_f32(float *p, vf v, size_t n) {
-  float buf[4];
-  vst1q_f32(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
+V_BUFFERED_TAILS(vf, f32, float, VF_W)
 /* AArch64 has no non-temporal store of one vector register through the
  * intrinsics (STNP stores pairs): "streaming" stores are plain stores. */
 static inline void vf_stream_f32(float *p, vf v) { vst1q_f32(p, v); }
@@ -68,17 +65,8 @@ static inline void vf_stream_f32(float *p, vf v) { vst1q_f32(p, v); }
  * value the stored bits hold). */
 #define VF_HALF_ACCESSORS(T, widen, narrow)                                        \
   static inline vf vf_load_##T(const uint16_t *p) { return widen(vld1_u16(p)); }  \
-  static inline vf vf_loadn_##T(const uint16_t *p, size_t n) {                     \
-    uint16_t buf[4] = {0};                                                         \
-    memcpy(buf, p, n * sizeof *p);                                                 \
-    return vf_load_##T(buf);                                                       \
-  }                                                                                \
   static inline void vf_store_##T(uint16_t *p, vf v) { vst1_u16(p, narrow(v)); }  \
-  static inline void vf_storen_##T(uint16_t *p, vf v, size_t n) {                  \
-    uint16_t buf[4];                                                               \
-    vf_store_##T(buf, v);                                                          \
-    memcpy(p, buf, n * sizeof *p);                                                 \
-  }                                                                                \
+  V_BUFFERED_TAILS(vf, T, uint16_t, VF_W)                                          \
   static inline void vf_stream_##T(uint16_t *p, vf v) { vf_store_##T(p, v); }      \
   static inline vf vf_round_##T(vf v) { return widen(narrow(v)); }
 
@@ -100,13 +88,7 @@ static inline uint16x4_t f32_to_bf16(vf v) {
 VF_HALF_ACCESSORS(bf16, bf16_widen, f32_to_bf16)
 
 /* ---- double compute ---- */
-static inline vd vd_zero(void) { return vdupq_n_f64(0.0); }
-static inline vd vd_set1(double a) { return vdupq_n_f64(a); }
-static inline vd vd_add(vd a, vd b) { return vaddq_f64(a, b); }
-static inline vd vd_sub(vd a, vd b) { return vsubq_f64(a, b); }
-static inline vd vd_mul(vd a, vd b) { return vmulq_f64(a, b); }
-static inline vd vd_fma(vd a, vd b, vd c) { return vfmaq_f64(c, a, b); }
-static inline vd vd_fnma(vd a, vd b, vd c) { return vfmsq_f64(c, a, b); }
+V_ARITH(vd, double, f64)
 static inline vd vd_zero_from(vd v, size_t n) {
   static const uint64_t iota[2] = {0, 1};
   uint64x2_t keep = vcltq_u64(vld1q_u64(iota), vdupq_n_u64((uint64_t)n));
@@ -115,17 +97,8 @@ static inline vd vd_zero_from(vd v, size_t n) {
 /* lanes halved within one vector: lane 0 += lane 1 */
 static inline double vd_halve(vd v) { return vgetq_lane_f64(v, 0) + vgetq_lane_f64(v, 1); }
 static inline vd vd_load_f64(const double *p) { return vld1q_f64(p); }
-static inline vd vd_loadn_f64(const double *p, size_t n) {
-  double buf[2] = {0};
-  memcpy(buf, p, n * sizeof *p);
-  return vld1q_f64(buf);
-}
 static inline void vd_store_f64(double *p, vd v) { vst1q_f64(p, v); }
-static inline void vd_storen_f64(double *p, vd v, size_t n) {
-  double buf[2];
-  vst1q_f64(buf, v);
-  memcpy(p, buf, n * sizeof *p);
-}
+V_BUFFERED_TAILS(vd, f64, double, VD_W)
 static inline void vd_stream_f64(double *p, vd v) { vst1q_f64(p, v); }
 
 /* the "streaming" stores are plain stores (above): DMB ISHST orders them
