@@ -2,14 +2,14 @@
 # when missing, installs what the tests need from PyPI when missing, installs the
 # package with the README's command when its sources changed (stamp files),
 # compiles the torch module into its cache, then runs pytest. `make bench-python`
-# runs the benchmark (and installs its peers, python/requirements-bench.txt, when
+# runs the benchmark (and installs its peers, bench/python/requirements.txt, when
 # missing).
 
 PYTHON ?= python3
 VENV ?= .venv
 VENV_PY := $(VENV)/bin/python
 PY_REQUIREMENTS := python/requirements-test.txt
-PY_BENCH_REQUIREMENTS := python/requirements-bench.txt
+PY_BENCH_REQUIREMENTS := bench/python/requirements.txt
 PY_DEPS_STAMP := $(VENV)/.rmsnorm-deps.stamp
 PY_BENCH_STAMP := $(VENV)/.rmsnorm-bench.stamp
 PY_PKG_STAMP := $(VENV)/.rmsnorm-package.stamp
