@@ -26,24 +26,16 @@ except ImportError as err:  # pragma: no cover - says how to build
         "CMake >= 3.20 and Python's headers are needed)."
     ) from None
 
-from ._native import (  # noqa: E402
-    cache_info, cpu_features, empty_cache, fused_add_rms_norm, fused_add_rms_norm_backward,
-    get_num_threads, isa, layer_norm, layer_norm_backward, library_version, linear_available,
-    qk_norm, qk_norm_backward, rms_norm, rms_norm_backward, rms_norm_fp8, rms_norm_int8,
-    rms_norm_linear, rms_norm_linear_backward, set_cache_limit, set_num_threads,
-)
+from ._ops import FNS as _FNS  # noqa: E402
 
-__version__ = library_version()
-
-__all__ = [
-    "rms_norm", "rms_norm_backward", "layer_norm", "layer_norm_backward",
-    "fused_add_rms_norm", "fused_add_rms_norm_backward", "qk_norm", "qk_norm_backward",
-    "rms_norm_linear", "rms_norm_linear_backward", "linear_available",
-    "rms_norm_int8", "rms_norm_fp8",
-    "set_num_threads", "get_num_threads", "isa", "cpu_features", "library_version",
-    "cache_info", "set_cache_limit", "empty_cache",
-    "Error", "ArgumentError", "DtypeError", "OutOfMemoryError", "NotAvailableError",
-]
+# the op table's numpy functions, then the settings and information
+_FUNCTIONS = [fn.name for fn in _FNS if fn.where != "TORCH"] + [
+    "linear_available", "set_num_threads", "get_num_threads", "isa", "cpu_features",
+    "library_version", "cache_info", "set_cache_limit", "empty_cache"]
+globals().update({name: getattr(_native, name) for name in _FUNCTIONS})
+__version__ = _native.library_version()
+__all__ = _FUNCTIONS + [
+    "Error", "ArgumentError", "DtypeError", "OutOfMemoryError", "NotAvailableError"]
 
 
 def __getattr__(name):

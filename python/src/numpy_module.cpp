@@ -286,9 +286,6 @@ struct Signature {
   std::vector<std::string> names;
   std::vector<PyObject *> defaults;  // nullptr: required
   int positional = 0;
-  // the parameter index of each name a kernel asked for, by the address of its literal:
-  // a kernel's lookups cost a pointer compare after its first call (the GIL guards it)
-  std::vector<std::pair<const char *, int>> seen;
 };
 
 Signature g_sig[FN_COUNT];
@@ -443,16 +440,11 @@ bool as_bool(PyObject *o) {
   return v != 0;
 }
 
-PyObject *none_or(const Ref &a) {
-  if (a.get()) return Ref(a).release();
-  Py_RETURN_NONE;
-}
-
 /* A call's arguments as core.hpp's kernels read them, by name (see core.hpp). */
 class Args {
  public:
   using B = NumpyBackend;
-  Args(Signature &sig, PyObject *const *v) : sig_(sig), v_(v) {}
+  Args(const Signature &sig, PyObject *const *v) : sig_(sig), v_(v) {}
   B &backend() { return b_; }
   /* np.asarray of the argument; none for None where None is its default or none_ok */
   Ref in(const char *n, bool none_ok = false) {
@@ -488,20 +480,18 @@ class Args {
     }
     result_ = checked(PyTuple_New(static_cast<Py_ssize_t>(outs.size())));
     Py_ssize_t i = 0;
-    for (const Ref &o : outs) PyTuple_SET_ITEM(result_.get(), i++, none_or(o));
+    for (const Ref &o : outs)  // None for an absent one
+      PyTuple_SET_ITEM(result_.get(), i++, Ref::borrow(o.get() ? o.get() : Py_None).release());
   }
   PyObject *result() { return result_.release(); }
 
  private:
-  int find(const char *n) const {
-    for (const auto &[name, i] : sig_.seen)
-      if (name == n) return i;
+  int find(const char *n) const {  // the parameter named n, or -1
     int i = static_cast<int>(sig_.names.size()) - 1;
     while (i >= 0 && sig_.names[static_cast<std::size_t>(i)] != n) i--;
-    sig_.seen.emplace_back(n, i);
     return i;
   }
-  Signature &sig_;
+  const Signature &sig_;
   PyObject *const *v_;
   B b_;
   NormShape shape_;
@@ -536,18 +526,18 @@ PyObject *py_set_num_threads(PyObject *, PyObject *arg) {
 
 PyObject *py_get_num_threads(PyObject *, PyObject *) {
   return guarded([&]() -> PyObject * {
-    rmsnorm_context *ctx = NumpyBackend().context();
     int n = 0;
-    rncore::check(rmsnorm_context_get_threads(ctx, &n), "rmsnorm_context_get_threads");
+    rncore::check(rmsnorm_context_get_threads(NumpyBackend().context(), &n),
+                  "rmsnorm_context_get_threads");
     return PyLong_FromLong(n);
   });
 }
 
 PyObject *py_isa(PyObject *, PyObject *) {
   return guarded([&]() -> PyObject * {
-    rmsnorm_context *ctx = NumpyBackend().context();
     rmsnorm_isa isa;
-    rncore::check(rmsnorm_context_get_isa(ctx, &isa), "rmsnorm_context_get_isa");
+    rncore::check(rmsnorm_context_get_isa(NumpyBackend().context(), &isa),
+                  "rmsnorm_context_get_isa");
     return PyUnicode_FromString(rmsnorm_isa_name(isa));
   });
 }

@@ -31,7 +31,6 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
@@ -292,14 +291,6 @@ class Args {
   B b_;
   std::vector<int64_t> norm_;
 };
-
-/* The op's name less "rmsnorm::", for messages: made once per kernel K (each serves one op),
- * not on every call. */
-template <auto K>
-const char *short_name(const c10::OperatorHandle &op) {
-  static const std::string name = op_name(op).substr(std::string("rmsnorm::").size());
-  return name.c_str();
-}
 
 /* "name.overload" of a schema "name.overload(...) -> ...". */
 std::string name_of(const char *schema) {
@@ -766,17 +757,20 @@ torch::autograd::variable_list OpNode::apply(torch::autograd::variable_list &&gr
 
 /* A backward op's Autograd kernel: the op below autograd (the library's backward) when
  * autograd has no work; else (create_graph=True, forward-over-reverse) its formula in aten
- * ops, K, which autograd records and can differentiate again. */
-template <void (*K)(Args &)>
-void backward_autograd(const c10::OperatorHandle &op, torch::jit::Stack *s) {
-  if (!autograd_needed(op, *s)) {
-    Guard guard;
-    op.callBoxed(s);
-    return;
+ * ops, the op's composite, which autograd records and can differentiate again. */
+struct BackwardKernel final : c10::OperatorKernel {
+  BackwardKernel(void (*k)(Args &), const char *schema) : composite(k), name(name_of(schema)) {}
+  void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet, torch::jit::Stack *s) {
+    if (!autograd_needed(op, *s)) {
+      Guard guard;
+      return op.callBoxed(s);
+    }
+    Args a(op, s, name.c_str());
+    composite(a);
   }
-  Args a(op, s, short_name<K>(op));
-  K(a);
-}
+  void (*composite)(Args &);
+  std::string name;
+};
 
 /* The composite backward of a norm over x's last k dims (QK-norm: its last), plus the
  * gradient that passes the residual add by (fused add). */
@@ -880,7 +874,8 @@ void cpu_kernels(torch::Library &m) {
   torch::CppFunction::makeFromBoxedFunctor(  \
       std::make_unique<rnops::DiffKernel>(schema, #kernel, &rnops::kernel##_jvp))
 #define RN_AUTOGRAD_BACKWARD(id, kernel, schema) \
-  torch::CppFunction::makeFromBoxedFunction<&rnops::backward_autograd<&rnops::id##_composite>>()
+  torch::CppFunction::makeFromBoxedFunctor(      \
+      std::make_unique<rnops::BackwardKernel>(&rnops::id##_composite, schema))
 #define RN_AUTOGRAD_INPLACE(id, kernel, schema) \
   torch::CppFunction::makeFromBoxedFunction<&rnops::inplace_autograd>()
 #define RN_AUTOGRAD_NOGRAD(id, kernel, schema) \

@@ -25,11 +25,8 @@ _C = _load_compiled()  # ImportError saying why when it cannot be compiled or lo
 from .. import _torch_fake  # noqa: E402,F401  (the fake kernels)
 from .._ops import FNS as _FNS  # noqa: E402
 
-__all__ = [
-    "rms_norm", "rms_norm_with_rstd", "layer_norm", "fused_add_rms_norm", "qk_norm",
-    "rms_norm_linear", "rms_norm_int8", "rms_norm_fp8",
-    "RMSNorm", "LayerNorm", "LlamaRMSNorm", "GemmaRMSNorm", "patch",
-]
+__all__ = [fn.name for fn in _FNS if fn.where != "NUMPY"] + [
+    "RMSNorm", "LayerNorm", "LlamaRMSNorm", "GemmaRMSNorm", "patch"]
 
 _Shape = Union[int, Sequence[int], torch.Size]
 _ops = torch.ops.rmsnorm
