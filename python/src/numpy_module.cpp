@@ -447,22 +447,22 @@ class Args {
   Args(const Signature &sig, PyObject *const *v) : sig_(sig), v_(v) {}
   B &backend() { return b_; }
   /* np.asarray of the argument; none for None where None is its default or none_ok */
-  Ref in(const char *n, bool none_ok = false) {
+  Ref in(std::string_view n, bool none_ok = false) {
     int i = find(n);
     if (i < 0 || (v_[i] == Py_None && (none_ok || sig_.defaults[i] == Py_None))) return Ref();
     return input_array(v_[i]);
   }
-  Ref target(const char *n) {
+  Ref target(std::string_view n) {
     int i = find(n);
     return i < 0 || !given(v_[i]) ? Ref() : output_array(v_[i], sig_.names[i].c_str());
   }
-  bool flag(const char *n) {
+  bool flag(std::string_view n) {
     int i = find(n);
     return i >= 0 && as_bool(v_[i]);
   }
   bool inplace() { return flag("inplace"); }
   bool want_stats() { return flag("return_rstd") || flag("return_mean_rstd"); }
-  std::optional<double> real(const char *n) {
+  std::optional<double> real(std::string_view n) {
     int i = find(n);
     if (i < 0 || v_[i] == Py_None) return std::nullopt;
     return as_double(v_[i], sig_.names[i].c_str());
@@ -486,7 +486,7 @@ class Args {
   PyObject *result() { return result_.release(); }
 
  private:
-  int find(const char *n) const {  // the parameter named n, or -1
+  int find(std::string_view n) const {  // the parameter named n, or -1 (lengths compared first)
     int i = static_cast<int>(sig_.names.size()) - 1;
     while (i >= 0 && sig_.names[static_cast<std::size_t>(i)] != n) i--;
     return i;
