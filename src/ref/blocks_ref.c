@@ -5,13 +5,14 @@
  * All arithmetic is fp32 without contraction (the build has
  * -ffp-contract=off), in the order written: the bytes depend on it.
  *
- * Q8_0 (ggml's quantize_row_q8_0_ref, byte for byte on finite blocks with
- *   amax >= 127 * 2^-126, and gguf-py's Q8_0):
+ * Q8_0 (ggml's quantize_row_q8_0_ref and gguf-py's Q8_0, byte for byte on
+ *   finite blocks):
  *   amax = max |y_j|; d = amax / 127; id = d ? 1/d : 0;
  *   stored d = fp16(d), round to nearest even; q_j = roundf(y_j * id),
- *   ties AWAY from zero. q_j is clamped to [-127, 127]: only a subnormal d
- *   (whose fp16 is 0 anyway) makes |y_j * id| exceed 127.5, where ggml's
- *   float -> int8 conversion is undefined.
+ *   ties AWAY from zero. Where ggml's float -> int8 conversion is undefined
+ *   (only with an fp32-subnormal d, whose fp16 is 0 anyway): an infinite id
+ *   (amax <= ~2^-122) gives q = 0, what ggml's x86 build and gguf-py write;
+ *   a finite one whose |y_j * id| exceeds 127.5 gives q_j clamped to +-127.
  * Q8_K (ggml's quantize_row_q8_K_ref; gguf-py has no quantizer for it):
  *   max = the y_j of largest |y_j|, the first one on ties; amax = |max|;
  *   amax == 0: d = 0, qs = 0 and bsums = 0 (ggml leaves bsums as they were);
@@ -84,7 +85,7 @@ void rn_ref_q8_0(const float *y, size_t n, unsigned char *blocks) {
     uint16_t dh = rn_f32_to_f16(d);
     memcpy(o, &dh, sizeof dh);
     for (size_t j = 0; j < RN_Q8_0_BLOCK; j++) {
-      int8_t q = q8_0_code(x[j] * id);
+      int8_t q = isinf(id) ? 0 : q8_0_code(x[j] * id);
       memcpy(o + 2 + j, &q, 1);
     }
   }
