@@ -25,8 +25,10 @@
  *   finite blocks with amax = 0 or amax >= 2^-125):
  *   e = amax > 0 ? floor(log2(amax)) - 2 + 127 : 0, the log2 rounded to fp32
  *   before the floor (log2f/numpy float32 log2 round up to k just below 2^k,
- *   and both references floor that rounded value); e < 0 (amax < 2^-125,
- *   undefined in ggml) is clamped to 0;
+ *   and both references floor that rounded value); e < 0 (amax < 2^-125) is
+ *   clamped to 0: ggml's float -> uint8 conversion is undefined there (x86
+ *   builds and gguf-py wrap it to 256 + e, a huge d with zero codes; a
+ *   saturating conversion, as aarch64's, gives 0 as here);
  *   d = 2^(e - 128) (ggml's E8M0-to-float "half": the E2M1 values doubled);
  *   code_j = the first i minimising |kvalues[i] * d - y_j| (fp32),
  *   kvalues = {0,1,2,3,4,6,8,12, 0,-1,-2,-3,-4,-6,-8,-12}.
@@ -42,7 +44,8 @@
  *   round half even, e4m3 as above (rn_quant_t_mode and codes, quant.h).
  *
  * NaN and Inf. NaNs are left out of every amax/max (as the per-row quant
- * output does; ggml's Q8_K and MXFP4 do the same) and coded 0 in the integer
+ * output does; ggml's Q8_K and MXFP4 do the same; gguf-py's NaN max gives a
+ * NaN Q8_0 d and an MXFP4 e of 0 instead) and coded 0 in the integer
  * and E2M1 formats, e4m3 NaN (0x7f | sign) in the e4m3 ones. An infinity
  * makes amax infinite: Q8_0 d = fp16 inf and q = 0 (ggml, gguf-py); Q8_K d =
  * 1/iscale = -+inf, q = 0, bsums 0; MXFP4 and MXFP8 scale byte 0xFF (the
