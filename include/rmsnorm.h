@@ -382,6 +382,96 @@ RMSNORM_API rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rms
                                                  rmsnorm_qtype qtype, const float *static_scale,
                                                  void *q, size_t ldq, float *scale, void *rstd);
 
+/* Output formats of rmsnorm_forward_quantized: the layouts the 8- and 4-bit
+ * matmuls of CPU engines read (docs/quantized.md has each byte). Every format
+ * but per-row INT8/FP8_E4M3 encodes y rounded to float (as ggml's quantizers
+ * take an fp32 row); the values are pinned. */
+typedef enum rmsnorm_qformat {
+  /* int8 codes (ldc >= d bytes) and float scales: one per row (group 0; or a
+   * static scale), or one per group of `group` columns (scales: rows x
+   * d/group floats, stride lds). Rules as rmsnorm_forward_quant, per group. */
+  RMSNORM_QF_INT8 = 0,
+  RMSNORM_QF_FP8_E4M3 = 1, /* the same with e4m3 codes (QMAX 448) */
+  /* ggml block_q8_0: per 32 elements 34 bytes, fp16 d then int8 qs[32],
+   * d = amax/127, q = roundf(y/d) (ties away from zero); no scales array */
+  RMSNORM_QF_Q8_0 = 2,
+  /* ggml block_q8_K: per 256 elements 292 bytes, float d, int8 qs[256],
+   * int16 bsums[16]; d = -max/127 of the signed max, q round half even */
+  RMSNORM_QF_Q8_K = 3,
+  /* OCP MX v1.0 MXFP8 (E4M3): e4m3 codes (ldc >= d bytes) and one E8M0 byte
+   * per 32 elements (scales: rows x d/32 bytes, stride lds), X =
+   * 2^(floor(log2 amax) - 8), codes e4m3(y / X) nearest even, saturated */
+  RMSNORM_QF_MXFP8_E4M3 = 4,
+  /* ggml block_mxfp4: per 32 elements 17 bytes, the E8M0 byte, then 16
+   * bytes of E2M1 nibbles (element j low, j + 16 high); no scales array */
+  RMSNORM_QF_MXFP4 = 5
+} rmsnorm_qformat;
+
+/* Flags for rmsnorm_quant.flags. */
+enum {
+  /* INT8/FP8_E4M3 dynamic scales rounded up to a power of two (UE8M0, as
+   * block-scaled GEMMs take them); a power of two stays. */
+  RMSNORM_QUANT_SCALE_POW2 = 1u << 0
+};
+
+/* What rmsnorm_forward_quantized writes. Fill it with rmsnorm_quant_init,
+ * then change what differs. Versioned as rmsnorm_config: `size` is the
+ * caller's sizeof, later versions append fields that default to zero. */
+typedef struct rmsnorm_quant {
+  size_t size;               /* set by rmsnorm_quant_init */
+  rmsnorm_qformat format;
+  size_t group;              /* INT8/FP8_E4M3: 0 = one scale per row, else a
+                                multiple of 32 dividing d (32, 64, 128: per
+                                group); other formats: 0 */
+  unsigned flags;            /* RMSNORM_QUANT_* */
+  const float *static_scale; /* INT8/FP8_E4M3 with group 0: one scale for all
+                                rows (finite, > 0; no scales array), or NULL */
+} rmsnorm_quant;
+
+static inline void rmsnorm_quant_init(rmsnorm_quant *q, rmsnorm_qformat format) {
+  rmsnorm_quant z = {sizeof(rmsnorm_quant), format, 0, 0, (const float *)0};
+  *q = z;
+}
+
+/* Bytes of one row's codes (the least ldc) and scales per row (the least
+ * lds; 0 for the formats that keep their scales inside the blocks) for rows
+ * of d elements. @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER,
+ * RMSNORM_ERROR_BAD_CONFIG (q's size), RMSNORM_ERROR_BAD_ARGUMENT (unknown
+ * format, group or flags), RMSNORM_ERROR_BAD_SIZE (d == 0 or not a multiple
+ * of the format's block or group). Either output pointer may be NULL. */
+RMSNORM_API rmsnorm_status rmsnorm_quant_row_size(const rmsnorm_quant *q, size_t d,
+                                                  size_t *row_bytes, size_t *row_scales);
+
+/* RMSNorm forward into a quantized format (rmsnorm_qformat): per row, y as
+ * rmsnorm_forward computes it before any rounding to cfg->dtype, then the
+ * format's encoder. codes: rows x ldc bytes (ldc >= row_bytes); scales:
+ * rows x lds elements (float for INT8/FP8_E4M3, E8M0 bytes for MXFP8),
+ * NULL for Q8_0, Q8_K, MXFP4 and static scales. rstd optional. Rows the
+ * double-precision rescue path computes (overflowing/underflowing sums,
+ * NaN/Inf) encode y rounded to cfg->dtype; NaN and Inf inside a block are
+ * encoded as docs/quantized.md states. Bit-identical across kernel sets and
+ * thread counts. RMSNORM_FLAG_ACCUMULATE is RMSNORM_ERROR_BAD_FLAGS.
+ * @return RMSNORM_OK or an error status (nothing written):
+ * rmsnorm_quant_row_size's, a stride below the row's size
+ * (RMSNORM_ERROR_BAD_STRIDE), a bad static scale or a missing / extra
+ * scales array (RMSNORM_ERROR_BAD_ARGUMENT / NULL_POINTER). */
+RMSNORM_API rmsnorm_status rmsnorm_forward_quantized(rmsnorm_context *ctx,
+                                                     const rmsnorm_config *cfg, size_t rows,
+                                                     size_t d, const void *x, size_t ldx,
+                                                     const void *weight, const void *bias,
+                                                     const rmsnorm_quant *q, void *codes,
+                                                     size_t ldc, void *scales, size_t lds,
+                                                     void *rstd);
+
+/* Residual add + RMSNorm into a quantized format in one pass over each row:
+ * h' = h + u rounded to cfg->dtype is written to h (as rmsnorm_add_forward),
+ * and the codes (and scales) of RMSNorm(h') as rmsnorm_forward_quantized.
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_add_forward_quantized(
+    rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t rows, size_t d, void *h, size_t ldh,
+    const void *u, size_t ldu, const void *weight, const void *bias, const rmsnorm_quant *q,
+    void *codes, size_t ldc, void *scales, size_t lds, void *rstd);
+
 /* QK-norm: RMSNorm of every head of every token, x: [tokens, heads, head_dim]
  * with one weight (and bias) of head_dim shared by all heads. The row of
  * (token t, head h) starts at x + t*ldx_token + h*ldx_head (elements), so Q or

@@ -1,22 +1,203 @@
-/* quant.c - the public entry point of RMSNorm with a quantized output (int8
- * or fp8 e4m3, a static scale or one per row): the kernels compute the norm
- * in the compute type and round once to the 8-bit type (ref/fused_ref.inc). */
+/* quant.c - the public entry points of RMSNorm with a quantized output: per
+ * row int8 / fp8 e4m3 (a static scale or one per row), and the block and
+ * per-group formats of rmsnorm_qformat, alone or after the residual add. The
+ * kernels compute the norm in the compute type and round once to the 8-bit
+ * type (ref/fused_ref.inc), or hand the row's y, rounded to float, to the
+ * format's encoder (ref/blocks_ref.c is the spec of each). */
 #include <float.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "api/entry.h"
+#include "numerics/blocks.h"
 #include "numerics/dtype.h"
 #include "numerics/rowmath.h"
+
+/* ---- the descriptor ------------------------------------------------------ */
+
+#define RN_QUANT_SIZE_V1 (offsetof(rmsnorm_quant, static_scale) + sizeof(const float *))
+
+/* The caller's descriptor into *out, as rn_read_config reads a config: a
+ * smaller (older) one gets defaults, a larger one only zeros past ours. */
+static rmsnorm_status read_quant(const rmsnorm_quant *q, rmsnorm_quant *out) {
+  size_t size;
+  if (!q) return RMSNORM_ERROR_NULL_POINTER;
+  memcpy(&size, q, sizeof size);
+  if (size < RN_QUANT_SIZE_V1 || size > RN_CONFIG_MAX) return RMSNORM_ERROR_BAD_CONFIG;
+  memset(out, 0, sizeof *out);
+  memcpy(out, q, size < sizeof *out ? size : sizeof *out);
+  for (size_t i = sizeof *out; i < size; i++)
+    if (((const unsigned char *)q)[i] != 0) return RMSNORM_ERROR_BAD_CONFIG;
+  return RMSNORM_OK;
+}
+
+/* A format's row: codes bytes, scales and the bytes of one scale. */
+typedef struct quant_layout {
+  size_t row_bytes, row_scales, scale_es;
+} quant_layout;
+
+static rmsnorm_status layout_of(const rmsnorm_quant *q, size_t d, quant_layout *l) {
+  size_t block = 0, bytes = 0;
+  *l = (quant_layout){0, 0, 1};
+  int scalar_codes = q->format == RMSNORM_QF_INT8 || q->format == RMSNORM_QF_FP8_E4M3;
+  if (q->flags & ~(unsigned)RMSNORM_QUANT_SCALE_POW2) return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (!scalar_codes && (q->group || q->flags || q->static_scale)) return RMSNORM_ERROR_BAD_ARGUMENT;
+  switch (q->format) {
+    case RMSNORM_QF_INT8:
+    case RMSNORM_QF_FP8_E4M3:
+      if (q->group % RN_MX_BLOCK != 0) return RMSNORM_ERROR_BAD_ARGUMENT;
+      if (q->static_scale && (q->group || q->flags)) return RMSNORM_ERROR_BAD_ARGUMENT;
+      block = q->group ? q->group : d;
+      bytes = block;
+      *l = (quant_layout){0, q->static_scale ? 0 : 1, sizeof(float)};
+      break;
+    case RMSNORM_QF_Q8_0: block = RN_Q8_0_BLOCK, bytes = RN_Q8_0_BYTES; break;
+    case RMSNORM_QF_Q8_K: block = RN_Q8_K_BLOCK, bytes = RN_Q8_K_BYTES; break;
+    case RMSNORM_QF_MXFP8_E4M3: block = RN_MX_BLOCK, bytes = RN_MX_BLOCK; break;
+    case RMSNORM_QF_MXFP4: block = RN_MX_BLOCK, bytes = RN_MXFP4_BYTES; break;
+    default: return RMSNORM_ERROR_BAD_ARGUMENT;
+  }
+  if (d == 0 || d % block != 0) return RMSNORM_ERROR_BAD_SIZE;
+  if (d / block > SIZE_MAX / bytes) return RMSNORM_ERROR_BAD_SIZE;
+  l->row_bytes = d / block * bytes;
+  if (!scalar_codes)
+    *l = (quant_layout){l->row_bytes, q->format == RMSNORM_QF_MXFP8_E4M3 ? d / RN_MX_BLOCK : 0, 1};
+  else if (q->group)
+    l->row_scales = d / q->group;
+  return RMSNORM_OK;
+}
+
+rmsnorm_status rmsnorm_quant_row_size(const rmsnorm_quant *q, size_t d, size_t *row_bytes,
+                                      size_t *row_scales) {
+  rmsnorm_quant desc;
+  quant_layout l;
+  rmsnorm_status st = read_quant(q, &desc);
+  if (st == RMSNORM_OK) st = layout_of(&desc, d, &l);
+  if (st != RMSNORM_OK) return st;
+  if (row_bytes) *row_bytes = l.row_bytes;
+  if (row_scales) *row_scales = l.row_scales;
+  return RMSNORM_OK;
+}
+
+/* ---- the run ------------------------------------------------------------- */
+
+/* Rows per block of the add's fused loop: about 32 KiB of h, still in L1/L2
+ * when the quantizer reads it back (as api/add.c). */
+static size_t add_block_rows(size_t d, size_t es) {
+  size_t b = ((size_t)32 << 10) / (d * es);
+  return b < 1 ? 1 : b;
+}
 
 typedef struct quant_job {
   rn_quant_fn kernel;
   rn_quant_args args;
-  size_t task_bytes;
+  rn_add_fn add_kernel; /* NULL: no residual add */
+  rn_add_args add;
+  size_t block, task_bytes;
   char *task_scratch;
 } quant_job;
 
 static void quant_rows(const void *p, size_t r0, size_t r1, int task) {
   const quant_job *job = p;
-  job->kernel(&job->args, r0, r1, job->task_scratch + (size_t)task * job->task_bytes);
+  void *scratch = job->task_scratch + (size_t)task * job->task_bytes;
+  if (!job->add_kernel) {
+    job->kernel(&job->args, r0, r1, scratch);
+    return;
+  }
+  for (size_t r = r0; r < r1; r += job->block) {
+    size_t e = r + job->block < r1 ? r + job->block : r1;
+    job->add_kernel(&job->add, r, e);
+    job->kernel(&job->args, r, e, scratch);
+  }
+}
+
+/* Both entry points: x is h (updated to h + u first) when u is given. */
+static rmsnorm_status quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t rows,
+                                size_t d, void *x, size_t ldx, int add, const void *u, size_t ldu,
+                                const void *weight, const void *bias, const rmsnorm_quant *qp,
+                                void *codes, size_t ldc, void *scales, size_t lds, void *rstd) {
+  rn_entry e;
+  rmsnorm_quant q;
+  quant_layout l;
+  rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE, d);
+  if (st == RMSNORM_OK)
+    st = add ? rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldu)) : rn_entry_matrices(&e, rows, d, RN_LDS(ldx));
+  if (st == RMSNORM_OK) st = read_quant(qp, &q);
+  if (st == RMSNORM_OK) st = layout_of(&q, d, &l);
+  if (st == RMSNORM_OK) st = rn_check_matrix(rows, l.row_bytes, ldc, 1);
+  if (st == RMSNORM_OK && l.row_scales) st = rn_check_matrix(rows, l.row_scales, lds, l.scale_es);
+  if (st != RMSNORM_OK) return st;
+  float s0 = q.static_scale ? rn_ld_f32(q.static_scale, 0) : 0.0f;
+  if (q.static_scale && !(s0 > 0 && s0 <= FLT_MAX)) return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (!l.row_scales && scales) return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (rows == 0) return RMSNORM_OK;
+  if (!x || (add && !u) || !codes || (l.row_scales && !scales)) return RMSNORM_ERROR_NULL_POINTER;
+  size_t es = e.es;
+  rn_buffers b = {.in = {rn_matrix(u, rows, d, ldu, es), rn_vector(q.static_scale, 1, 4)},
+                  .out = {rn_matrix(codes, rows, l.row_bytes, ldc, 1),
+                          rn_matrix(scales, rows, l.row_scales, lds, l.scale_es),
+                          rn_vector(rstd, rows, e.as)},
+                  .weight = weight, .bias = bias, .nparam = d};
+  if (add)
+    b.out[3] = rn_matrix(x, rows, d, ldx, es);
+  else
+    b.in[0] = rn_matrix(x, rows, d, ldx, es);
+  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
+
+  /* scratch: [weight, bias copies][each task's row scratch] */
+  rn_entry_lock(&e);
+  rn_split sp = rn_split_for(ctx, rows, rows * d * (es * (add ? 4 : 1) + 1), rows);
+  quant_job job;
+  job.task_bytes = RN_QUANT_SCRATCH(d);
+  if (!(job.task_scratch = rn_entry_scratch(&e, (size_t)sp.tasks * job.task_bytes)))
+    return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  job.kernel = e.kernels->quant[cfg->dtype];
+  job.add_kernel = add ? e.kernels->add[cfg->dtype] : NULL;
+  job.add = (rn_add_args){cfg->dtype, d, x, ldx, u, ldu, x, ldx};
+  job.block = add_block_rows(d, es);
+  memset(&job.args, 0, sizeof job.args);
+  job.args.f = rn_entry_forward_args(&e, RN_RMSNORM, d, x, ldx, NULL, 0);
+  job.args.f.rstd = rstd;
+  /* rn_stream_ok's tiers on the input's size (bytes: no alignment to meet);
+   * kernels prefetch from 1, repeatedly from 2 (DRAM-sized). After the add,
+   * the block's h is in the caches: not DRAM-sized. */
+  job.args.f.stream = rn_stream_ok(1, codes, 1, rows * d * es);
+  if (add) job.args.f.stream = job.args.f.stream != 0;
+  job.args.fp8 = q.format == RMSNORM_QF_FP8_E4M3;
+  job.args.q = codes;
+  job.args.ldq = ldc;
+  job.args.static_scale = s0;
+  job.args.pow2 = (q.flags & RMSNORM_QUANT_SCALE_POW2) != 0;
+  job.args.format = q.format;
+  job.args.group = q.group;
+  job.args.scales = scales;
+  job.args.lds = lds;
+  if (q.group || (q.format != RMSNORM_QF_INT8 && q.format != RMSNORM_QF_FP8_E4M3))
+    job.args.encode = e.kernels->encode;
+  else
+    job.args.scale = scales; /* per row: one float per row, stride lds */
+  rn_run_rows(ctx, sp, rows, quant_rows, &job);
+  return rn_entry_unlock(&e, RMSNORM_OK);
+}
+
+rmsnorm_status rmsnorm_forward_quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                         size_t rows, size_t d, const void *x, size_t ldx,
+                                         const void *weight, const void *bias,
+                                         const rmsnorm_quant *q, void *codes, size_t ldc,
+                                         void *scales, size_t lds, void *rstd) {
+  return quantized(ctx, cfg, rows, d, (void *)(uintptr_t)x, ldx, 0, NULL, 0, weight, bias, q,
+                   codes, ldc, scales, lds, rstd);
+}
+
+rmsnorm_status rmsnorm_add_forward_quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                             size_t rows, size_t d, void *h, size_t ldh,
+                                             const void *u, size_t ldu, const void *weight,
+                                             const void *bias, const rmsnorm_quant *q,
+                                             void *codes, size_t ldc, void *scales, size_t lds,
+                                             void *rstd) {
+  return quantized(ctx, cfg, rows, d, h, ldh, 1, u, ldu, weight, bias, q, codes, ldc, scales,
+                   lds, rstd);
 }
 
 rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config *cfg,
@@ -24,42 +205,11 @@ rmsnorm_status rmsnorm_forward_quant(rmsnorm_context *ctx, const rmsnorm_config 
                                      const void *weight, const void *bias, rmsnorm_qtype qtype,
                                      const float *static_scale, void *q, size_t ldq,
                                      float *scale, void *rstd) {
-  rn_entry e;
-  rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE, d);
-  if (st == RMSNORM_OK) st = rn_entry_matrices(&e, rows, d, RN_LDS(ldx));
-  if (st == RMSNORM_OK) st = rn_check_matrix(rows, d, ldq, 1);
-  if (st != RMSNORM_OK) return st;
-  if (qtype != RMSNORM_Q_INT8 && qtype != RMSNORM_Q_FP8_E4M3) return RMSNORM_ERROR_BAD_ARGUMENT;
-  float s0 = static_scale ? rn_ld_f32(static_scale, 0) : 0.0f;
-  if (static_scale && (!(s0 > 0 && s0 <= FLT_MAX) || scale))
-    return RMSNORM_ERROR_BAD_ARGUMENT;
-  if (rows == 0) return RMSNORM_OK;
-  if (!x || !q || (!static_scale && !scale)) return RMSNORM_ERROR_NULL_POINTER;
-  size_t es = e.es;
-  rn_buffers b = {.in = {rn_matrix(x, rows, d, ldx, es), rn_vector(static_scale, 1, 4)},
-                  .out = {rn_matrix(q, rows, d, ldq, 1), rn_vector(scale, rows, 4),
-                          rn_vector(rstd, rows, e.as)},
-                  .weight = weight, .bias = bias, .nparam = d};
-  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
-
-  /* scratch: [weight, bias copies][each task's row scratch] */
-  rn_entry_lock(&e);
-  rn_split sp = rn_split_for(ctx, rows, rows * d * (es + 1), rows);
-  quant_job job;
-  job.task_bytes = RN_QUANT_SCRATCH(d);
-  if (!(job.task_scratch = rn_entry_scratch(&e, (size_t)sp.tasks * job.task_bytes)))
-    return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
-  job.kernel = e.kernels->quant[cfg->dtype];
-  job.args.f = rn_entry_forward_args(&e, RN_RMSNORM, d, x, ldx, NULL, 0);
-  job.args.f.rstd = rstd;
-  /* rn_stream_ok's tiers on the input's size (bytes: no alignment to meet);
-   * kernels prefetch from 1, repeatedly from 2 (DRAM-sized) */
-  job.args.f.stream = rn_stream_ok(1, q, 1, rows * d * es);
-  job.args.fp8 = qtype == RMSNORM_Q_FP8_E4M3;
-  job.args.q = q;
-  job.args.ldq = ldq;
-  job.args.scale = scale;
-  job.args.static_scale = s0;
-  rn_run_rows(ctx, sp, rows, quant_rows, &job);
-  return rn_entry_unlock(&e, RMSNORM_OK);
+  rmsnorm_quant desc; /* the same numbers as the two per-row formats; others are refused */
+  rmsnorm_quant_init(&desc, qtype == RMSNORM_Q_INT8      ? RMSNORM_QF_INT8
+                            : qtype == RMSNORM_Q_FP8_E4M3 ? RMSNORM_QF_FP8_E4M3
+                                                          : (rmsnorm_qformat)-1);
+  desc.static_scale = static_scale;
+  return quantized(ctx, cfg, rows, d, (void *)(uintptr_t)x, ldx, 0, NULL, 0, weight, bias, &desc,
+                   q, ldq, scale, 1, rstd);
 }

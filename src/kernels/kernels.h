@@ -121,8 +121,16 @@ typedef struct rn_quant_args {
   int fp8;             /* 0: int8, 1: fp8 e4m3 (OCP "FN": max 448, NaN 0x7f) */
   void *q;             /* q: (rows, ldq) bytes */
   size_t ldq;
-  float *scale;        /* scale: (rows,) written when dynamic */
+  float *scale;        /* scale: (rows, lds) written when dynamic */
   float static_scale;  /* > 0: the one scale of every row; 0: dynamic, per row */
+  int pow2;            /* dynamic scales rounded up to a power of two */
+  /* The block and per-group formats (numerics/blocks.h): when `encode` is set,
+   * each row's y, rounded to float, goes to it instead of the per-row codes. */
+  void (*encode)(const struct rn_quant_args *q, size_t row, const float *y);
+  int format;          /* rmsnorm_qformat */
+  size_t group;        /* INT8/FP8_E4M3 per-group: the group */
+  void *scales;        /* (rows, lds) float or E8M0 bytes, or NULL */
+  size_t lds;
 } rn_quant_args;
 
 /* RMSNorm r of rows [row_begin, row_end) into a->rstd (nothing else written). */
@@ -131,6 +139,8 @@ typedef void (*rn_rstd_fn)(const rn_forward_args *a, size_t row_begin, size_t ro
 typedef void (*rn_add_fn)(const rn_add_args *a, size_t row_begin, size_t row_end);
 typedef void (*rn_quant_fn)(const rn_quant_args *a, size_t row_begin, size_t row_end,
                             void *row_scratch);
+/* A row's y (float) to its codes and scales in q->format, q->encode. */
+typedef void (*rn_encode_fn)(const rn_quant_args *q, size_t row, const float *y);
 /* row_scratch: RN_QUANT_SCRATCH(d) bytes, 64-byte aligned, private to the
  * calling task (rescued rows and the quantizer's row of y pass through it). */
 #define RN_QUANT_SCRATCH(d) ((((d) * 8 + 63) & ~(size_t)63) * 2)
@@ -176,6 +186,7 @@ typedef struct rn_kernel_set {
   rn_add_fn add[RN_NUM_DTYPES];
   rn_rstd_fn rstd[RN_NUM_DTYPES];
   rn_quant_fn quant[RN_NUM_DTYPES];
+  rn_encode_fn encode; /* the block and per-group encoders (ISA only, no dtype) */
   /* long rows split across threads (api/norm.c) */
   rn_row_coef_fn row_coef[RN_NUM_DTYPES];
   rn_row_cols_fn row_cols[RN_NUM_DTYPES];

@@ -36,6 +36,11 @@ void rn_ref_mxfp8(const float *y, size_t n, unsigned char *codes, unsigned char 
 void rn_ref_group(const float *y, size_t n, size_t g, int kind, unsigned flags,
                   unsigned char *codes, float *scales);
 
+/* The reference encoder of the kernel sets (rn_encode_fn, kernels.h): a
+ * row's y to q->format (group formats through rn_ref_group). */
+struct rn_quant_args;
+void rn_ref_encode(const struct rn_quant_args *q, size_t row, const float *y);
+
 /* Building blocks the SIMD kernels will need to agree with, exposed for tests. */
 /* MXFP4's E8M0 byte for a block amax (ggml's rule, see blocks_ref.c). */
 uint8_t rn_mxfp4_e8m0(float amax);

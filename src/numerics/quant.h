@@ -26,6 +26,15 @@ static inline int rn_quant_t_mode(float s) {
   return s >= 0x1p-126f && s <= 0x1p126f ? RN_QT_MUL : RN_QT_DIV;
 }
 
+/* The smallest power of two >= s (UE8M0 scales; 0, a power of two and inf
+ * stay). */
+static inline float rn_pow2_up(float s) {
+  if (!(s > 0.0f) || isinf(s)) return s;
+  int e;
+  float m = frexpf(s, &e); /* s = m 2^e, m in [0.5, 1) */
+  return m == 0.5f ? s : ldexpf(1.0f, e);
+}
+
 /* int8 code of t (float compute): NaN -> 0, clamp to [-128, 127], round to
  * nearest even. */
 static inline int8_t rn_i8_code_f32(float t) {

@@ -56,6 +56,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "numerics/blocks.h"
 #include "numerics/convert.h"
 #include "numerics/quant.h"
@@ -203,14 +204,6 @@ void rn_ref_mxfp8(const float *y, size_t n, unsigned char *codes, unsigned char 
   }
 }
 
-/* The smallest power of two >= s (s >= 0; 0 and inf stay). */
-static float pow2_up(float s) {
-  if (!(s > 0.0f) || isinf(s)) return s;
-  int e;
-  float m = frexpf(s, &e); /* s = m 2^e, m in [0.5, 1) */
-  return m == 0.5f ? s : ldexpf(1.0f, e);
-}
-
 void rn_ref_group(const float *y, size_t n, size_t g, int kind, unsigned flags,
                   unsigned char *codes, float *scales) {
   assert(g > 0 && n % g == 0);
@@ -219,7 +212,7 @@ void rn_ref_group(const float *y, size_t n, size_t g, int kind, unsigned flags,
     const float *x = y + gi * g; /* x: (g,) */
     unsigned char *c = codes + gi * g;
     float s = amax_f32(x, g) / qmax;
-    if (flags & RN_GROUP_SCALE_POW2) s = pow2_up(s);
+    if (flags & RN_GROUP_SCALE_POW2) s = rn_pow2_up(s);
     scales[gi] = s;
     int mode = rn_quant_t_mode(s);
     float inv = 1.0f / s; /* used only in RN_QT_MUL mode */
@@ -227,5 +220,22 @@ void rn_ref_group(const float *y, size_t n, size_t g, int kind, unsigned flags,
       float t = mode == RN_QT_MUL ? x[j] * inv : mode == RN_QT_DIV ? x[j] / s : 0.0f;
       c[j] = kind == RN_GROUP_E4M3 ? rn_e4m3_code(t) : (unsigned char)rn_i8_code_f32(t);
     }
+  }
+}
+
+void rn_ref_encode(const rn_quant_args *q, size_t row, const float *y) {
+  size_t d = q->f.d;
+  unsigned char *out = (unsigned char *)q->q + row * q->ldq;
+  switch (q->format) {
+    case RMSNORM_QF_Q8_0: rn_ref_q8_0(y, d, out); break;
+    case RMSNORM_QF_Q8_K: rn_ref_q8_k(y, d, out); break;
+    case RMSNORM_QF_MXFP4: rn_ref_mxfp4(y, d, out); break;
+    case RMSNORM_QF_MXFP8_E4M3:
+      rn_ref_mxfp8(y, d, out, (unsigned char *)q->scales + row * q->lds);
+      break;
+    default:
+      rn_ref_group(y, d, q->group, q->format == RMSNORM_QF_FP8_E4M3 ? RN_GROUP_E4M3 : RN_GROUP_INT8,
+                   q->pow2 ? RN_GROUP_SCALE_POW2 : 0, out, (float *)q->scales + row * q->lds);
+      break;
   }
 }

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "numerics/blocks.h"
 #include "numerics/convert.h"
 #include "numerics/dtype.h"
 #include "kernels/kernels.h"
@@ -96,6 +97,7 @@ const rn_kernel_set rn_kernels_ref = {
     {add_rows_f32, add_rows_f16, add_rows_bf16, add_rows_f64},
     {rstd_rows_f32, rstd_rows_f16, rstd_rows_bf16, rstd_rows_f64},
     {quant_rows_f32, quant_rows_f16, quant_rows_bf16, quant_rows_f64},
+    rn_ref_encode,
     {forward_coef_f32, forward_coef_f16, forward_coef_bf16, forward_coef_f64},
     {forward_cols_f32, forward_cols_f16, forward_cols_bf16, forward_cols_f64},
     {backward_coef_f32, backward_coef_f16, backward_coef_bf16, backward_coef_f64},

@@ -124,4 +124,34 @@ static inline void vi_store_bytes4(void *p, vi c0, vi c1, vi c2, vi c3, int uns,
     _mm256_storeu_si256((__m256i *)p, b);
 }
 
+/* ---- the block encoders' extra words (blocks_simd.inc), float only ---- */
+
+/* roundf of each lane: ties away from zero (trunc, then one step out where
+ * the dropped fraction is >= 1/2, exact below 2^23); NaN -> 0 */
+static inline vi vf_round_away_i32(vf t) {
+  vf tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  vf up = _mm256_cmp_ps(vf_abs(_mm256_sub_ps(t, tr)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+  vf step = _mm256_or_ps(_mm256_and_ps(t, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));
+  tr = _mm256_add_ps(tr, _mm256_and_ps(up, step));
+  tr = _mm256_and_ps(tr, _mm256_cmp_ps(t, t, _CMP_ORD_Q));
+  return _mm256_cvttps_epi32(tr);
+}
+/* lanes holding integers to int32 */
+static inline vi vf_cvt_i32(vf t) { return _mm256_cvtps_epi32(t); }
+/* acc + (a > b ? 1 : 0), per lane (false for NaN) */
+static inline vf vf_gt_add(vf acc, vf a, vf b) {
+  return _mm256_add_ps(acc, _mm256_and_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ), _mm256_set1_ps(1.0f)));
+}
+/* bit i set where lane i of a equals lane i of b */
+static inline unsigned vf_eq_mask(vf a, vf b) {
+  return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ));
+}
+/* the sum of the lanes */
+static inline int vi_hsum(vi c) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
 #endif

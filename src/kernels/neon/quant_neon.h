@@ -90,4 +90,23 @@ static inline void vi_store_bytes4(void *p, vi c0, vi c1, vi c2, vi c3, int uns,
   vst1q_u8((uint8_t *)p, vcombine_u8(vmovn_u16(h0), vmovn_u16(h1)));
 }
 
+/* ---- the block encoders' extra words (blocks_simd.inc), float only ---- */
+
+/* roundf of each lane: FCVTAS rounds ties away from zero; NaN -> 0 */
+static inline vi vf_round_away_i32(vf t) { return vcvtaq_s32_f32(t); }
+/* lanes holding integers to int32 */
+static inline vi vf_cvt_i32(vf t) { return vcvtnq_s32_f32(t); }
+/* acc + (a > b ? 1 : 0), per lane (false for NaN) */
+static inline vf vf_gt_add(vf acc, vf a, vf b) {
+  uint32x4_t one = vreinterpretq_u32_f32(vdupq_n_f32(1.0f));
+  return vaddq_f32(acc, vreinterpretq_f32_u32(vandq_u32(vcgtq_f32(a, b), one)));
+}
+/* bit i set where lane i of a equals lane i of b */
+static inline unsigned vf_eq_mask(vf a, vf b) {
+  const uint32_t bits[4] = {1, 2, 4, 8};
+  return vaddvq_u32(vandq_u32(vceqq_f32(a, b), vld1q_u32(bits)));
+}
+/* the sum of the lanes */
+static inline int vi_hsum(vi c) { return vaddvq_s32(c); }
+
 #endif
