@@ -3,7 +3,9 @@
  *   add:    rmsnorm_add_forward vs (h += u, threads as many) + rmsnorm_forward
  *   qk:     rmsnorm_qk_norm_forward on Q inside a [T, 3, H, hd] QKV buffer vs
  *           rmsnorm_forward on contiguous (T*H) x hd rows
- *   quant:  rmsnorm_forward_quant (int8 and fp8, dynamic) vs rmsnorm_forward,
+ *   quant:  rmsnorm_forward_quantized in each format (per row, per group,
+ *           Q8_0, Q8_K, MXFP8, MXFP4) vs rmsnorm_forward, and the fused add
+ *           + quantize vs rmsnorm_add_forward, at 4096x4096 and 16x4096;
  *           interleaved rounds, medians (the others: best of N)
  *   linear: rmsnorm_linear_forward vs rmsnorm_forward + cblas_sgemm
  * usage: bench_fused [add|qk|quant|linear|all] [reps] */
@@ -137,41 +139,75 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* The 8-bit outputs against the fp32-output forward, timed interleaved in
- * each round (a shared machine's drift hits all of them alike): median
- * times, and the median of the rounds' ratios. */
-static void bench_quant(rmsnorm_context *ctx, size_t rows, size_t d) {
+/* The quantized outputs against the fp32-output forward of the same rows
+ * (and the fused add + quantize against the fused add with an fp32 output),
+ * timed interleaved in each round (a shared machine's drift hits all alike):
+ * median times and the median of the rounds' ratios. In-cache shapes repeat
+ * each call `inner` times a round. */
+typedef struct qcase {
+  const char *name;
+  rmsnorm_qformat format;
+  size_t group;
+  unsigned flags;
+} qcase;
+static const qcase qcases[] = {
+    {"int8/row", RMSNORM_QF_INT8, 0, 0},          {"fp8/row", RMSNORM_QF_FP8_E4M3, 0, 0},
+    {"int8/g128", RMSNORM_QF_INT8, 128, 0},
+    {"fp8/g128+ue8m0", RMSNORM_QF_FP8_E4M3, 128, RMSNORM_QUANT_SCALE_POW2},
+    {"q8_0", RMSNORM_QF_Q8_0, 0, 0},              {"q8_k", RMSNORM_QF_Q8_K, 0, 0},
+    {"mxfp8", RMSNORM_QF_MXFP8_E4M3, 0, 0},       {"mxfp4", RMSNORM_QF_MXFP4, 0, 0},
+};
+#define NQ (sizeof qcases / sizeof qcases[0])
+
+static void bench_quant(rmsnorm_context *ctx, size_t rows, size_t d, int add) {
   size_t n = rows * d;
-  float *x = randf(n), *y = xmalloc(n * sizeof *y), *w = randf(d), *scale = xmalloc(rows * 4);
-  signed char *q = xmalloc(n);
-  double *tf = xmalloc((size_t)reps * sizeof(double)), *ti = xmalloc((size_t)reps * sizeof(double));
-  double *te = xmalloc((size_t)reps * sizeof(double)), *ri = xmalloc((size_t)reps * sizeof(double));
-  double *re = xmalloc((size_t)reps * sizeof(double));
+  float *x = randf(n), *u = randf(n), *y = xmalloc(n * sizeof *y), *w = randf(d);
+  unsigned char *codes = xmalloc(2 * n), *scales = xmalloc(n);
+  int inner = n < ((size_t)1 << 20) ? 200 : 1;
+  double *t = xmalloc((NQ + 1) * (size_t)reps * sizeof(double));
+  double *ratio = xmalloc((size_t)reps * sizeof(double));
   rmsnorm_config cfg;
   rmsnorm_config_init(&cfg, RMSNORM_F32);
+  rmsnorm_quant qd[NQ];
+  size_t ldc[NQ], lds[NQ];
+  for (size_t k = 0; k < NQ; k++) {
+    rmsnorm_quant_init(&qd[k], qcases[k].format);
+    qd[k].group = qcases[k].group;
+    qd[k].flags = qcases[k].flags;
+    rmsnorm_quant_row_size(&qd[k], d, &ldc[k], &lds[k]);
+  }
   int most = all_threads(ctx);
   for (int threads = 1; threads <= most; threads = threads == most ? most + 1 : most) {
     rmsnorm_context_set_threads(ctx, threads);
     for (int r = -1; r < reps; r++) { /* round -1 warms up */
-      double t0 = now();
-      rmsnorm_forward(ctx, &cfg, rows, d, x, d, w, NULL, y, d, NULL);
-      double t1 = now();
-      rmsnorm_forward_quant(ctx, &cfg, rows, d, x, d, w, NULL, RMSNORM_Q_INT8, NULL, q, d, scale,
-                            NULL);
-      double t2 = now();
-      rmsnorm_forward_quant(ctx, &cfg, rows, d, x, d, w, NULL, RMSNORM_Q_FP8_E4M3, NULL, q, d,
-                            scale, NULL);
-      double t3 = now();
-      if (r < 0) continue;
-      tf[r] = t1 - t0, ti[r] = t2 - t1, te[r] = t3 - t2;
-      ri[r] = ti[r] / tf[r], re[r] = te[r] / tf[r];
+      for (size_t k = 0; k <= NQ; k++) {
+        double t0 = now();
+        for (int i = 0; i < inner; i++) {
+          if (k == 0 && !add) rmsnorm_forward(ctx, &cfg, rows, d, x, d, w, NULL, y, d, NULL);
+          if (k == 0 && add) rmsnorm_add_forward(ctx, &cfg, rows, d, x, d, u, d, w, NULL, y, d, NULL);
+          if (k > 0 && !add)
+            rmsnorm_forward_quantized(ctx, &cfg, rows, d, x, d, w, NULL, &qd[k - 1], codes,
+                                      ldc[k - 1], lds[k - 1] ? scales : NULL, lds[k - 1], NULL);
+          if (k > 0 && add)
+            rmsnorm_add_forward_quantized(ctx, &cfg, rows, d, x, d, u, d, w, NULL, &qd[k - 1],
+                                          codes, ldc[k - 1], lds[k - 1] ? scales : NULL,
+                                          lds[k - 1], NULL);
+        }
+        if (r >= 0) t[k * (size_t)reps + (size_t)r] = (now() - t0) / inner;
+      }
+      if (add) /* keep h bounded: the add feeds on itself */
+        for (size_t i = 0; i < n; i++) x[i] = u[i];
     }
-    printf("rmsnorm f32 %zux%zu threads=%d, median of %d interleaved rounds: f32 out %.3f ms; "
-           "int8 dynamic %.3f ms (%.2fx); fp8 e4m3 dynamic %.3f ms (%.2fx)\n",
-           rows, d, threads, reps, median(tf, reps) * 1e3, median(ti, reps) * 1e3,
-           median(ri, reps), median(te, reps) * 1e3, median(re, reps));
+    printf("%s f32 %zux%zu threads=%d, median of %d interleaved rounds: f32 out %.3f us\n",
+           add ? "add+rmsnorm" : "rmsnorm", rows, d, threads, reps,
+           median(t, reps) * 1e6);
+    for (size_t k = 1; k <= NQ; k++) {
+      for (int r = 0; r < reps; r++) ratio[r] = t[k * (size_t)reps + (size_t)r] / t[r];
+      printf("  %-15s %10.3f us  %.2fx\n", qcases[k - 1].name,
+             median(t + k * (size_t)reps, reps) * 1e6, median(ratio, reps));
+    }
   }
-  free(x), free(y), free(w), free(scale), free(q), free(tf), free(ti), free(te), free(ri), free(re);
+  free(x), free(u), free(y), free(w), free(codes), free(scales), free(t), free(ratio);
 }
 
 static void bench_linear(rmsnorm_context *ctx, size_t rows, size_t d, size_t n) {
@@ -217,7 +253,12 @@ int main(int argc, char **argv) {
   int all = !strcmp(what, "all");
   if (all || !strcmp(what, "add")) bench_add(ctx, 4096, 4096);
   if (all || !strcmp(what, "qk")) bench_qk(ctx, 4096, 32, 128);
-  if (all || !strcmp(what, "quant")) bench_quant(ctx, 4096, 4096);
+  if (all || !strcmp(what, "quant")) {
+    bench_quant(ctx, 4096, 4096, 0);
+    bench_quant(ctx, 16, 4096, 0);
+    bench_quant(ctx, 4096, 4096, 1);
+    bench_quant(ctx, 16, 4096, 1);
+  }
   if (all || !strcmp(what, "linear")) {
     bench_linear(ctx, 2, 4, 3);
     bench_linear(ctx, 4096, 4096, 4096);

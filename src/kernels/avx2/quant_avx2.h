@@ -154,4 +154,17 @@ static inline int vi_hsum(vi c) {
   return _mm_cvtsi128_si32(s);
 }
 
+/* the low bytes of 32 codes (c[0]'s to c[3]'s) to p, one 32-byte store;
+ * uns as vi_store_bytes4 */
+static inline void vi_store_bytes32(void *p, const vi *c, int uns) {
+  vi_store_bytes4(p, c[0], c[1], c[2], c[3], uns, 0);
+}
+
+/* the low bytes of 16 codes (c[0]'s, c[1]'s) to p */
+static inline void vi_store_bytes16(void *p, const vi *c, int uns) {
+  (void)uns;
+  vi_store_bytes(p, c[0], 8);
+  vi_store_bytes((char *)p + 8, c[1], 8);
+}
+
 #endif

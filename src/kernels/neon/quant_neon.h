@@ -109,4 +109,15 @@ static inline unsigned vf_eq_mask(vf a, vf b) {
 /* the sum of the lanes */
 static inline int vi_hsum(vi c) { return vaddvq_s32(c); }
 
+/* the low bytes of 32 codes (c[0]'s to c[7]'s) to p, two 16-byte stores */
+static inline void vi_store_bytes32(void *p, const vi *c, int uns) {
+  vi_store_bytes4(p, c[0], c[1], c[2], c[3], uns, 0);
+  vi_store_bytes4((char *)p + 16, c[4], c[5], c[6], c[7], uns, 0);
+}
+
+/* the low bytes of 16 codes (c[0]'s to c[3]'s) to p, one 16-byte store */
+static inline void vi_store_bytes16(void *p, const vi *c, int uns) {
+  vi_store_bytes4(p, c[0], c[1], c[2], c[3], uns, 0);
+}
+
 #endif
