@@ -126,15 +126,13 @@ static inline void vi_store_bytes4(void *p, vi c0, vi c1, vi c2, vi c3, int uns,
 
 /* ---- the block encoders' extra words (blocks_simd.inc), float only ---- */
 
-/* roundf of each lane: ties away from zero (trunc, then one step out where
- * the dropped fraction is >= 1/2, exact below 2^23); NaN -> 0 */
+/* roundf of each lane, ties away from zero: trunc(t + copysign(0.5 - 2^-25,
+ * t)) (the sum rounds a tie up to the next integer and nothing else: equal
+ * to roundf on every float below 2^23); NaN -> 0 */
 static inline vi vf_round_away_i32(vf t) {
-  vf tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  vf up = _mm256_cmp_ps(vf_abs(_mm256_sub_ps(t, tr)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
-  vf step = _mm256_or_ps(_mm256_and_ps(t, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));
-  tr = _mm256_add_ps(tr, _mm256_and_ps(up, step));
-  tr = _mm256_and_ps(tr, _mm256_cmp_ps(t, t, _CMP_ORD_Q));
-  return _mm256_cvttps_epi32(tr);
+  vf step = _mm256_or_ps(_mm256_and_ps(t, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(0.49999997f));
+  vi c = _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+  return _mm256_and_si256(c, _mm256_castps_si256(_mm256_cmp_ps(t, t, _CMP_ORD_Q)));
 }
 /* lanes holding integers to int32 */
 static inline vi vf_cvt_i32(vf t) { return _mm256_cvtps_epi32(t); }

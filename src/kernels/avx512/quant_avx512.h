@@ -103,18 +103,14 @@ static inline void vi_store_bytes4(void *p, vi c0, vi c1, vi c2, vi c3, int uns,
 
 /* ---- the block encoders' extra words (blocks_simd.inc), float only ---- */
 
-/* roundf of each lane: ties away from zero (trunc, then one step out where
- * the dropped fraction is >= 1/2, exact below 2^23); NaN -> 0 */
+/* roundf of each lane, ties away from zero: trunc(t + copysign(0.5 - 2^-25,
+ * t)) (the sum rounds a tie up to the next integer and nothing else: equal
+ * to roundf on every float below 2^23); NaN -> 0 */
 static inline vi vf_round_away_i32(vf t) {
-  vf tr = _mm512_roundscale_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(t, tr)), _mm512_set1_ps(0.5f),
-                                    _CMP_GE_OQ);
-  __m512i one = _mm512_castps_si512(_mm512_set1_ps(1.0f));
+  __m512i h = _mm512_castps_si512(_mm512_set1_ps(0.49999997f));
   vf step = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
-      one, _mm512_castps_si512(t), _mm512_set1_epi32((int)0x80000000u), 0xf8)); /* +-1, t's sign */
-  tr = _mm512_mask_add_ps(tr, up, tr, step);
-  tr = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), tr);
-  return _mm512_cvttps_epi32(tr);
+      h, _mm512_castps_si512(t), _mm512_set1_epi32((int)0x80000000u), 0xf8)); /* h | sign(t) */
+  return _mm512_maskz_cvttps_epi32(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), _mm512_add_ps(t, step));
 }
 /* lanes holding integers to int32 */
 static inline vi vf_cvt_i32(vf t) { return _mm512_cvtps_epi32(t); }
