@@ -153,6 +153,20 @@ def test_per_group_equals_transcription(rng, fmt, qmax, group, pow2):
         assert (m == 0.5).all()
 
 
+def test_norm_options(rng):
+    """offset, eps_outside, partial and eps reach the norm: the codes are those of
+    rms_norm's y with the same options."""
+    x = activations(rng)
+    w, b = params(rng, 512)
+    opts = dict(bias=b, eps=1e-3, offset=True, eps_outside=True, partial=0.4)
+    codes, _ = rmsnorm.rms_norm_quant(x, 512, w, format="q8_k", **opts)
+    np.testing.assert_array_equal(codes, q8_k(rmsnorm.rms_norm(x, 512, w, **opts)))
+    codes, scales = rmsnorm.rms_norm_quant(x, 512, w, format="int8", group=64, **opts)
+    want_q, want_s = per_group(rmsnorm.rms_norm(x, 512, w, **opts), 127, 64, False)
+    np.testing.assert_array_equal(codes, want_q)
+    np.testing.assert_array_equal(scales, want_s)
+
+
 def test_static_scale(rng):
     x = activations(rng)
     codes, scales = rmsnorm.rms_norm_quant(x, 512, format="int8", scale=0.05)
