@@ -8,6 +8,7 @@ arrays here and for CPU torch tensors in rmsnorm.torch (imported on first use).
     q = rmsnorm.qk_norm(qkv[:, 0], q_weight)                        # every head of Q
     z = rmsnorm.rms_norm_linear(x, w_matrix, weight)                # RMSNorm(x) @ w_matrix
     q, scale = rmsnorm.rms_norm_int8(x, x.shape[-1:], weight)      # int8, per-row scale
+    codes, _ = rmsnorm.rms_norm_quant(x, x.shape[-1:], weight, format="q8_0")  # ggml blocks
 
 The functions are compiled (rmsnorm._native, over numpy's C API); large outputs
 come from a cache of warm blocks (cache_info, set_cache_limit, empty_cache).
@@ -35,7 +36,18 @@ _FUNCTIONS = [fn.name for fn in _FNS if fn.where != "TORCH"] + [
 globals().update({name: getattr(_native, name) for name in _FUNCTIONS})
 __version__ = _native.library_version()
 __all__ = _FUNCTIONS + [
-    "Error", "ArgumentError", "DtypeError", "OutOfMemoryError", "NotAvailableError"]
+    "dequantize", "Error", "ArgumentError", "DtypeError", "OutOfMemoryError", "NotAvailableError"]
+
+
+def dequantize(codes, scales, format, group=0):
+    """The float32 values that rms_norm_quant's (codes, scales) in `format` (and `group`)
+    stand for: of the codes' shape for int8, fp8_e4m3 and mxfp8, (*leading, d) for the
+    blocks of q8_0, q8_k and mxfp4. Decoded from the formats' definitions in numpy."""
+    import numpy
+
+    from . import _quant
+
+    return _quant.dequantize(codes, scales, format, group, _quant.Ops(numpy))
 
 
 def __getattr__(name):

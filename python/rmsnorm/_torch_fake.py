@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from . import _ops
+from . import _ops, _quant
 
 _C = sys.modules["rmsnorm._torch"]
 FLOATS = tuple(getattr(torch, name) for name in _C.dtypes())  # by rmsnorm_dtype code
@@ -76,6 +76,36 @@ def _stats(x, k, dtype=None):
     return x.new_empty(tuple(x.shape[: x.dim() - k]) + (1,) * k, dtype=dtype)
 
 
+def _quant_outputs(op: str, a: dict, x, k: int) -> dict:
+    """codes and scales of the quantized formats (core.hpp's qlayout and quantized)."""
+    fmt, group, pow2, scale = a["format"], a["group"], a["pow2_scale"], a["scale"]
+    torch._check_value(fmt in _quant.FORMATS, lambda: f"rmsnorm::{op}: " + _quant.format_error(fmt))
+    block, nbytes = _quant.FORMATS[fmt]
+    ok = group >= 0 and group % 32 == 0 and (scale is None or not (group or pow2))
+    _check(op, ok and (not block or not (group or pow2 or scale is not None)), "qoptions",
+           format=fmt, group=group, pow2=pow2, scale=repr(float(scale)) if scale is not None
+           else None)
+    ns, d = a["normalized_shape"], 1
+    for n in ns:
+        d = d * n
+    blk = block or group or 1
+    _check(op, (d > 0) & (d % blk == 0), "qsize", format=fmt, block=blk, norm=list(ns), d=d,
+           unit="its block" if block else "the group" if group else "any length")
+    lead = tuple(x.shape[: x.dim() - k])
+    if nbytes:
+        codes = x.new_empty(lead + (d // block * nbytes,), dtype=torch.uint8)
+    else:
+        codes = x.new_empty(x.shape, dtype=torch.int8 if fmt == "int8" else torch.float8_e4m3fn)
+    if scale is not None:
+        scales = x.new_empty((), dtype=torch.float32)
+    elif fmt == "mxfp8":
+        scales = x.new_empty(lead + (d // 32,), dtype=getattr(torch, "float8_e8m0fnu", torch.uint8))
+    else:
+        scales = x.new_empty(lead + ((d // group if group else 1) if not block else 0,),
+                             dtype=torch.float32)
+    return {"codes": codes, "scales": scales}
+
+
 def _output(op: _ops.Op, a: dict, x, name: str, i: int):
     """Output i of the op (its schema's name for it: name), a new contiguous tensor."""
     k = len(a["normalized_shape"]) if "normalized_shape" in a else 1
@@ -91,6 +121,8 @@ def _output(op: _ops.Op, a: dict, x, name: str, i: int):
         if a["scale"] is None:
             return _stats(x, k, torch.float32)
         return x.new_empty((), dtype=torch.float32)
+    if name in ("codes", "scales"):
+        return _quant_outputs(op.name, a, x, k)[name]
     if name == "q":
         return x.new_empty(x.shape, dtype=torch.int8 if "int8" in op.id else torch.float8_e4m3fn)
     if "shard_stats" in op.id or "shard_backward_dots" in op.id:

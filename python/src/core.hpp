@@ -17,7 +17,8 @@
  *   Array cast(const Array&, int dtype);    a new contiguous array
  *   Array empty(Dims, int dtype);           new, contiguous
  *   Array full(Dims, int dtype, double);
- *   Array empty_quant(Dims, int qtype);     int8 or float8_e4m3fn
+ *   Array empty_quant(Dims, int store);     codes or scales of a Store kind (int8,
+ *                                           float8_e4m3fn, uint8, float8_e8m0fnu)
  *   Array scalar_f32(float);                a 0-d float32 array
  *   void writable(const Array&, const char *what);  refuse an output that
  *                                           cannot be written where it is
@@ -103,6 +104,13 @@ inline constexpr std::pair<const char *, const char *> kMessages[] = {
                       "{d_global} columns"},
     {"row_sums", "{what} has dtype {dtype}; per-row sums are float64 (as rms_norm_shard_stats "
                  "returns them)"},
+    {"qformat", "format must be one of 'int8', 'fp8_e4m3', 'q8_0', 'q8_k', 'mxfp8', 'mxfp4'; got "
+                "{format}"},
+    {"qoptions", "format {format} with group = {group}, pow2_scale = {pow2}, scale = {scale}: "
+                 "group, pow2_scale and scale apply to int8 and fp8_e4m3 only, group is 0 (one "
+                 "scale per row) or a multiple of 32, and a static scale takes neither"},
+    {"qsize", "format {format} needs rows of a positive multiple of {block} elements "
+              "({unit}); normalized_shape {norm} has {d}"},
 };
 
 /* The message `key` with its {name} fields replaced. */
@@ -524,6 +532,67 @@ inline float static_scale(double v) {
   return s;
 }
 
+/* The element kinds of quantized outputs (empty_quant); the first two are rmsnorm_qtype's. */
+enum Store { ST_INT8 = RMSNORM_Q_INT8, ST_E4M3 = RMSNORM_Q_FP8_E4M3, ST_U8, ST_E8M0 };
+
+/* The formats of rmsnorm_forward_quantized by their Python names. codes: the element kind of
+ * the codes, per element (int8, e4m3) or bytes of blocks (uint8); block: the elements of a
+ * block, 0 for int8/fp8_e4m3 (the group, or the row). */
+struct QFormat {
+  const char *name;
+  rmsnorm_qformat format;
+  Store codes;
+  int64_t block;
+};
+inline constexpr QFormat kQFormats[] = {
+    {"int8", RMSNORM_QF_INT8, ST_INT8, 0},  {"fp8_e4m3", RMSNORM_QF_FP8_E4M3, ST_E4M3, 0},
+    {"q8_0", RMSNORM_QF_Q8_0, ST_U8, 32},    {"q8_k", RMSNORM_QF_Q8_K, ST_U8, 256},
+    {"mxfp8", RMSNORM_QF_MXFP8_E4M3, ST_E4M3, 32}, {"mxfp4", RMSNORM_QF_MXFP4, ST_U8, 32}};
+
+/* A row's quantized layout: the descriptor, a row's code bytes and scales. */
+struct QLayout {
+  const QFormat *f = nullptr;
+  rmsnorm_quant q{};
+  float static_scale = 0;
+  std::size_t row_bytes = 0, row_scales = 0;
+};
+
+/* The format's layout for rows of normalized_shape `norm`, checked (the messages name the
+ * Python arguments rather than the library's status alone). The caller points q.static_scale
+ * at its copy's static_scale (when scale is given) before using q. */
+inline QLayout qlayout(std::string_view format, int64_t group, bool pow2,
+                       std::optional<double> scale, Dims norm) {
+  QLayout l;
+  for (const QFormat &f : kQFormats)
+    if (format == f.name) l.f = &f;
+  if (!l.f) value_error(message("qformat", {{"format", "'" + std::string(format) + "'"}}));
+  rmsnorm_quant_init(&l.q, l.f->format);
+  l.q.group = static_cast<std::size_t>(group);
+  l.q.flags = pow2 ? static_cast<unsigned>(RMSNORM_QUANT_SCALE_POW2) : 0u;
+  if (scale) l.static_scale = static_scale(*scale);
+  l.q.static_scale = scale ? &l.static_scale : nullptr;
+  int64_t d = prod(norm);
+  rmsnorm_status st = group < 0 ? RMSNORM_ERROR_BAD_ARGUMENT
+                                : rmsnorm_quant_row_size(&l.q, static_cast<std::size_t>(d),
+                                                         &l.row_bytes, &l.row_scales);
+  if (st == RMSNORM_ERROR_BAD_ARGUMENT)
+    throw Error{Kind::Value,
+                message("qoptions", {{"format", l.f->name}, {"group", std::to_string(group)},
+                                     {"pow2", pow2 ? "True" : "False"},
+                                     {"scale", scale ? number_text(*scale) : "None"}}),
+                static_cast<int>(st)};
+  if (st == RMSNORM_ERROR_BAD_SIZE) {
+    int64_t block = l.f->block ? l.f->block : group ? group : 1;
+    const char *unit = l.f->block ? "its block" : group ? "the group" : "any length";
+    throw Error{Kind::Value,
+                message("qsize", {{"format", l.f->name}, {"block", std::to_string(block)},
+                                  {"unit", unit}, {"norm", list(norm)}, {"d", std::to_string(d)}}),
+                static_cast<int>(st)};
+  }
+  check(st, "rmsnorm_quant_row_size");
+  return l;
+}
+
 inline void require_linear(const char *what) {
   if (rmsnorm_linear_available() != RMSNORM_OK)
     throw Error{Kind::NotAvailable,
@@ -544,6 +613,7 @@ inline void require_linear(const char *what) {
  *   bool want_stats()       the statistics are asked for (return_rstd, or the op returns them)
  *   Dims norm()             normalized_shape
  *   bool flag(name); std::optional<double> real(name); int64_t integer(name)
+ *   std::string text(name)  a str argument
  *   bool mask(k)            the k-th gradient is asked for
  *   void ret({...})         the outputs in the op's order: the front end returns those its
  *                           function or op has (none for a torch op that writes in place) */
@@ -784,6 +854,51 @@ void quant(A &a, rmsnorm_qtype qtype) {
 
 template <class A> void rms_norm_int8(A &a) { quant(a, RMSNORM_Q_INT8); }
 template <class A> void rms_norm_fp8(A &a) { quant(a, RMSNORM_Q_FP8_E4M3); }
+
+/* ---- RMSNorm into the formats of rmsnorm_forward_quantized ------------------------------ */
+
+/* (codes, scales[, new_residual]) of RMSNorm(input), or with `add` of RMSNorm(residual +
+ * input) and that sum (rounded to the dtype) in a new array. codes: the input's shape
+ * (int8, fp8_e4m3, mxfp8: one code per element) or (*leading, row bytes) of uint8 blocks;
+ * scales: (*leading, scales per row), float32 (E8M0 bytes for mxfp8; none, (*leading, 0),
+ * for the formats whose scales are inside the blocks), or a 0-d float32 static scale. */
+template <class A, class B = typename A::B>
+void quantized(A &a, bool add) {
+  B &b = a.backend();
+  auto u = a.in("input"), h = add ? a.in("residual") : Array<B>();
+  Dims norm = a.norm();
+  Options o = options(a);
+  auto [dt, shape, p] = norm_in(b, RMS, u, "input", norm, a.in("weight"), a.in("bias"), o,
+                                {{&h, "residual"}});
+  std::optional<double> scale = a.real("scale");
+  QLayout l = qlayout(a.text("format"), a.integer("group"), a.flag("pow2_scale"), scale, norm);
+  if (scale) l.q.static_scale = &l.static_scale;
+  std::size_t k = norm.size();
+  Rows<B> ur = as_rows(b, u, k), hr;
+  if (add) hr = as_rows(b, b.cast(h, dt), k);  // a new contiguous copy: the library updates it
+  Shape lead(shape.begin(), shape.end() - static_cast<std::ptrdiff_t>(k)), cs = lead, ss = lead;
+  cs.push_back(static_cast<int64_t>(l.row_bytes));
+  ss.push_back(static_cast<int64_t>(l.row_scales));
+  auto codes = b.empty_quant(l.f->codes == ST_U8 ? Dims(cs) : shape, l.f->codes);
+  auto sc = scale ? b.scalar_f32(l.static_scale)
+            : l.f->format == RMSNORM_QF_MXFP8_E4M3 ? b.empty_quant(ss, ST_E8M0)
+                                                   : b.empty(ss, RMSNORM_F32);
+  void *sp = l.row_scales ? B::ptr(sc) : nullptr;
+  run(b, dt, p.param_dtype, o, ur.rows * ur.d,
+      add ? "rmsnorm_add_forward_quantized" : "rmsnorm_forward_quantized", [&](auto ctx, auto cfg) {
+    void *w = ptr_or_null<B>(p.weight), *bias = ptr_or_null<B>(p.bias), *c = B::ptr(codes);
+    return add ? rmsnorm_add_forward_quantized(ctx, cfg, ur.rows, ur.d, hr.ptr, hr.ld, ur.ptr,
+                                               ur.ld, w, bias, &l.q, c, l.row_bytes, sp,
+                                               l.row_scales, nullptr)
+               : rmsnorm_forward_quantized(ctx, cfg, ur.rows, ur.d, ur.ptr, ur.ld, w, bias, &l.q,
+                                           c, l.row_bytes, sp, l.row_scales, nullptr);
+  });
+  if (add) a.ret({codes, sc, hr.array});
+  else a.ret({codes, sc});
+}
+
+template <class A> void rms_norm_quant(A &a) { quantized(a, false); }
+template <class A> void fused_add_rms_norm_quant(A &a) { quantized(a, true); }
 
 /* ---- RMSNorm + linear, gain folded ------------------------------------------------------ */
 

@@ -37,6 +37,7 @@ using rncore::Dims;
 int g_type_num[] = {NPY_FLOAT32, NPY_FLOAT16, -1, NPY_FLOAT64};
 PyArray_Descr *g_bf16 = nullptr; // ml_dtypes.bfloat16
 PyArray_Descr *g_fp8 = nullptr;  // ml_dtypes.float8_e4m3fn (uint8 without ml_dtypes)
+PyArray_Descr *g_e8m0 = nullptr; // ml_dtypes.float8_e8m0fnu (uint8 without it: ml_dtypes < 0.5)
 PyObject *g_error_cls[4];        // rmsnorm.ArgumentError, DtypeError, OutOfMemoryError, NotAvailableError
 std::atomic<int> g_threads{0};   // rmsnorm.set_num_threads (0: the library's default)
 
@@ -188,8 +189,11 @@ struct NumpyBackend {
     if (PyArray_FillWithScalar(a.arr(), value.get()) < 0) throw PyErrorSet{};
     return a;
   }
-  Ref empty_quant(Dims shape, int qtype) {
-    PyArray_Descr *d = qtype == RMSNORM_Q_INT8 ? PyArray_DescrFromType(NPY_INT8) : (Py_INCREF(g_fp8), g_fp8);
+  Ref empty_quant(Dims shape, int store) {
+    PyArray_Descr *d = store == rncore::ST_INT8  ? PyArray_DescrFromType(NPY_INT8)
+                       : store == rncore::ST_U8  ? PyArray_DescrFromType(NPY_UINT8)
+                       : store == rncore::ST_E4M3 ? (Py_INCREF(g_fp8), g_fp8)
+                                                  : (Py_INCREF(g_e8m0), g_e8m0);
     return new_array(shape, d);
   }
   Ref scalar_f32(float v) {
@@ -307,10 +311,12 @@ int parse_signature(Signature *out, const char *fname, std::string_view sig) {
     PyObject *d = nullptr;
     if (eq != std::string::npos) {
       std::string v = item.substr(eq + 1);
+      bool integer = v.find_first_not_of("-0123456789") == std::string::npos;
       d = v == "None" ? (Py_INCREF(Py_None), Py_None)
           : v == "False" ? PyBool_FromLong(0)
           : v == "True" ? PyBool_FromLong(1)
-                        : PyFloat_FromDouble(std::strtod(v.c_str(), nullptr));
+          : integer ? PyLong_FromString(v.c_str(), nullptr, 10)
+                    : PyFloat_FromDouble(std::strtod(v.c_str(), nullptr));
       if (!d) return -1;
     }
     out->defaults.push_back(d);  // kept for the process
@@ -466,6 +472,20 @@ class Args {
     int i = find(n);
     if (i < 0 || v_[i] == Py_None) return std::nullopt;
     return as_double(v_[i], sig_.names[i].c_str());
+  }
+  int64_t integer(std::string_view n) {
+    int i = find(n);
+    long long v = PyLong_AsLongLong(v_[i]);
+    if (v == -1 && PyErr_Occurred()) throw PyErrorSet{};
+    return v;
+  }
+  std::string text(std::string_view n) {
+    int i = find(n);
+    if (!PyUnicode_Check(v_[i]))
+      rncore::type_error(sig_.names[i] + " must be a str, got " + Py_TYPE(v_[i])->tp_name);
+    const char *c = PyUnicode_AsUTF8(v_[i]);
+    if (!c) throw PyErrorSet{};
+    return c;
   }
   Dims norm() {
     shape_ = normalized_shape(v_[find("normalized_shape")]);
@@ -645,6 +665,7 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "rmsnorm._native",
 /* bfloat16 and float8_e4m3fn from ml_dtypes, when it is installed. */
 int load_ml_dtypes() {
   Ref mod(PyImport_ImportModule("ml_dtypes"));
+  g_e8m0 = PyArray_DescrFromType(NPY_UINT8);  // E8M0 scales as bytes, unless ml_dtypes has them
   if (!mod.get()) {
     PyErr_Clear();
     g_fp8 = PyArray_DescrFromType(NPY_UINT8);  // fp8 codes as bytes
@@ -653,6 +674,12 @@ int load_ml_dtypes() {
   for (auto [name, out] : {std::pair{"bfloat16", &g_bf16}, std::pair{"float8_e4m3fn", &g_fp8}}) {
     Ref type(PyObject_GetAttrString(mod.get(), name));
     if (!type.get() || !PyArray_DescrConverter(type.get(), out)) return -1;
+  }
+  if (Ref e8m0(PyObject_GetAttrString(mod.get(), "float8_e8m0fnu")); e8m0.get()) {
+    Py_DECREF(g_e8m0);
+    if (!PyArray_DescrConverter(e8m0.get(), &g_e8m0)) return -1;
+  } else {
+    PyErr_Clear();
   }
   g_type_num[RMSNORM_BF16] = g_bf16->type_num;
   return 0;

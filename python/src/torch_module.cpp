@@ -98,6 +98,12 @@ c10::IValue convert(PyObject *o, const c10::Argument &arg) {
       if (v == -1 && PyErr_Occurred()) throw python_error();
       return v;
     }
+    case c10::TypeKind::StringType: {
+      TORCH_CHECK_TYPE(PyUnicode_Check(o), arg.name(), " must be a str, got ", Py_TYPE(o)->tp_name);
+      const char *c = PyUnicode_AsUTF8(o);
+      if (!c) throw python_error();
+      return std::string(c);
+    }
     case c10::TypeKind::ListType: return shape(o);  // SymInt[] normalized_shape
     default: TORCH_CHECK(false, "rmsnorm._torch.call: no conversion for ", t->str());
   }

@@ -15,6 +15,11 @@
  * autograd; their ADInplaceOrView kernels bump the written tensors' version counters in
  * every mode (inference mode included), as torch's own in-place ops do. */
 #include <torch/library.h>
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#elif __has_include(<torch/version.h>)
+#include <torch/version.h>
+#endif
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
@@ -110,6 +115,14 @@ Tensor new_tensor(Dims shape, at::ScalarType t) {
                                           std::nullopt));
 }
 
+/* E8M0 scales: torch's float8_e8m0fnu (torch >= 2.7), else their bytes as uint8. */
+#if defined(TORCH_VERSION_MAJOR) && \
+    (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7))
+constexpr at::ScalarType kE8M0 = at::kFloat8_e8m0fnu;
+#else
+constexpr at::ScalarType kE8M0 = at::kByte;
+#endif
+
 struct NoUnlock {};
 
 struct TorchBackend {
@@ -128,8 +141,11 @@ struct TorchBackend {
   Tensor cast(const Tensor &t, int code) { return empty(shape(t), code).copy_(t); }
   Tensor empty(Dims s, int code) { return new_tensor(s, kTypes[code]); }
   Tensor full(Dims s, int code, double v) { return empty(s, code).fill_(v); }
-  Tensor empty_quant(Dims s, int qtype) {
-    return new_tensor(s, qtype == RMSNORM_Q_INT8 ? at::kChar : at::kFloat8_e4m3fn);
+  Tensor empty_quant(Dims s, int store) {
+    return new_tensor(s, store == rncore::ST_INT8   ? at::kChar
+                         : store == rncore::ST_E4M3 ? at::kFloat8_e4m3fn
+                         : store == rncore::ST_U8   ? at::kByte
+                                                    : kE8M0);
   }
   Tensor scalar_f32(float v) {
     Tensor t = at::empty({}, at::TensorOptions().dtype(at::kFloat));
@@ -256,6 +272,7 @@ class Args {
   OptDouble eps() const { return real("eps"); }
   double partial() const { return real("partial").value_or(1.0); }
   int64_t integer(const char *n) const { return find(n)->toInt(); }
+  std::string text(const char *n) const { return find(n)->toStringRef(); }
   int64_t k() const {  // the normalized dims (QK-norm: the last)
     const c10::IValue *v = find("normalized_shape");
     return v ? static_cast<int64_t>(v->toSymIntVector().size()) : 1;

@@ -63,6 +63,10 @@ def samples(dtype):
          (t(4, 3, 8, grad=False), t(4, 3, 8), w, 1e-6, [True, True, False]), {}),
         ("rms_norm_int8", ops.rms_norm_int8.default, (x, [8], w), {}),
         ("rms_norm_fp8", ops.rms_norm_fp8.default, (x, [8], w), dict(scale=0.01)),
+        ("rms_norm_quant", ops.rms_norm_quant.default, (t(3, 64), [64], None),
+         dict(format="int8", group=32, pow2_scale=True)),
+        ("fused_add_rms_norm_quant", ops.fused_add_rms_norm_quant.default,
+         (t(3, 64), t(3, 64), [64], None), dict(format="q8_0")),
         # a shard: columns [4, 12) of rows of 20 (the sums over the shards from one shard)
         ("rms_norm_shard_stats", ops.rms_norm_shard_stats.default, (x3, 20, 4),
          dict(partial=0.5)),

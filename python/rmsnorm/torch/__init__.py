@@ -26,7 +26,7 @@ from .. import _torch_fake  # noqa: E402,F401  (the fake kernels)
 from .._ops import FNS as _FNS  # noqa: E402
 
 __all__ = [fn.name for fn in _FNS if fn.where != "NUMPY"] + [
-    "RMSNorm", "LayerNorm", "LlamaRMSNorm", "GemmaRMSNorm", "patch"]
+    "dequantize", "RMSNorm", "LayerNorm", "LlamaRMSNorm", "GemmaRMSNorm", "patch"]
 
 _Shape = Union[int, Sequence[int], torch.Size]
 _ops = torch.ops.rmsnorm
@@ -99,6 +99,14 @@ def _define(fn) -> None:
 for _fn in _FNS:
     if _fn.where in ("TORCH", "BOTH"):
         _define(_fn)
+
+
+def dequantize(codes, scales, format, group=0):
+    """rmsnorm.dequantize for tensors: the float32 values of rms_norm_quant's (codes,
+    scales), computed with torch operations."""
+    from .. import _quant
+
+    return _quant.dequantize(codes, scales, format, group, _quant.Ops(torch))
 
 
 # ---- modules ---------------------------------------------------------------------------
