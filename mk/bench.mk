@@ -1,6 +1,7 @@
 # mk/bench.mk - `make bench`: runs `rmsnorm bench` over the standard shapes
 # and dtypes, keeps the CSV and the table, and plots % of the copy limit
-# per shape (gnuplot, installed from Debian when missing).
+# per shape (gnuplot, installed from Debian when missing); then the quantized
+# outputs against the fp32 forward (bench_fused quant).
 # The command's measuring code and the plot script are in bench/c/; the CSV and
 # the plot are written to BENCH_DIR.
 BENCH_DIR ?= bench
@@ -19,3 +20,5 @@ bench: build gnuplot
 	./$(BUILD)/tools/rmsnorm bench $(RMSNORM_BENCH_ARGS) --csv > $(BENCH_DIR)/results.csv
 	column -s, -t < $(BENCH_DIR)/results.csv
 	$(BENCH_PLOT) $(BENCH_DIR)/results.csv $(BENCH_DIR)/bandwidth.png
+	@echo "quantized outputs against the fp32-output forward (docs/quantized.md):"
+	./$(BUILD)/bench_fused quant 11

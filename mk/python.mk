@@ -51,9 +51,12 @@ python-install: $(PY_PKG_STAMP)
 
 # The torch module is compiled (once per torch and package; its warnings shown)
 # before pytest, so that no test waits for it and a compile error stops here.
-test-python: $(PY_PKG_STAMP)
+# The C block encoders' bytes against gguf-py and the numpy transcriptions
+# run here too, with the venv's gguf and ml_dtypes (ctest's own python may lack them).
+test-python: $(PY_PKG_STAMP) build
 	$(PY_RUN) -m rmsnorm._torch_build
 	$(PY_RUN) -m pytest python/tests $(PYTEST_ARGS)
+	$(VENV_PY) tests/blocks/check_blocks_oracle.py $(BUILD)/tests/blocks_tool
 
 # The benchmark's peers beyond the tests' (onnxruntime, and onnx to build its model).
 $(PY_BENCH_STAMP): $(PY_BENCH_REQUIREMENTS) $(PY_DEPS_STAMP)
