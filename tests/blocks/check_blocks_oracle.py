@@ -5,14 +5,14 @@ definitions (with ml_dtypes for the E4M3 and E8M0 encodings) for Q8_K, MXFP8
 and the per-group scales.
 
 usage: python check_blocks_oracle.py PATH/TO/blocks_tool
-Exit 0 when all agree, 1 on a mismatch, 77 when gguf or ml_dtypes is missing.
+Exit 0 when all agree, 1 on a mismatch, 77 when numpy, gguf or ml_dtypes is
+missing (make test-python runs it with the venv's).
 """
 import subprocess
 import sys
 
-import numpy as np
-
 try:
+    import numpy as np
     import gguf
     import ml_dtypes
 except ImportError as e:  # the oracles are optional test dependencies
