@@ -44,8 +44,38 @@ enum {
   O_DWEIGHT = 1u << 11,
   O_DBIAS = 1u << 12,
   O_RESIDUAL_OUT = 1u << 13,
-  O_LINEAR_BIAS = 1u << 14
+  O_LINEAR_BIAS = 1u << 14,
+  O_QUANT = 1u << 15,
+  O_SCALES = 1u << 16,
+  O_GROUP = 1u << 17,
+  O_POW2 = 1u << 18
 };
+
+/* The quantized formats by their names on the command line, in the order
+ * --help lists them. */
+typedef struct qformat_def {
+  const char *name;
+  rmsnorm_qformat format;
+  size_t block;     /* the row length must be a multiple of it (0: any) */
+  int scales;       /* 0: inside the blocks; 1: float32 scales; 2: E8M0 bytes */
+  npy_dtype codes;  /* the codes file's dtype */
+} qformat_def;
+
+static const qformat_def qformat_defs[] = {
+  {"int8", RMSNORM_QF_INT8, 0, 1, NPY_I8},
+  {"fp8_e4m3", RMSNORM_QF_FP8_E4M3, 0, 1, NPY_U8},
+  {"q8_0", RMSNORM_QF_Q8_0, 32, 0, NPY_U8},
+  {"q8_k", RMSNORM_QF_Q8_K, 256, 0, NPY_U8},
+  {"mxfp8", RMSNORM_QF_MXFP8_E4M3, 32, 2, NPY_U8},
+  {"mxfp4", RMSNORM_QF_MXFP4, 32, 0, NPY_U8},
+};
+#define N_QFORMATS (sizeof qformat_defs / sizeof qformat_defs[0])
+#define QFORMAT_NAMES "int8, fp8_e4m3, q8_0, q8_k, mxfp8, mxfp4"
+
+/* int8 and fp8_e4m3: the formats with per-row or per-group scales */
+static int has_groups(const qformat_def *f) {
+  return f->format == RMSNORM_QF_INT8 || f->format == RMSNORM_QF_FP8_E4M3;
+}
 
 typedef struct option_def {
   const char *name; /* without the leading "--" */
@@ -65,6 +95,10 @@ static const option_def option_defs[] = {
   {"weight", O_WEIGHT, "FILE", "the gain g: the normalized shape; '<f4' or X's dtype"},
   {"bias", O_BIAS, "FILE", "the bias b: as the weight, and in its dtype"},
   {"linear-bias", O_LINEAR_BIAS, "FILE", "added to Z: shape (N,), in the weight's dtype"},
+  {"quant", O_QUANT, "FORMAT", "write Y quantized, -o the codes: " QFORMAT_NAMES},
+  {"scales", O_SCALES, "FILE", "--quant int8, fp8_e4m3, mxfp8: the scales (required)"},
+  {"group", O_GROUP, "G", "int8, fp8_e4m3: a scale per G columns (G a multiple of 32)"},
+  {"pow2-scale", O_POW2, NULL, "int8, fp8_e4m3: scales rounded up to a power of two"},
   {"eps", O_EPS, "E", "finite, >= 0 (default: 2^-23; 2^-52 for '<f8' data)"},
   {"eps-outside", O_EPS_OUTSIDE, NULL, "r = 1/(sqrt(mean(x^2)) + eps), the paper's code"},
   {"offset", O_OFFSET, NULL, "multiply by (1 + g) instead of g (Gemma)"},
@@ -75,6 +109,7 @@ static const option_def option_defs[] = {
 #define N_OPTION_DEFS (sizeof option_defs / sizeof option_defs[0])
 
 #define COMMON_OPTS (O_OUT | O_EPS | O_OFFSET | O_WEIGHT | O_BIAS | O_BF16 | O_DIMS)
+#define QUANT_OPTS (O_QUANT | O_SCALES | O_GROUP | O_POW2)
 
 typedef struct op_spec {
   const char *name;
@@ -89,10 +124,17 @@ typedef struct op_spec {
 
 static const op_spec op_specs[] = {
   {"forward", OP_RMS_FORWARD, 1, "X.npy", "Y.npy",
-   COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD,
-   "X.npy -o Y.npy [--rstd R.npy] [options]",
+   COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD | QUANT_OPTS,
+   "X.npy -o Y.npy [--rstd R.npy] [options]\n"
+   "       rmsnorm forward X.npy --quant FORMAT -o CODES.npy [--scales S.npy]\n"
+   "                       [--group G] [--pow2-scale] [--rstd R.npy] [options]",
    "RMSNorm of each row of X (the last axis, or the last K with --dims K):\n"
-   "  y = x * r * g + b,  r = 1/sqrt(mean(x^2) + eps)"},
+   "  y = x * r * g + b,  r = 1/sqrt(mean(x^2) + eps)\n"
+   "With --quant, Y is written in an 8- or 4-bit format instead: -o gets the\n"
+   "codes, (rows..., bytes per row) ('|i1' for int8, else '|u1' bytes), and\n"
+   "--scales the scales of int8 and fp8_e4m3 ('<f4', (rows..., d/G or 1)) or\n"
+   "mxfp8 ('|u1' E8M0, (rows..., d/32)); q8_0, q8_k and mxfp4 keep theirs in\n"
+   "their blocks. The row length must be a multiple of the block (32; q8_k 256)."},
   {"backward", OP_RMS_BACKWARD, 2, "X.npy DY.npy", "DX.npy",
    COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_DWEIGHT | O_DBIAS,
    "X.npy DY.npy -o DX.npy [--dweight DG.npy] [--dbias DB.npy] [options]",
@@ -111,13 +153,16 @@ static const op_spec op_specs[] = {
    "recomputed from X): dx, and with --dweight / --dbias the sums over rows of\n"
    "dy*xhat and of dy. --bias does not change the gradients."},
   {"add-forward", OP_ADD_FORWARD, 2, "H.npy U.npy", "Y.npy",
-   COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD | O_RESIDUAL_OUT,
-   "H.npy U.npy -o Y.npy [--residual-out H2.npy] [--rstd R.npy] [options]",
+   COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD | O_RESIDUAL_OUT | QUANT_OPTS,
+   "H.npy U.npy -o Y.npy [--residual-out H2.npy] [--rstd R.npy] [options]\n"
+   "       rmsnorm add-forward H.npy U.npy --quant FORMAT -o CODES.npy [--scales S.npy]\n"
+   "                       [--group G] [--pow2-scale] [--residual-out H2.npy] [options]",
    "Residual add + RMSNorm in one pass (a pre-norm transformer block): the\n"
    "residual stream H plus a sub-layer's output U (same shape and dtype),\n"
    "  h' = h + u  (rounded to H's dtype),  y = RMSNorm(h')  as forward gives it.\n"
    "H.npy is read, never changed: --residual-out writes h' (naming H.npy itself\n"
-   "replaces it, all-or-nothing, like every output)."},
+   "replaces it, all-or-nothing, like every output). --quant writes Y's codes\n"
+   "and scales as forward's --quant does (see 'rmsnorm forward --help')."},
   {"linear", OP_LINEAR, 2, "X.npy W.npy", "Z.npy",
    O_OUT | O_RSTD | O_WEIGHT | O_LINEAR_BIAS | O_EPS | O_EPS_OUTSIDE | O_OFFSET | O_PARTIAL |
        O_BF16,
@@ -163,6 +208,10 @@ typedef struct norm_args {
   int eps_outside, offset, bf16;
   double partial;
   int dims, have_dims;
+  const qformat_def *quant; /* NULL: Y in X's dtype */
+  const char *scales;
+  size_t group;
+  int have_group, pow2;
 } norm_args;
 
 static int usage_error(const op_spec *op, const char *fmt, const char *what) {
@@ -196,6 +245,26 @@ static int set_option(const op_spec *op, norm_args *a, const option_def *o, cons
     case O_EPS_OUTSIDE: a->eps_outside = 1; break;
     case O_OFFSET: a->offset = 1; break;
     case O_BF16: a->bf16 = 1; break;
+    case O_SCALES: a->scales = v; break;
+    case O_POW2: a->pow2 = 1; break;
+    case O_QUANT:
+      a->quant = NULL;
+      for (size_t k = 0; k < N_QFORMATS; k++)
+        if (!strcmp(qformat_defs[k].name, v)) a->quant = &qformat_defs[k];
+      if (!a->quant)
+        return usage_error(op, "--quant must be one of " QFORMAT_NAMES ", not '%s'", v);
+      break;
+    case O_GROUP: {
+      char *end;
+      errno = 0;
+      unsigned long long g = strtoull(v, &end, 10);
+      if (*v < '0' || *v > '9' || *end != '\0' || errno || g % 32 != 0 || g > SIZE_MAX)
+        return usage_error(op, "--group must be a multiple of 32 (0: one scale per row), not '%s'",
+                           v);
+      a->group = (size_t)g;
+      a->have_group = 1;
+      break;
+    }
     case O_EPS:
       if (!parse_double(v, &a->eps) || !(a->eps >= 0 && isfinite(a->eps)))
         return usage_error(op, "--eps must be a finite number >= 0, not '%s'", v);
@@ -270,8 +339,30 @@ static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
   if (!a->out) return usage_error(op, "missing the output: -o %s", op->out_text);
   if (a->dweight && !a->weight)
     return usage_error(op, "%s needs --weight (the gradient of which weight?)", "--dweight");
+  /* the quantized output's options: each only where the format has it */
+  const char *qopt = a->scales ? "--scales" : a->have_group ? "--group" : a->pow2 ? "--pow2-scale" : NULL;
+  if (qopt && !a->quant) return usage_error(op, "%s needs --quant", qopt);
+  if (a->quant) {
+    const char *name = a->quant->name;
+    char msg[160];
+    if (!has_groups(a->quant) && (a->have_group || a->pow2)) {
+      snprintf(msg, sizeof msg, "%s is for int8 and fp8_e4m3 (%s's scales are fixed by its blocks)",
+               a->have_group ? "--group" : "--pow2-scale", name);
+      return usage_error(op, "%s", msg);
+    }
+    if (a->quant->scales && !a->scales) {
+      snprintf(msg, sizeof msg, "--quant %s needs --scales FILE (its codes mean nothing without them)",
+               name);
+      return usage_error(op, "%s", msg);
+    }
+    if (!a->quant->scales && a->scales) {
+      snprintf(msg, sizeof msg, "--quant %s keeps its scales in its blocks: no --scales", name);
+      return usage_error(op, "%s", msg);
+    }
+  }
   /* two outputs with one name would leave only one of them */
-  const char *outs[] = {a->out, a->mean, a->rstd, a->dweight, a->dbias, a->residual_out};
+  const char *outs[] = {a->out,   a->mean,         a->rstd,  a->dweight,
+                        a->dbias, a->residual_out, a->scales};
   size_t n_outs = sizeof outs / sizeof outs[0];
   for (size_t i = 0; i < n_outs; i++)
     for (size_t j = i + 1; j < n_outs; j++)
@@ -307,6 +398,8 @@ static rmsnorm_dtype dtype_of(npy_dtype dt) {
     case NPY_F16: return RMSNORM_F16;
     case NPY_F64: return RMSNORM_F64;
     case NPY_U16: return RMSNORM_BF16;
+    case NPY_I8:
+    case NPY_U8: break; /* never an input */
   }
   return RMSNORM_F32;
 }
@@ -433,8 +526,10 @@ static int run(const op_spec *op, const norm_args *a) {
   npy_file x = {0}, dy = {0}, w = {0}, b = {0};
   out_set *outs = out_begin();
   void *y = NULL, *mean = NULL, *rstd = NULL, *dweight = NULL, *dbias = NULL, *h = NULL;
+  void *scales = NULL;
   rmsnorm_context *ctx = NULL;
   int add = op->kind == OP_ADD_FORWARD;
+  const qformat_def *qf = a->quant;
 
   /* inputs */
   const char *paths[4] = {a->in[0], op->inputs == 2 ? a->in[1] : NULL, a->weight, a->bias};
@@ -508,7 +603,47 @@ static int run(const op_spec *op, const norm_args *a) {
     rn_cli_error("%s: normalized shape %s is too large", x.path, shape_text);
     goto done;
   }
-  y = alloc_bytes(xi->data_bytes, 0);
+
+  /* with --quant, Y's codes (rows, row_bytes) take Y's place, and the
+   * scales (rows, row_scales) come beside them */
+  rmsnorm_quant q;
+  rmsnorm_quant_init(&q, RMSNORM_QF_INT8); /* set below for --quant */
+  size_t row_bytes = 0, row_scales = 0, codes_bytes = xi->data_bytes, scales_bytes = 0;
+  size_t codes_shape[NPY_MAX_DIMS + 1], scales_shape[NPY_MAX_DIMS + 1];
+  if (qf) {
+    size_t block = has_groups(qf) ? a->group : qf->block;
+    if (block && d % block) {
+      if (has_groups(qf))
+        rn_cli_error("%s: normalized size %zu is not a multiple of --group %zu", x.path, d, block);
+      else
+        rn_cli_error("%s: normalized size %zu is not a multiple of %zu, the %s block size", x.path,
+                     d, block, qf->name);
+      goto done;
+    }
+    rmsnorm_quant_init(&q, qf->format);
+    q.group = a->group;
+    q.flags = a->pow2 ? RMSNORM_QUANT_SCALE_POW2 : 0u;
+    rmsnorm_status qst = rmsnorm_quant_row_size(&q, d, &row_bytes, &row_scales);
+    if (qst != RMSNORM_OK) {
+      rn_cli_error("%s: %s: %s (%s)", x.path, qf->name, rmsnorm_status_message(qst),
+                   rmsnorm_status_name(qst));
+      goto done;
+    }
+    size_t scale_size = qf->scales == 1 ? sizeof(float) : 1;
+    if ((row_bytes && rows > SIZE_MAX / row_bytes) ||
+        (row_scales && rows > SIZE_MAX / scale_size / row_scales)) {
+      rn_cli_error("%s: the quantized output's shape is too large", x.path);
+      goto done;
+    }
+    codes_bytes = rows * row_bytes;
+    scales_bytes = rows * row_scales * scale_size;
+    memcpy(codes_shape, xi->shape, (size_t)lead * sizeof codes_shape[0]);
+    memcpy(scales_shape, xi->shape, (size_t)lead * sizeof scales_shape[0]);
+    codes_shape[lead] = row_bytes;
+    scales_shape[lead] = row_scales;
+    if (a->scales) scales = alloc_bytes(scales_bytes, 0);
+  }
+  y = alloc_bytes(codes_bytes, 0);
   if (a->mean) mean = alloc_bytes(rows * stat_size, 0);
   if (a->rstd) rstd = alloc_bytes(rows * stat_size, 0);
   /* zeroed: with no rows the library writes nothing, and the sums are 0 */
@@ -516,7 +651,7 @@ static int run(const op_spec *op, const norm_args *a) {
   if (a->dbias) dbias = alloc_bytes(d * param_size, 1);
   if (add && (h = alloc_bytes(xi->data_bytes, 0)) != NULL) memcpy(h, x.data, xi->data_bytes);
   if (!y || (a->mean && !mean) || (a->rstd && !rstd) || (a->dweight && !dweight) ||
-      (a->dbias && !dbias) || (add && !h)) {
+      (a->dbias && !dbias) || (add && !h) || (a->scales && !scales)) {
     rn_cli_error("%s: out of memory", op->name);
     goto done;
   }
@@ -527,7 +662,10 @@ static int run(const op_spec *op, const norm_args *a) {
     {a->dweight, -1, param, k, xi->shape + lead, dweight, d * param_size, 0},
     {a->dbias, -1, param, k, xi->shape + lead, dbias, d * param_size, 0},
     {a->residual_out, -1, xi->dtype, xi->ndim, xi->shape, h, xi->data_bytes, 0},
+    {a->scales, -1, qf && qf->scales == 1 ? NPY_F32 : NPY_U8, lead + 1, scales_shape, scales,
+     scales_bytes, 0},
   };
+  if (qf) outv[0] = (output){a->out, -1, qf->codes, lead + 1, codes_shape, y, codes_bytes, 0};
   size_t n_out = sizeof outv / sizeof outv[0];
   if (register_outputs(outs, outv, n_out) != 0) goto done;
 
@@ -535,7 +673,14 @@ static int run(const op_spec *op, const norm_args *a) {
   rmsnorm_status st = start_library(a, dt, param, &ctx, &cfg);
   if (st == RMSNORM_OK) {
     const void *wp = a->weight ? w.data : NULL, *bp = a->bias ? b.data : NULL;
-    switch (op->kind) {
+    /* --quant: forward and add-forward only (parse_args) */
+    if (qf && add)
+      st = rmsnorm_add_forward_quantized(ctx, &cfg, rows, d, h, d, dy.data, d, wp, bp, &q, y,
+                                         row_bytes, scales, row_scales, rstd);
+    else if (qf)
+      st = rmsnorm_forward_quantized(ctx, &cfg, rows, d, x.data, d, wp, bp, &q, y, row_bytes,
+                                     scales, row_scales, rstd);
+    else switch (op->kind) {
       case OP_RMS_FORWARD:
         st = rmsnorm_forward(ctx, &cfg, rows, d, x.data, d, wp, bp, y, d, rstd);
         break;
@@ -573,6 +718,7 @@ done:
   free(dweight);
   free(dbias);
   free(h);
+  free(scales);
   for (int i = 0; i < 4; i++) npy_close(files[i]);
   return rc;
 }

@@ -42,11 +42,23 @@ const char *npy_descr(npy_dtype dt) {
     case NPY_F16: return "<f2";
     case NPY_F64: return "<f8";
     case NPY_U16: return "<u2";
+    case NPY_I8: return "|i1";
+    case NPY_U8: return "|u1";
   }
   return "?";
 }
 
-size_t npy_dtype_size(npy_dtype dt) { return dt == NPY_F64 ? 8 : dt == NPY_F32 ? 4 : 2; }
+size_t npy_dtype_size(npy_dtype dt) {
+  switch (dt) {
+    case NPY_F64: return 8;
+    case NPY_F32: return 4;
+    case NPY_F16:
+    case NPY_U16: return 2;
+    case NPY_I8:
+    case NPY_U8: return 1;
+  }
+  return 1;
+}
 
 void npy_format_shape(char *out, size_t cap, int ndim, const size_t *shape) {
   size_t n = 0;

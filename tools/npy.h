@@ -14,13 +14,16 @@
 /* Room for any header npy_header() writes with up to NPY_MAX_DIMS dims. */
 #define NPY_HEADER_MAX 4096
 
-/* The element types the command accepts. Everything else is rejected by the
- * parser with a message saying what was found. */
+/* The element types the command reads (the first four; the parser rejects
+ * everything else with a message saying what was found) and writes (all:
+ * the byte types only for quantized outputs, never accepted as input). */
 typedef enum npy_dtype {
   NPY_F32 = 0, /* '<f4' */
   NPY_F16 = 1, /* '<f2' */
   NPY_F64 = 2, /* '<f8' */
-  NPY_U16 = 3  /* '<u2', raw bf16 bits by the command's --bf16 convention */
+  NPY_U16 = 3, /* '<u2', raw bf16 bits by the command's --bf16 convention */
+  NPY_I8 = 4,  /* '|i1', int8 codes (written only) */
+  NPY_U8 = 5   /* '|u1', raw bytes: blocks, e4m3 codes, E8M0 scales (written only) */
 } npy_dtype;
 
 /* What a header says. `descr` is the dtype string as written in the file. */
@@ -43,7 +46,8 @@ typedef struct npy_info {
  * name; at most errlen bytes, NUL-terminated). */
 int npy_parse(const void *buf, size_t len, npy_info *info, char *err, size_t errlen);
 
-/* @return the dtype string written for dt: "<f4", "<f2", "<f8" or "<u2". */
+/* @return the dtype string written for dt: "<f4", "<f2", "<f8", "<u2", "|i1"
+ * or "|u1". */
 const char *npy_descr(npy_dtype dt);
 /* @return bytes per element of dt. */
 size_t npy_dtype_size(npy_dtype dt);
