@@ -47,6 +47,8 @@ static double element(const npy_info *in, const void *data, size_t i) {
       memcpy(&f, &u, 4);
       return f;
     }
+    case NPY_I8:
+    case NPY_U8: break; /* written only: the parser never gives them */
   }
   return NAN;
 }
@@ -354,6 +356,32 @@ static void test_round_trips(void) {
   tu_check(npy_header(large, sizeof large, 4, NPY_F64, 1, big) == 0, "version 4 refused");
 }
 
+/* The byte dtypes of quantized outputs: written as numpy writes int8 and
+ * uint8 arrays, and refused when read back (the command takes no byte input). */
+static void test_byte_dtypes(void) {
+  static const size_t shape[2] = {2, 34};
+  static const char *const want[2] = {"|i1", "|u1"};
+  static const npy_dtype dts[2] = {NPY_I8, NPY_U8};
+  unsigned char buf[NPY_HEADER_MAX + 68];
+  char err[256], dict[128];
+  for (int i = 0; i < 2; i++) {
+    tu_check(npy_dtype_size(dts[i]) == 1 && !strcmp(npy_descr(dts[i]), want[i]), "%s", want[i]);
+    size_t hlen = npy_header(buf, sizeof buf, 0, dts[i], 2, shape);
+    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (2, 34), }",
+                     want[i]);
+    /* magic, 1.0, length 118, the dict, 20 growth spaces then padding, '\n' */
+    int ok = hlen == 128 && !memcmp(buf, "\x93NUMPY\x01\x00\x76\x00", 10) &&
+             !memcmp(buf + 10, dict, (size_t)n) && buf[127] == '\n';
+    for (size_t j = 10 + (size_t)n; ok && j < 127; j++) ok = buf[j] == ' ';
+    tu_check(ok, "%s header: %.*s", want[i], (int)hlen, (const char *)buf);
+    memset(buf + hlen, 0, 68);
+    npy_info in;
+    int rc = npy_parse(buf, hlen + 68, &in, err, sizeof err);
+    tu_check(rc == -1 && strstr(err, "unsupported dtype") && strstr(err, want[i]),
+             "%s read back: %s", want[i], rc ? err : "accepted");
+  }
+}
+
 static void test_format_shape(void) {
   char s[64];
   size_t sh[] = {2, 3, 4};
@@ -392,6 +420,7 @@ int main(int argc, char **argv) {
   test_parse_cases();
   test_prefix();
   test_round_trips();
+  test_byte_dtypes();
   test_format_shape();
   test_open_errors();
   return tu_summary("cli_npy");
