@@ -1,5 +1,6 @@
 /* test_info.c - the commands that print: demo (its numbers against the
- * oracle), info, --help, help, --version, and bench. */
+ * oracle, its 8-bit Z within the bound of Q8_0's rounding), info, --help,
+ * help, --version, and bench. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,58 @@ static int numbers_after(const char *text, const char *label, double *v, int max
   return n;
 }
 
+/* Step 6 of the demo: the Q8_0 blocks of Y's rows and W's columns (d, and
+ * the codes of the 4 real values), then the 8-bit Z. Each value v codes as
+ * d q with |v - d q| <= E = (1/2 + 127 * 2^-11) d / (1 - 2^-11): half a step
+ * of the unrounded d, plus the fp16 rounding of d (2^-11 relative) times
+ * |q| <= 127. So |y w - d_y q_y d_w q_w| <= E_y |w| + E_w |y| + E_y E_w per
+ * term, summed over the 4; 1e-5 more covers the printed decimals. */
+static void test_demo_q8(double y[2][4], double w[4][3], double z[2][3]) {
+  const char *p = strstr(out_text, "\n6. The same Z in 8 bits");
+  if (!tu_check(p != NULL, "demo: no 8-bit step")) return;
+  p = strstr(p, "\n     y1 "); /* past the text, which says "d = " too */
+  if (!tu_check(p != NULL, "demo: no Q8_0 block of y1")) return;
+  double d[5], c = (0.5 + 127 * 0x1p-11) / (1 - 0x1p-11);
+  int q[5][4], lines = 0;
+  for (; lines < 5 && (p = strstr(p, " d = ")) != NULL; lines++) {
+    char *end;
+    d[lines] = strtod(p + 5, &end);
+    const char *qs = strstr(end, "q =");
+    if (!qs) break;
+    qs += 3;
+    for (int j = 0; j < 4; j++) q[lines][j] = (int)strtol(qs, &end, 10), qs = end;
+    p = qs;
+  }
+  if (!tu_check(lines == 5, "demo: %d of the 5 Q8_0 blocks found", lines)) return;
+  /* the codes are v / d rounded: rows 0, 1 are Y's, 2..4 W's columns */
+  for (int b = 0; b < 5; b++)
+    for (int j = 0; j < 4; j++) {
+      double v = b < 2 ? y[b][j] : w[j][b - 2];
+      tu_check(fabs(v - d[b] * q[b][j]) <= c * d[b] + 1e-6 && abs(q[b][j]) <= 127,
+               "demo Q8_0 block %d [%d]: %g codes as %g * %d", b, j, v, d[b], q[b][j]);
+    }
+  double z8[2][3];
+  if (!tu_check(numbers_after(out_text, "z1 Q8_0", z8[0], 3) == 3 &&
+                    numbers_after(out_text, "z2 Q8_0", z8[1], 3) == 3,
+                "demo: the 8-bit Z not found"))
+    return;
+  for (int i = 0; i < 2; i++)
+    for (int o = 0; o < 3; o++) {
+      double dot = 0, bound = 1e-5, ey = c * d[i], ew = c * d[2 + o];
+      for (int j = 0; j < 4; j++) {
+        dot += (double)q[i][j] * q[2 + o][j];
+        bound += ey * fabs(w[j][o]) + ew * fabs(y[i][j]) + ey * ew;
+      }
+      tu_check(fabs(z8[i][o] - d[i] * d[2 + o] * dot) <= 1e-5,
+               "demo z%d Q8_0[%d] %g is not d_y d_w sum(q_y q_w) = %g", i + 1, o, z8[i][o],
+               d[i] * d[2 + o] * dot);
+      tu_check(fabs(z8[i][o] - z[i][o]) <= bound, "demo z%d Q8_0[%d] %g, z %g: past the bound %g",
+               i + 1, o, z8[i][o], z[i][o], bound);
+    }
+  tu_check(strstr(out_text, "largest difference") && strstr(out_text, "% of the largest |z|"),
+           "demo: no 8-bit difference line");
+}
+
 static void test_demo(void) {
   int rc = RUN("demo");
   tu_check(rc == 0 && err_text[0] == '\0', "demo: exit %d: %s", rc, err_text);
@@ -37,7 +90,7 @@ static void test_demo(void) {
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
     tu_check(strstr(out_text, want[i]) != NULL, "demo lacks '%s'", want[i]);
-  for (int step = 1; step <= 6; step++) {
+  for (int step = 1; step <= 7; step++) {
     char key[8];
     snprintf(key, sizeof key, "\n%d. ", step);
     tu_check(strstr(out_text, key) != NULL, "demo lacks step %d", step);
@@ -98,6 +151,7 @@ static void test_demo(void) {
     tu_check(strstr(out_text, "rmsnorm_linear_forward is not available") != NULL,
           "demo without a BLAS does not say so");
   }
+  if (ok) test_demo_q8(y, w, z);
   rc = RUN("demo", "--help");
   tu_check(rc == 0 && !strncmp(out_text, "usage: rmsnorm demo", 19), "demo --help");
 }
