@@ -95,10 +95,10 @@ static const option_def option_defs[] = {
   {"weight", O_WEIGHT, "FILE", "the gain g: the normalized shape; '<f4' or X's dtype"},
   {"bias", O_BIAS, "FILE", "the bias b: as the weight, and in its dtype"},
   {"linear-bias", O_LINEAR_BIAS, "FILE", "added to Z: shape (N,), in the weight's dtype"},
-  {"quant", O_QUANT, "FORMAT", "write Y quantized, -o the codes: " QFORMAT_NAMES},
-  {"scales", O_SCALES, "FILE", "--quant int8, fp8_e4m3, mxfp8: the scales (required)"},
-  {"group", O_GROUP, "G", "int8, fp8_e4m3: a scale per G columns (G a multiple of 32)"},
-  {"pow2-scale", O_POW2, NULL, "int8, fp8_e4m3: scales rounded up to a power of two"},
+  {"quant", O_QUANT, "FORMAT", "Y's codes to -o: int8 fp8_e4m3 q8_0 q8_k mxfp8 mxfp4"},
+  {"scales", O_SCALES, "FILE", "int8/fp8_e4m3/mxfp8 --quant: the scales (required)"},
+  {"group", O_GROUP, "G", "int8/fp8_e4m3: a scale per G columns (a multiple of 32)"},
+  {"pow2-scale", O_POW2, NULL, "int8/fp8_e4m3: scales rounded up to a power of two"},
   {"eps", O_EPS, "E", "finite, >= 0 (default: 2^-23; 2^-52 for '<f8' data)"},
   {"eps-outside", O_EPS_OUTSIDE, NULL, "r = 1/(sqrt(mean(x^2)) + eps), the paper's code"},
   {"offset", O_OFFSET, NULL, "multiply by (1 + g) instead of g (Gemma)"},
@@ -155,8 +155,9 @@ static const op_spec op_specs[] = {
   {"add-forward", OP_ADD_FORWARD, 2, "H.npy U.npy", "Y.npy",
    COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD | O_RESIDUAL_OUT | QUANT_OPTS,
    "H.npy U.npy -o Y.npy [--residual-out H2.npy] [--rstd R.npy] [options]\n"
-   "       rmsnorm add-forward H.npy U.npy --quant FORMAT -o CODES.npy [--scales S.npy]\n"
-   "                       [--group G] [--pow2-scale] [--residual-out H2.npy] [options]",
+   "       rmsnorm add-forward H.npy U.npy --quant FORMAT -o CODES.npy\n"
+   "               [--scales S.npy] [--group G] [--pow2-scale] [--residual-out H2.npy]\n"
+   "               [--rstd R.npy] [options]",
    "Residual add + RMSNorm in one pass (a pre-norm transformer block): the\n"
    "residual stream H plus a sub-layer's output U (same shape and dtype),\n"
    "  h' = h + u  (rounded to H's dtype),  y = RMSNorm(h')  as forward gives it.\n"
@@ -190,6 +191,8 @@ static void print_help(const op_spec *op) {
              o->arg ? " " : "", o->arg ? o->arg : "");
     if (o->bit == O_OUT && op->kind == OP_LINEAR)
       printf("  %-22s %s\n", left, "the result Z: X's leading shape and N, X's dtype");
+    else if (o->bit == O_OUT && (op->options & O_QUANT))
+      printf("  %-22s %s\n", left, "Y: X's shape and dtype (with --quant: the codes)");
     else
       printf("  %-22s %s\n", left, o->help);
   }
