@@ -156,8 +156,8 @@ static const op_spec op_specs[] = {
    COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD | O_RESIDUAL_OUT | QUANT_OPTS,
    "H.npy U.npy -o Y.npy [--residual-out H2.npy] [--rstd R.npy] [options]\n"
    "       rmsnorm add-forward H.npy U.npy --quant FORMAT -o CODES.npy\n"
-   "               [--scales S.npy] [--group G] [--pow2-scale] [--residual-out H2.npy]\n"
-   "               [--rstd R.npy] [options]",
+   "               [--scales S.npy] [--group G] [--pow2-scale]\n"
+   "               [--residual-out H2.npy] [--rstd R.npy] [options]",
    "Residual add + RMSNorm in one pass (a pre-norm transformer block): the\n"
    "residual stream H plus a sub-layer's output U (same shape and dtype),\n"
    "  h' = h + u  (rounded to H's dtype),  y = RMSNorm(h')  as forward gives it.\n"
