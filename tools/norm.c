@@ -343,7 +343,10 @@ static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
   if (a->dweight && !a->weight)
     return usage_error(op, "%s needs --weight (the gradient of which weight?)", "--dweight");
   /* the quantized output's options: each only where the format has it */
-  const char *qopt = a->scales ? "--scales" : a->have_group ? "--group" : a->pow2 ? "--pow2-scale" : NULL;
+  const char *qopt = a->scales       ? "--scales"
+                     : a->have_group ? "--group"
+                     : a->pow2       ? "--pow2-scale"
+                                     : NULL;
   if (qopt && !a->quant) return usage_error(op, "%s needs --quant", qopt);
   if (a->quant) {
     const char *name = a->quant->name;
@@ -354,8 +357,8 @@ static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
       return usage_error(op, "%s", msg);
     }
     if (a->quant->scales && !a->scales) {
-      snprintf(msg, sizeof msg, "--quant %s needs --scales FILE (its codes mean nothing without them)",
-               name);
+      snprintf(msg, sizeof msg,
+               "--quant %s needs --scales FILE (its codes mean nothing without them)", name);
       return usage_error(op, "%s", msg);
     }
     if (!a->quant->scales && a->scales) {
