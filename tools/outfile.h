@@ -16,8 +16,8 @@
 
 #include "npy.h"
 
-/* At most this many outputs per command (y or z, mean, rstd, dweight, dbias,
- * the residual). */
+/* At most this many outputs per command (y or z or the codes, mean, rstd,
+ * dweight, dbias, the residual, the scales: no command writes more than four). */
 #define OUT_MAX 5
 
 typedef struct out_set out_set;
