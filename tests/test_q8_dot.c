@@ -24,7 +24,9 @@
  * gamma_d (in double) * sum |y w| of the exact one. The sum of the three is
  * the bound every Z must meet. The y the encoder sees is rmsnorm_forward's
  * float y (float32 data computes in float32); each value's |y - delta q| <= E
- * is checked too, so the bound's premise is tested, not assumed. */
+ * is checked too, so the bound's premise is tested, not assumed; and the
+ * library's blocks of y are checked to be this file's quantizer's, so Y and W
+ * take one rule. */
 #include "testutil.h"
 
 #define D 4096
@@ -127,6 +129,16 @@ static void test_q8_dot(void) {
           premise_bad += !(fabs(v[j] - delta * (signed char)b[2 + j]) <= e);
       }
   tu_check(premise_bad == 0, "%ld values or scales outside the bound's premise", premise_bad);
+  /* Y and W take the same rule: the library's blocks are this file's
+   * quantizer's on rmsnorm_forward's y, byte for byte */
+  long differ = 0;
+  for (int i = 0; i < ROWS; i++)
+    for (int k = 0; k < NB; k++) {
+      unsigned char mine[BLOCK_BYTES];
+      q8_0_block(&y[i][k * QK], mine);
+      differ += memcmp(mine, &yq[i][k * BLOCK_BYTES], BLOCK_BYTES) != 0;
+    }
+  tu_check(differ == 0, "%ld of Y's Q8_0 blocks differ from ggml's rule applied here", differ);
 
   const double u = 0x1p-24, gamma_nb = NB * u / (1 - NB * u);
   const double gamma_d64 = D * 0x1p-53 / (1 - D * 0x1p-53);
