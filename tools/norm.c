@@ -48,7 +48,8 @@ enum {
   O_QUANT = 1u << 15,
   O_SCALES = 1u << 16,
   O_GROUP = 1u << 17,
-  O_POW2 = 1u << 18
+  O_POW2 = 1u << 18,
+  O_STATIC_SCALE = 1u << 19
 };
 
 /* The quantized formats by their names on the command line, in the order
@@ -99,6 +100,7 @@ static const option_def option_defs[] = {
   {"scales", O_SCALES, "FILE", "int8/fp8_e4m3/mxfp8 --quant: the scales (required)"},
   {"group", O_GROUP, "G", "int8/fp8_e4m3: a scale per G columns (a multiple of 32)"},
   {"pow2-scale", O_POW2, NULL, "int8/fp8_e4m3: scales rounded up to a power of two"},
+  {"static-scale", O_STATIC_SCALE, "S", "int8/fp8_e4m3: one given scale for all (no --scales)"},
   {"eps", O_EPS, "E", "finite, >= 0 (default: 2^-23; 2^-52 for '<f8' data)"},
   {"eps-outside", O_EPS_OUTSIDE, NULL, "r = 1/(sqrt(mean(x^2)) + eps), the paper's code"},
   {"offset", O_OFFSET, NULL, "multiply by (1 + g) instead of g (Gemma)"},
@@ -109,7 +111,7 @@ static const option_def option_defs[] = {
 #define N_OPTION_DEFS (sizeof option_defs / sizeof option_defs[0])
 
 #define COMMON_OPTS (O_OUT | O_EPS | O_OFFSET | O_WEIGHT | O_BIAS | O_BF16 | O_DIMS)
-#define QUANT_OPTS (O_QUANT | O_SCALES | O_GROUP | O_POW2)
+#define QUANT_OPTS (O_QUANT | O_SCALES | O_GROUP | O_POW2 | O_STATIC_SCALE)
 
 typedef struct op_spec {
   const char *name;
@@ -127,14 +129,17 @@ static const op_spec op_specs[] = {
    COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD | QUANT_OPTS,
    "X.npy -o Y.npy [--rstd R.npy] [options]\n"
    "       rmsnorm forward X.npy --quant FORMAT -o CODES.npy [--scales S.npy]\n"
-   "                       [--group G] [--pow2-scale] [--rstd R.npy] [options]",
+   "               [--group G] [--pow2-scale | --static-scale S] [--rstd R.npy]\n"
+   "               [options]",
    "RMSNorm of each row of X (the last axis, or the last K with --dims K):\n"
    "  y = x * r * g + b,  r = 1/sqrt(mean(x^2) + eps)\n"
    "With --quant, Y is written in an 8- or 4-bit format instead: -o gets the\n"
-   "codes, (rows..., bytes per row) ('|i1' for int8, else '|u1' bytes), and\n"
-   "--scales the scales of int8 and fp8_e4m3 ('<f4', (rows..., d/G or 1)) or\n"
-   "mxfp8 ('|u1' E8M0, (rows..., d/32)); q8_0, q8_k and mxfp4 keep theirs in\n"
-   "their blocks. The row length must be a multiple of the block (32; q8_k 256)."},
+   "codes (int8 '|i1', fp8_e4m3 and mxfp8 '|u1' E4M3 bits: X's shape; the blocks\n"
+   "of q8_0, q8_k, mxfp4: '|u1', (rows..., bytes per row)), and --scales the\n"
+   "scales of int8 and fp8_e4m3 ('<f4', (rows..., d/G or 1); none with\n"
+   "--static-scale) or mxfp8 ('|u1' E8M0, (rows..., d/32)); the block formats\n"
+   "keep theirs inside. The row length must be a multiple of the block (32;\n"
+   "q8_k 256) or group."},
   {"backward", OP_RMS_BACKWARD, 2, "X.npy DY.npy", "DX.npy",
    COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_DWEIGHT | O_DBIAS,
    "X.npy DY.npy -o DX.npy [--dweight DG.npy] [--dbias DB.npy] [options]",
@@ -156,7 +161,7 @@ static const op_spec op_specs[] = {
    COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD | O_RESIDUAL_OUT | QUANT_OPTS,
    "H.npy U.npy -o Y.npy [--residual-out H2.npy] [--rstd R.npy] [options]\n"
    "       rmsnorm add-forward H.npy U.npy --quant FORMAT -o CODES.npy\n"
-   "               [--scales S.npy] [--group G] [--pow2-scale]\n"
+   "               [--scales S.npy] [--group G] [--pow2-scale | --static-scale S]\n"
    "               [--residual-out H2.npy] [--rstd R.npy] [options]",
    "Residual add + RMSNorm in one pass (a pre-norm transformer block): the\n"
    "residual stream H plus a sub-layer's output U (same shape and dtype),\n"
@@ -215,6 +220,7 @@ typedef struct norm_args {
   const char *scales;
   size_t group;
   int have_group, pow2;
+  float static_scale; /* > 0 with --static-scale */
 } norm_args;
 
 static int usage_error(const op_spec *op, const char *fmt, const char *what) {
@@ -250,6 +256,15 @@ static int set_option(const op_spec *op, norm_args *a, const option_def *o, cons
     case O_BF16: a->bf16 = 1; break;
     case O_SCALES: a->scales = v; break;
     case O_POW2: a->pow2 = 1; break;
+    case O_STATIC_SCALE: {
+      double sv;
+      /* the library takes a float: it must stay finite and > 0 as one */
+      if (!parse_double(v, &sv) || !(sv > 0) || !((float)sv > 0) || !isfinite((float)sv))
+        return usage_error(op, "--static-scale must be a number > 0 that a float holds, not '%s'",
+                           v);
+      a->static_scale = (float)sv;
+      break;
+    }
     case O_QUANT:
       a->quant = NULL;
       for (size_t k = 0; k < N_QFORMATS; k++)
@@ -343,20 +358,26 @@ static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
   if (a->dweight && !a->weight)
     return usage_error(op, "%s needs --weight (the gradient of which weight?)", "--dweight");
   /* the quantized output's options: each only where the format has it */
-  const char *qopt = a->scales       ? "--scales"
-                     : a->have_group ? "--group"
-                     : a->pow2       ? "--pow2-scale"
-                                     : NULL;
+  const char *qopt = a->scales         ? "--scales"
+                     : a->have_group   ? "--group"
+                     : a->pow2         ? "--pow2-scale"
+                     : a->static_scale ? "--static-scale"
+                                       : NULL;
   if (qopt && !a->quant) return usage_error(op, "%s needs --quant", qopt);
   if (a->quant) {
     const char *name = a->quant->name;
     char msg[160];
-    if (!has_groups(a->quant) && (a->have_group || a->pow2)) {
+    if (!has_groups(a->quant) && (a->have_group || a->pow2 || a->static_scale)) {
       snprintf(msg, sizeof msg, "%s is for int8 and fp8_e4m3 (%s's scales are fixed by its blocks)",
-               a->have_group ? "--group" : "--pow2-scale", name);
+               a->have_group ? "--group" : a->pow2 ? "--pow2-scale" : "--static-scale", name);
       return usage_error(op, "%s", msg);
     }
-    if (a->quant->scales && !a->scales) {
+    if (a->static_scale && (a->group || a->pow2 || a->scales)) {
+      snprintf(msg, sizeof msg, "--static-scale is one scale for every row: not with %s",
+               a->group ? "--group" : a->pow2 ? "--pow2-scale" : "--scales");
+      return usage_error(op, "%s", msg);
+    }
+    if (a->quant->scales && !a->scales && !a->static_scale) {
       snprintf(msg, sizeof msg,
                "--quant %s needs --scales FILE (its codes mean nothing without them)", name);
       return usage_error(op, "%s", msg);
@@ -616,6 +637,7 @@ static int run(const op_spec *op, const norm_args *a) {
   rmsnorm_quant_init(&q, RMSNORM_QF_INT8); /* set below for --quant */
   size_t row_bytes = 0, row_scales = 0, codes_bytes = xi->data_bytes, scales_bytes = 0;
   size_t codes_shape[NPY_MAX_DIMS + 1], scales_shape[NPY_MAX_DIMS + 1];
+  int codes_ndim = xi->ndim;
   if (qf) {
     size_t block = has_groups(qf) ? a->group : qf->block;
     if (block && d % block) {
@@ -629,6 +651,7 @@ static int run(const op_spec *op, const norm_args *a) {
     rmsnorm_quant_init(&q, qf->format);
     q.group = a->group;
     q.flags = a->pow2 ? RMSNORM_QUANT_SCALE_POW2 : 0u;
+    if (a->static_scale) q.static_scale = &a->static_scale;
     rmsnorm_status qst = rmsnorm_quant_row_size(&q, d, &row_bytes, &row_scales);
     if (qst != RMSNORM_OK) {
       rn_cli_error("%s: %s: %s (%s)", x.path, qf->name, rmsnorm_status_message(qst),
@@ -647,6 +670,11 @@ static int run(const op_spec *op, const norm_args *a) {
     memcpy(scales_shape, xi->shape, (size_t)lead * sizeof scales_shape[0]);
     codes_shape[lead] = row_bytes;
     scales_shape[lead] = row_scales;
+    /* the formats with scales apart (int8, fp8_e4m3, mxfp8) have one code
+     * per element: the codes keep X's shape */
+    int elementwise = qf->scales != 0;
+    codes_ndim = elementwise ? xi->ndim : lead + 1;
+    if (elementwise) memcpy(codes_shape, xi->shape, (size_t)xi->ndim * sizeof codes_shape[0]);
     if (a->scales) scales = alloc_bytes(scales_bytes, 0);
   }
   y = alloc_bytes(codes_bytes, 0);
@@ -671,7 +699,7 @@ static int run(const op_spec *op, const norm_args *a) {
     {a->scales, -1, qf && qf->scales == 1 ? NPY_F32 : NPY_U8, lead + 1, scales_shape, scales,
      scales_bytes, 0},
   };
-  if (qf) outv[0] = (output){a->out, -1, qf->codes, lead + 1, codes_shape, y, codes_bytes, 0};
+  if (qf) outv[0] = (output){a->out, -1, qf->codes, codes_ndim, codes_shape, y, codes_bytes, 0};
   size_t n_out = sizeof outv / sizeof outv[0];
   if (register_outputs(outs, outv, n_out) != 0) goto done;
 

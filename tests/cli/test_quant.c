@@ -35,20 +35,25 @@ typedef struct qcase {
   int weight;     /* 0 none, 1 in the data's dtype, 2 float32 */
   int bias;
   int stats;      /* --rstd */
+  float static_scale; /* --static-scale (int8, fp8_e4m3), 0 for none */
 } qcase;
 
 static const qcase cases[] = {
-  {0, 0, 0, {0, -1, 0, 0, 0}, 0, 0, 0},
-  {0, 32, 0, {0, 0.25, 0, 0, 0}, 1, 1, 1},
-  {0, 128, 1, {0, 0.01, 1, 0, 0.5}, 2, 0, 1},
-  {1, 0, 1, {0, -1, 0, 1, 0}, 1, 0, 0},
-  {1, 64, 0, {0, 0.25, 0, 0, 0}, 2, 2, 1},
-  {2, 0, 0, {0, -1, 0, 0, 0}, 0, 0, 1},
-  {2, 0, 0, {2, 0.25, 0, 0, 0}, 1, 1, 0},
-  {3, 0, 0, {0, -1, 0, 0, 0}, 1, 0, 1},
-  {4, 0, 0, {0, 0.01, 0, 0, 0}, 2, 0, 1},
-  {5, 0, 0, {0, -1, 1, 0, 0}, 0, 0, 0},
-  {5, 0, 0, {0, 0.25, 0, 1, 0.5}, 1, 1, 1},
+  {0, 0, 0, {0, -1, 0, 0, 0}, 0, 0, 0, 0},
+  {0, 32, 0, {0, 0.25, 0, 0, 0}, 1, 1, 1, 0},
+  {0, 128, 1, {0, 0.01, 1, 0, 0.5}, 2, 0, 1, 0},
+  {1, 0, 1, {0, -1, 0, 1, 0}, 1, 0, 0, 0},
+  {1, 64, 0, {0, 0.25, 0, 0, 0}, 2, 2, 1, 0},
+  {2, 0, 0, {0, -1, 0, 0, 0}, 0, 0, 1, 0},
+  {2, 0, 0, {2, 0.25, 0, 0, 0}, 1, 1, 0, 0},
+  {3, 0, 0, {0, -1, 0, 0, 0}, 1, 0, 1, 0},
+  {4, 0, 0, {0, 0.01, 0, 0, 0}, 2, 0, 1, 0},
+  {5, 0, 0, {0, -1, 1, 0, 0}, 0, 0, 0, 0},
+  {5, 0, 0, {0, 0.25, 0, 1, 0.5}, 1, 1, 1, 0},
+  {0, 64, 0, {2, -1, 0, 0, 0}, 1, 0, 1, 0},
+  {4, 0, 0, {2, 0.25, 0, 0, 0}, 0, 1, 0, 0},
+  {0, 0, 0, {0, -1, 0, 0, 0}, 1, 0, 0, 0.03125f},
+  {1, 0, 0, {2, 0.25, 1, 0, 0}, 0, 0, 1, 0.01f},
 };
 
 /* The file at path must be numpy's header for descr and shape (format 1.0)
@@ -78,11 +83,14 @@ static void run_case(const qcase *c, tdt dt, int add) {
   for (int i = 0; i < lead; i++) rows *= shape[i];
   for (int i = lead; i < 3; i++) d *= shape[i];
   tdt pdt = c->weight ? (c->weight == 2 ? TF32 : dt) : c->bias ? (c->bias == 2 ? TF32 : dt) : dt;
-  char label[200], group_text[32];
-  snprintf(label, sizeof label, "%s --quant %s %s group=%zu%s dims=%d eps=%g%s%s p=%g w=%d b=%d",
+  int scales_file = f->scales_descr && !c->static_scale;
+  char label[200], group_text[32], static_text[48];
+  snprintf(label, sizeof label,
+           "%s --quant %s %s group=%zu%s static=%g dims=%d eps=%g%s%s p=%g w=%d b=%d",
            add ? "add-forward" : "forward", f->name, tdt_name[dt], c->group,
-           c->pow2 ? " pow2" : "", k, c->o.eps, c->o.eps_outside ? " eps-outside" : "",
-           c->o.offset ? " offset" : "", c->o.partial, c->weight, c->bias);
+           c->pow2 ? " pow2" : "", c->static_scale, k, c->o.eps,
+           c->o.eps_outside ? " eps-outside" : "", c->o.offset ? " offset" : "", c->o.partial,
+           c->weight, c->bias);
   arr x = npy_fixture("x.npy", dt, 3, shape, FILL_DATA);
   arr u = npy_fixture("u.npy", dt, 3, shape, FILL_DATA);
   arr w = npy_fixture("w.npy", pdt, k, shape + lead, c->o.offset ? FILL_OFFSET_GAIN : FILL_GAIN);
@@ -95,7 +103,11 @@ static void run_case(const qcase *c, tdt dt, int add) {
   args[n++] = add ? "add-forward" : "forward", args[n++] = "x.npy";
   if (add) args[n++] = "u.npy";
   args[n++] = "--quant", args[n++] = f->name, args[n++] = "-o", args[n++] = "codes.npy";
-  if (f->scales_descr) args[n++] = "--scales", args[n++] = "scales.npy";
+  if (scales_file) args[n++] = "--scales", args[n++] = "scales.npy";
+  if (c->static_scale) {
+    snprintf(static_text, sizeof static_text, "%.9g", c->static_scale);
+    args[n++] = "--static-scale", args[n++] = static_text;
+  }
   if (c->group) {
     snprintf(group_text, sizeof group_text, "--group=%zu", c->group);
     args[n++] = group_text;
@@ -118,10 +130,11 @@ static void run_case(const qcase *c, tdt dt, int add) {
   rmsnorm_quant_init(&q, f->format);
   q.group = c->group;
   q.flags = c->pow2 ? RMSNORM_QUANT_SCALE_POW2 : 0u;
+  if (c->static_scale) q.static_scale = &c->static_scale;
   rmsnorm_status st = rmsnorm_quant_row_size(&q, d, &row_bytes, &row_scales);
   tu_check(st == RMSNORM_OK, "%s: row size: %s", label, rmsnorm_status_name(st));
   unsigned char *codes = calloc(rows * row_bytes + 1, 1);
-  unsigned char *scales = f->scales_descr ? calloc(rows * row_scales + 1, f->scale_size) : NULL;
+  unsigned char *scales = scales_file ? calloc(rows * row_scales + 1, f->scale_size) : NULL;
   unsigned char *r = calloc(rows + 1, 8), *h = malloc(x.n * tdt_size[dt]);
   memcpy(h, x.bytes, x.n * tdt_size[dt]);
   const void *wp = c->weight ? w.bytes : NULL, *bp = c->bias ? b.bytes : NULL;
@@ -135,12 +148,16 @@ static void run_case(const qcase *c, tdt dt, int add) {
   tu_check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
 
   if (ok && st == RMSNORM_OK) {
-    /* codes (rows..., row_bytes), scales (rows..., row_scales) */
+    /* codes: X's shape for one code per element (the formats with scales
+     * apart), else (rows..., row_bytes); scales (rows..., row_scales) */
     size_t qshape[3];
     memcpy(qshape, shape, sizeof qshape);
     qshape[lead] = row_bytes;
-    check_npy_bytes(label, "codes.npy", f->codes_descr, lead + 1, qshape, codes, rows * row_bytes);
-    if (f->scales_descr) {
+    int elementwise = f->scales_descr != NULL;
+    tu_check(!elementwise || row_bytes == d, "%s: %zu code bytes per row", label, row_bytes);
+    check_npy_bytes(label, "codes.npy", f->codes_descr, elementwise ? 3 : lead + 1,
+                    elementwise ? shape : qshape, codes, rows * row_bytes);
+    if (scales_file) {
       qshape[lead] = row_scales;
       tu_check(row_scales == (c->group ? d / c->group : f->scale_size == 1 ? d / 32 : 1),
                "%s: %zu scales per row", label, row_scales);
@@ -258,6 +275,16 @@ static const qerr qerrs[] = {
    "forward: --scales needs --quant"},
   {{"forward", "x64.npy", "--quant", "int8", "-o", "out.npy", "--scales", "out.npy"}, 2,
    "'out.npy' is named by two outputs"},
+  {{"forward", "x64.npy", "--quant", "int8", "--static-scale", "0.1", "--group", "32", "-o",
+    "out.npy"}, 2, "forward: --static-scale is one scale for every row: not with --group"},
+  {{"forward", "x64.npy", "--quant", "fp8_e4m3", "--static-scale", "0.1", "--scales", "s.npy",
+    "-o", "out.npy"}, 2, "forward: --static-scale is one scale for every row: not with --scales"},
+  {{"forward", "x64.npy", "--quant", "int8", "--static-scale", "0", "-o", "out.npy"}, 2,
+   "forward: --static-scale must be a number > 0 that a float holds, not '0'"},
+  {{"forward", "x64.npy", "--quant", "int8", "--static-scale", "1e39", "-o", "out.npy"}, 2,
+   "forward: --static-scale must be a number > 0 that a float holds, not '1e39'"},
+  {{"forward", "x64.npy", "--quant", "mxfp8", "--static-scale", "1", "-o", "out.npy"}, 2,
+   "forward: --static-scale is for int8 and fp8_e4m3"},
   {{"layernorm", "x64.npy", "--quant", "int8", "-o", "out.npy"}, 2,
    "layernorm: unknown option '--quant'"},
   {{"backward", "x64.npy", "x64.npy", "--quant", "q8_0", "-o", "out.npy"}, 2,
@@ -304,6 +331,7 @@ static void test_help(void) {
     int rc = RUN(with[i], "--help");
     tu_check(rc == 0 && strstr(out_text, "--quant FORMAT") && strstr(out_text, "--scales FILE") &&
                  strstr(out_text, "--group G") && strstr(out_text, "--pow2-scale") &&
+                 strstr(out_text, "--static-scale S") &&
                  strstr(out_text, "q8_0") && strstr(out_text, "mxfp4"),
              "%s --help lacks the --quant options: %s", with[i], out_text);
   }
