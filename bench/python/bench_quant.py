@@ -12,26 +12,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
-import platform
 import statistics
 import time
 
 import numpy as np
 
+from bench import _cpu_name as cpu_name  # bench.py beside this file
+
 EPS = 1e-6
 GROUP = 128
 BATCH_S = 0.003  # a round's batch of calls lasts at least this long (small shapes)
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def time_pair(fused, unfused, rounds: int) -> tuple[float, float]:
