@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from bench import _cpu_name as cpu_name  # bench.py beside this file
+from bench import _cpu_name as cpu_name, batch, fmt  # bench.py beside this file
 
 EPS = 1e-6
 GROUP = 128
@@ -26,13 +26,7 @@ BATCH_S = 0.003  # a round's batch of calls lasts at least this long (small shap
 
 def time_pair(fused, unfused, rounds: int) -> tuple[float, float]:
     """Median per-call seconds of two callables, timed in alternating batches."""
-    calls = []
-    for fn in (fused, unfused):
-        fn()  # warm
-        t = time.perf_counter()
-        fn()
-        one = max(time.perf_counter() - t, 1e-7)
-        calls.append(max(1, int(BATCH_S / one)))
+    calls = [batch(fn, BATCH_S) for fn in (fused, unfused)]
     samples: list[list[float]] = [[], []]
     for r in range(rounds):
         order = (0, 1) if r % 2 == 0 else (1, 0)
@@ -124,10 +118,6 @@ def torch_cases(rounds, rows):
                 rows.append(("torch", name, shp, tf, tu))
 
 
-def fmt_us(s: float) -> str:
-    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per case (median)")
@@ -146,7 +136,7 @@ def main() -> None:
     torch_cases(args.rounds, rows)
 
     head = ("api", "format", "shape", "fused", "unfused", "speedup")
-    table = [head] + [(a, f, s, fmt_us(tf), fmt_us(tu), f"{tu / tf:.1f}x")
+    table = [head] + [(a, f, s, fmt(tf), fmt(tu), f"{tu / tf:.1f}x")
                       for a, f, s, tf, tu in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     for r in table:
