@@ -511,6 +511,123 @@ RMSNORM_API rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx,
                                                     void *dx, size_t lddx_token, size_t lddx_head,
                                                     void *dweight, void *dbias);
 
+/* ---- Gated RMSNorm (Mamba2, Bamba, NemotronH, Qwen3-Next) ---------------
+ * Two orders, a = act(z) with act SiLU (z * sigmoid(z)) or sigmoid, computed
+ * in the compute type (float; double for fp64 data):
+ *   gate first (Mamba2's norm_before_gate = False, the default):
+ *       u = x * a,   y = u * r * w,   r per group of u
+ *   RMSNORM_GATE_NORM_FIRST (Qwen3-Next):
+ *       y = x * r * w * a,            r per group of x
+ * where a row's columns form groups of `group` (0: the whole row) and each
+ * group has its own r = 1/sqrt(mean over the group of v^2 + eps), v the
+ * normalized input (u or x). One weight w of length d (g, 1 + g with
+ * RMSNORM_FLAG_WEIGHT_OFFSET, or 1 when NULL); no bias.
+ * Rounding: by default y is computed in the compute type and rounded once.
+ * RMSNORM_FLAG_ROUND_BEFORE_WEIGHT gives the Hugging Face modules' roundings
+ * for fp16/bf16 data: gate first, y = RT(RT(u r) w) (MambaRMSNormGated);
+ * norm first, y = RT(RT(RT(x r) w) a) (Qwen3NextRMSNormGated), RT() rounding
+ * to cfg->dtype. RMSNORM_FLAG_EPS_OUTSIDE is RMSNORM_ERROR_BAD_FLAGS and
+ * partial != 1 RMSNORM_ERROR_BAD_PARTIAL. The formulas and the backward's
+ * derivation are in src/ref/gated_ref.inc. */
+typedef enum rmsnorm_gate_act {
+  RMSNORM_GATE_SILU = 0,
+  RMSNORM_GATE_SIGMOID = 1
+} rmsnorm_gate_act;
+
+/* Flags for rmsnorm_gate.flags. */
+enum {
+  RMSNORM_GATE_NORM_FIRST = 1u << 0 /* normalize x, then multiply by act(z) */
+};
+
+/* The gate of rmsnorm_gated_*. Fill it with rmsnorm_gate_init, then change
+ * what differs; versioned by `size` as rmsnorm_config. */
+typedef struct rmsnorm_gate {
+  size_t size;          /* set by rmsnorm_gate_init */
+  rmsnorm_gate_act act;
+  size_t group;         /* columns per statistic: 0 = d, else a divisor of d */
+  unsigned flags;       /* RMSNORM_GATE_* */
+} rmsnorm_gate;
+
+static inline void rmsnorm_gate_init(rmsnorm_gate *g, rmsnorm_gate_act act) {
+  rmsnorm_gate z = {sizeof(rmsnorm_gate), act, 0, 0u};
+  *g = z;
+}
+
+/* Gated RMSNorm forward. x, z, y: rows x d of cfg->dtype (strides ldx, ldz,
+ * ldy); y may be x or z (same ld). rstd (optional): rows x (d / group) values
+ * of the compute type, row-major, each group's r. A group that does not
+ * divide d is RMSNORM_ERROR_BAD_SIZE; an unknown act, gate flag or gate size
+ * RMSNORM_ERROR_BAD_ARGUMENT; RMSNORM_FLAG_ACCUMULATE RMSNORM_ERROR_BAD_FLAGS.
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_gated_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                                 const rmsnorm_gate *gate, size_t rows, size_t d,
+                                                 const void *x, size_t ldx,
+                                                 const void *z, size_t ldz,
+                                                 const void *weight,
+                                                 void *y, size_t ldy, void *rstd);
+
+/* Gated RMSNorm backward: dx, dz and (optional) dweight = the sum over rows
+ * of dy * d y/d w, overwritten or added to with RMSNORM_FLAG_ACCUMULATE, in
+ * a fixed order (the same bits for any thread count and kernel set). rstd:
+ * the forward's, or NULL (recomputed). The rounding flag is taken as the
+ * identity, as in rmsnorm_backward. dx may be x or dy, dz may be z (same
+ * ld). dweight with a NULL weight is RMSNORM_ERROR_BAD_ARGUMENT.
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_gated_backward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                                  const rmsnorm_gate *gate, size_t rows, size_t d,
+                                                  const void *x, size_t ldx,
+                                                  const void *z, size_t ldz,
+                                                  const void *dy, size_t lddy,
+                                                  const void *weight, const void *rstd,
+                                                  void *dx, size_t lddx,
+                                                  void *dz, size_t lddz, void *dweight);
+
+/* ---- Sandwich norms (Gemma 2 and 3) --------------------------------------
+ * A Gemma 2/3 block ends each sub-layer with
+ *   h' = h + post_norm(a),   x' = pre_norm(h')
+ * (post_norm the sub-layer's post norm, pre_norm the next one's input norm,
+ * both RMSNorm with their own weights and the same config: Gemma sets
+ * RMSNORM_FLAG_WEIGHT_OFFSET). One call, one trip to memory per operand,
+ * bit for bit the three separate calls: rmsnorm_forward(a) rounded to
+ * cfg->dtype, the add in the compute type rounded to cfg->dtype, and
+ * rmsnorm_forward(h'). h is updated in place to h'. a, h, x_next: rows x d
+ * of cfg->dtype; x_next may be a (same ld), never h. rstd_post and rstd_pre
+ * (optional): each norm's r per row, as rmsnorm_forward's.
+ * RMSNORM_FLAG_ACCUMULATE is RMSNORM_ERROR_BAD_FLAGS.
+ * @return RMSNORM_OK or an error status (nothing written, h included). */
+RMSNORM_API rmsnorm_status rmsnorm_sandwich_forward(rmsnorm_context *ctx,
+                                                    const rmsnorm_config *cfg,
+                                                    size_t rows, size_t d,
+                                                    const void *a, size_t lda,
+                                                    void *h, size_t ldh,
+                                                    const void *weight_post,
+                                                    const void *weight_pre,
+                                                    void *x_next, size_t ldxn,
+                                                    void *rstd_post, void *rstd_pre);
+
+/* Sandwich backward. h holds h' (as the forward left it); dh_out is the
+ * gradient arriving on the residual stream h' (NULL: zero), dx_next that of
+ * x'. With dt = dh_out + pre_norm's dx (each rounded to cfg->dtype, as two
+ * calls and an add would give):
+ *   dh = dt,   da = post_norm's dx from dt,
+ * and dweight_pre, dweight_post (optional) as rmsnorm_backward's dweight.
+ * rstd_post, rstd_pre: the forward's or NULL (recomputed). dh may be dh_out
+ * or dx_next; da may be a or dx_next (same ld), never dh.
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_sandwich_backward(rmsnorm_context *ctx,
+                                                     const rmsnorm_config *cfg,
+                                                     size_t rows, size_t d,
+                                                     const void *a, size_t lda,
+                                                     const void *h, size_t ldh,
+                                                     const void *dh_out, size_t lddh_out,
+                                                     const void *dx_next, size_t lddxn,
+                                                     const void *weight_post,
+                                                     const void *weight_pre,
+                                                     const void *rstd_post, const void *rstd_pre,
+                                                     void *da, size_t ldda,
+                                                     void *dh, size_t lddh,
+                                                     void *dweight_post, void *dweight_pre);
+
 /* RMSNorm + linear with the gain folded into the weights (FlashNorm):
  *   Z = RMSNorm(X) W + bias = diag(r) (X W') + bias,   W' = diag(w) W,
  * w = g, 1 + g (RMSNORM_FLAG_WEIGHT_OFFSET) or 1 (weight NULL), r the per-row

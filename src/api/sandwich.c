@@ -1,0 +1,2 @@
+/* placeholder */
+typedef int rn_sandwich_placeholder;
