@@ -556,8 +556,9 @@ static inline void rmsnorm_gate_init(rmsnorm_gate *g, rmsnorm_gate_act act) {
 /* Gated RMSNorm forward. x, z, y: rows x d of cfg->dtype (strides ldx, ldz,
  * ldy); y may be x or z (same ld). rstd (optional): rows x (d / group) values
  * of the compute type, row-major, each group's r. A group that does not
- * divide d is RMSNORM_ERROR_BAD_SIZE; an unknown act, gate flag or gate size
- * RMSNORM_ERROR_BAD_ARGUMENT; RMSNORM_FLAG_ACCUMULATE RMSNORM_ERROR_BAD_FLAGS.
+ * divide d is RMSNORM_ERROR_BAD_SIZE; an unknown act or gate flag
+ * RMSNORM_ERROR_BAD_ARGUMENT; a gate not filled by rmsnorm_gate_init
+ * RMSNORM_ERROR_BAD_CONFIG; RMSNORM_FLAG_ACCUMULATE RMSNORM_ERROR_BAD_FLAGS.
  * @return RMSNORM_OK or an error status (nothing written). */
 RMSNORM_API rmsnorm_status rmsnorm_gated_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
                                                  const rmsnorm_gate *gate, size_t rows, size_t d,
@@ -610,9 +611,13 @@ RMSNORM_API rmsnorm_status rmsnorm_sandwich_forward(rmsnorm_context *ctx,
  * x'. With dt = dh_out + pre_norm's dx (each rounded to cfg->dtype, as two
  * calls and an add would give):
  *   dh = dt,   da = post_norm's dx from dt,
- * and dweight_pre, dweight_post (optional) as rmsnorm_backward's dweight.
- * rstd_post, rstd_pre: the forward's or NULL (recomputed). dh may be dh_out
- * or dx_next; da may be a or dx_next (same ld), never dh.
+ * and dweight_pre, dweight_post (optional) as rmsnorm_backward's dweight:
+ * the same bits for any thread count and kernel set, added into with
+ * RMSNORM_FLAG_ACCUMULATE; a dweight whose weight is NULL is
+ * RMSNORM_ERROR_BAD_ARGUMENT. dh and da are bit for bit rmsnorm_backward,
+ * the add and rmsnorm_backward. rstd_post, rstd_pre: the forward's or NULL
+ * (recomputed). dh may be exactly dh_out or dx_next, da exactly a or dx_next
+ * (same start and ld); dh and da never meet.
  * @return RMSNORM_OK or an error status (nothing written). */
 RMSNORM_API rmsnorm_status rmsnorm_sandwich_backward(rmsnorm_context *ctx,
                                                      const rmsnorm_config *cfg,

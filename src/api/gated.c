@@ -1,2 +1,170 @@
-/* placeholder */
-typedef int rn_gated_placeholder;
+/* gated.c - the public entry points of gated RMSNorm, forward and backward
+ * (ref/gated_ref.inc is the spec: formulas, derivation, rounding). */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "api/entry.h"
+
+/* The gate descriptor's first version ends after its last field. */
+#define RN_GATE_SIZE_V1 (offsetof(rmsnorm_gate, flags) + sizeof(unsigned))
+
+/* Reads the caller's gate (versioned by size as rmsnorm_config) and checks
+ * it against d: the group 0 means the whole row. */
+static rmsnorm_status read_gate(const rmsnorm_gate *user, size_t d, rmsnorm_gate *g) {
+  size_t size;
+  if (!user) return RMSNORM_ERROR_NULL_POINTER;
+  memcpy(&size, user, sizeof size);
+  if (size < RN_GATE_SIZE_V1 || size > RN_CONFIG_MAX) return RMSNORM_ERROR_BAD_CONFIG;
+  memset(g, 0, sizeof *g);
+  memcpy(g, user, size < sizeof *g ? size : sizeof *g);
+  for (size_t i = sizeof *g; i < size; i++)
+    if (((const unsigned char *)user)[i] != 0) return RMSNORM_ERROR_BAD_CONFIG;
+  if ((g->act != RMSNORM_GATE_SILU && g->act != RMSNORM_GATE_SIGMOID) ||
+      (g->flags & ~(unsigned)RMSNORM_GATE_NORM_FIRST))
+    return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (g->group == 0) g->group = d;
+  if (d % g->group != 0) return RMSNORM_ERROR_BAD_SIZE;
+  return RMSNORM_OK;
+}
+
+/* The config and the gate, in the order of the status codes a bad call gets. */
+static rmsnorm_status begin(rn_entry *e, rmsnorm_context *ctx, const rmsnorm_config **cfg,
+                            unsigned refused, const rmsnorm_gate *gate, size_t d,
+                            rmsnorm_gate *g) {
+  rmsnorm_status st =
+      rn_entry_begin(e, ctx, cfg, RN_RMSNORM, refused | RMSNORM_FLAG_EPS_OUTSIDE, d);
+  if (st != RMSNORM_OK) return st;
+  if ((*cfg)->partial != 1) return RMSNORM_ERROR_BAD_PARTIAL;
+  return read_gate(gate, d, g);
+}
+
+static rn_gated_args gated_args(const rn_entry *e, const rmsnorm_gate *g, size_t d,
+                                const void *x, size_t ldx, const void *z, size_t ldz) {
+  rn_gated_args a;
+  memset(&a, 0, sizeof a);
+  a.dtype = e->cfg.dtype;
+  a.d = d;
+  a.group = g->group;
+  a.sigmoid = g->act == RMSNORM_GATE_SIGMOID;
+  a.norm_first = (g->flags & RMSNORM_GATE_NORM_FIRST) != 0;
+  a.x = x, a.ldx = ldx, a.z = z, a.ldz = ldz;
+  a.w = e->weight;
+  a.eps = e->cfg.eps;
+  a.flags = e->cfg.flags;
+  return a;
+}
+
+/* ---- forward ------------------------------------------------------------ */
+
+typedef struct gated_fwd_job {
+  rn_gated_fwd_fn kernel;
+  rn_gated_args args;
+  size_t task_bytes;
+  char *task_scratch;
+} gated_fwd_job;
+
+static void gated_fwd_rows(const void *p, size_t r0, size_t r1, int task) {
+  const gated_fwd_job *job = p;
+  job->kernel(&job->args, r0, r1, job->task_scratch + (size_t)task * job->task_bytes);
+}
+
+rmsnorm_status rmsnorm_gated_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                     const rmsnorm_gate *gate, size_t rows, size_t d,
+                                     const void *x, size_t ldx, const void *z, size_t ldz,
+                                     const void *weight, void *y, size_t ldy, void *rstd) {
+  rn_entry e;
+  rmsnorm_gate g;
+  rmsnorm_status st = begin(&e, ctx, &cfg, RMSNORM_FLAG_ACCUMULATE, gate, d, &g);
+  if (st == RMSNORM_OK) st = rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldz, ldy));
+  if (st != RMSNORM_OK || rows == 0) return st;
+  if (!x || !z || !y) return RMSNORM_ERROR_NULL_POINTER;
+  size_t es = e.es;
+  /* y may be exactly x or z */
+  rn_buffers b = {.in = {rn_inplace(rn_matrix(x, rows, d, ldx, es)),
+                         rn_inplace(rn_matrix(z, rows, d, ldz, es))},
+                  .out = {rn_matrix(y, rows, d, ldy, es),
+                          rn_vector(rstd, rows * (d / g.group), e.as)},
+                  .weight = weight, .nparam = d};
+  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
+
+  /* scratch: [weight copy][each task's row scratch] */
+  rn_entry_lock(&e);
+  rn_split sp = rn_split_for(ctx, rows, rows * d * 3 * es, rows);
+  gated_fwd_job job;
+  job.task_bytes = RN_GATED_SCRATCH(d);
+  if (!(job.task_scratch = rn_entry_scratch(&e, (size_t)sp.tasks * job.task_bytes)))
+    return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  job.kernel = e.kernels->gated_forward[cfg->dtype];
+  job.args = gated_args(&e, &g, d, x, ldx, z, ldz);
+  job.args.y = y;
+  job.args.ldy = ldy;
+  job.args.rstd = rstd;
+  rn_run_rows(ctx, sp, rows, gated_fwd_rows, &job);
+  return rn_entry_unlock(&e, RMSNORM_OK);
+}
+
+/* ---- backward ----------------------------------------------------------- */
+
+typedef struct gated_bwd_job {
+  rn_gated_bwd_fn kernel;
+  rn_gated_args args;
+  size_t task_bytes;
+  char *task_scratch;
+} gated_bwd_job;
+
+static void gated_bwd_chunk(void *p, size_t r0, size_t r1, void *dw_part, void *db_part,
+                            int task) {
+  const gated_bwd_job *job = p;
+  (void)db_part;
+  job->kernel(&job->args, r0, r1, dw_part,
+              job->task_scratch + (size_t)task * job->task_bytes);
+}
+
+rmsnorm_status rmsnorm_gated_backward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                      const rmsnorm_gate *gate, size_t rows, size_t d,
+                                      const void *x, size_t ldx, const void *z, size_t ldz,
+                                      const void *dy, size_t lddy, const void *weight,
+                                      const void *rstd, void *dx, size_t lddx, void *dz,
+                                      size_t lddz, void *dweight) {
+  rn_entry e;
+  rmsnorm_gate g;
+  rmsnorm_status st = begin(&e, ctx, &cfg, 0, gate, d, &g);
+  if (st == RMSNORM_OK) st = rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldz, lddy, lddx, lddz));
+  if (st != RMSNORM_OK) return st;
+  if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (rows == 0) return RMSNORM_OK;
+  if (!x || !z || !dy || !dx || !dz) return RMSNORM_ERROR_NULL_POINTER;
+  size_t es = e.es;
+  /* dx may be exactly x or dy; dz may be exactly z: then z is dz's bytes,
+   * checked as that output (the kernel reads z_j before writing dz_j) */
+  int dz_is_z = dz == z && lddz == ldz;
+  rn_buffers b = {.in = {rn_inplace(rn_matrix(x, rows, d, ldx, es)),
+                         rn_inplace(rn_matrix(dy, rows, d, lddy, es)),
+                         dz_is_z ? (rn_span){0} : rn_matrix(z, rows, d, ldz, es),
+                         rn_vector(rstd, rows * (d / g.group), e.as)},
+                  .out = {rn_matrix(dx, rows, d, lddx, es), rn_matrix(dz, rows, d, lddz, es),
+                          rn_vector(dweight, d, e.ps)},
+                  .weight = weight, .nparam = d};
+  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
+
+  /* scratch: [weight copy][the reduction's sums][each task's row scratch] */
+  rn_entry_lock(&e);
+  rn_grad_plan plan;
+  size_t task_bytes = RN_GATED_SCRATCH(d);
+  char *sums = rn_entry_grad_scratch(&e, &plan, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, NULL,
+                                     rn_entry_backward_split(&e, rows, rows * d * 5 * es),
+                                     task_bytes);
+  if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
+  gated_bwd_job job;
+  job.kernel = e.kernels->gated_backward[cfg->dtype];
+  job.args = gated_args(&e, &g, d, x, ldx, z, ldz);
+  job.args.dy = dy, job.args.lddy = lddy;
+  job.args.dx = dx, job.args.lddx = lddx;
+  job.args.dz = dz, job.args.lddz = lddz;
+  job.args.rstd = (void *)(uintptr_t)rstd; /* read only in the backward */
+  job.task_bytes = task_bytes;
+  job.task_scratch = sums + plan.bytes;
+  rn_grad_run(ctx, &plan, sums, gated_bwd_chunk, &job);
+  return rn_entry_unlock(&e, RMSNORM_OK);
+}

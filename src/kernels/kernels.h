@@ -177,6 +177,41 @@ typedef struct rn_shard_args {
 } rn_shard_args;
 typedef void (*rn_shard_fn)(const rn_shard_args *a, size_t row_begin, size_t row_end);
 
+/* Gated RMSNorm over rows [row_begin, row_end) (ref/gated_ref.inc: the
+ * formulas, the backward's derivation). Every kernel set compiles that one
+ * body with its own ISA flags. */
+typedef struct rn_gated_args {
+  rmsnorm_dtype dtype; /* storage of x, z, y, dy, dx, dz */
+  size_t d, group;     /* row length; columns per statistic (divides d) */
+  int sigmoid;         /* act: 0 SiLU, 1 sigmoid */
+  int norm_first;      /* 0: y = RMSNorm(x act(z)) w; 1: y = RMSNorm(x) w act(z) */
+  const void *x;       /* x, z: (rows, ld) */
+  size_t ldx;
+  const void *z;
+  size_t ldz;
+  void *y;             /* forward: y (rows, ldy), may equal x or z */
+  size_t ldy;
+  const void *dy;      /* backward: dy (rows, lddy); dx may equal x or dy, dz may equal z */
+  size_t lddy;
+  void *dx;
+  size_t lddx;
+  void *dz;
+  size_t lddz;
+  const void *w;       /* w: (d,) acc effective gain, or NULL */
+  double eps;
+  unsigned flags;      /* RMSNORM_FLAG_ROUND_BEFORE_WEIGHT (forward) */
+  void *rstd;          /* (rows, d / group) acc, or NULL: written by the forward,
+                          read (when usable) by the backward */
+} rn_gated_args;
+/* row_scratch: RN_GATED_SCRATCH(d) bytes (six rows of the compute type),
+ * 64-byte aligned, private to the calling task. The backward adds dweight terms into dw_part ((d,) acc,
+ * zeroed by the caller, or NULL). */
+#define RN_GATED_SCRATCH(d) ((((d) + 15) & ~(size_t)15) * 8 * 6)
+typedef void (*rn_gated_fwd_fn)(const rn_gated_args *a, size_t row_begin, size_t row_end,
+                                void *row_scratch);
+typedef void (*rn_gated_bwd_fn)(const rn_gated_args *a, size_t row_begin, size_t row_end,
+                                void *dw_part, void *row_scratch);
+
 /* One ISA's kernels, indexed by rmsnorm_dtype. */
 typedef struct rn_kernel_set {
   const char *name;
@@ -194,6 +229,9 @@ typedef struct rn_kernel_set {
   rn_grad_cols_fn grad_cols[RN_NUM_DTYPES];
   /* column shards of a row (shard.c) */
   rn_shard_fn shard_sums[RN_NUM_DTYPES];
+  /* gated RMSNorm (api/gated.c) */
+  rn_gated_fwd_fn gated_forward[RN_NUM_DTYPES];
+  rn_gated_bwd_fn gated_backward[RN_NUM_DTYPES];
 } rn_kernel_set;
 
 /* The scalar reference: the spec every other set is tested against. */

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "numerics/activation.h"
 #include "numerics/blocks.h"
 #include "numerics/convert.h"
 #include "numerics/dtype.h"
@@ -12,83 +13,39 @@
 #include "numerics/rescue.h"
 #include "numerics/rowmath.h"
 
-/* Rows of user buffers are reached through byte offsets and loaded and stored
- * with memcpy (dtype.h): any address works. */
-#define RN_ROW(p, row, ld) ((const char *)(p) + (row) * (ld) * sizeof(RN_T))
-#define RN_ROW_OUT(p, row, ld) ((char *)(p) + (row) * (ld) * sizeof(RN_T))
-
-#define RN_FMA fmaf
-#define RN_A float
-#define RN_LDA(p, i) rn_ld_f32((p), (i))
-#define RN_STA(p, i, v) rn_st_f32((p), (i), (v))
-#define RN_F64 0
-#define RN_LANES RN_LANES_F32
-#define RN_BLOCK RN_BLOCK_F32
-
-#define RN_NAME(n) n##_f32
-#define RN_T float
-#define RN_LD(p, j) rn_ld_f32((p), (j))
-#define RN_ST(p, j, v) rn_st_f32((p), (j), (v))
-#define RN_RT(v) (v)
+/* One body per storage type: fp32, fp16 and bf16 with float compute, fp64
+ * with double (ref_types.inc defines the RN_* vocabulary for each). */
+#define RN_DTYPE_F32 1
+#include "ref_types.inc"
 #include "norm_ref.inc"
 #include "fused_ref.inc"
 #include "shard_ref.inc"
-#undef RN_NAME
-#undef RN_T
-#undef RN_LD
-#undef RN_ST
-#undef RN_RT
+#include "gated_ref.inc"
+#undef RN_DTYPE_F32
 
-#define RN_NAME(n) n##_f16
-#define RN_T uint16_t
-#define RN_LD(p, j) rn_f16_to_f32(rn_ld_u16((p), (j)))
-#define RN_ST(p, j, v) rn_st_u16((p), (j), rn_f32_to_f16(v))
-#define RN_RT(v) rn_f16_to_f32(rn_f32_to_f16(v))
+#define RN_DTYPE_F16 1
+#include "ref_types.inc"
 #include "norm_ref.inc"
 #include "fused_ref.inc"
 #include "shard_ref.inc"
-#undef RN_NAME
-#undef RN_T
-#undef RN_LD
-#undef RN_ST
-#undef RN_RT
+#include "gated_ref.inc"
+#undef RN_DTYPE_F16
 
-#define RN_NAME(n) n##_bf16
-#define RN_T uint16_t
-#define RN_LD(p, j) rn_bf16_to_f32(rn_ld_u16((p), (j)))
-#define RN_ST(p, j, v) rn_st_u16((p), (j), rn_f32_to_bf16(v))
-#define RN_RT(v) rn_bf16_to_f32(rn_f32_to_bf16(v))
+#define RN_DTYPE_BF16 1
+#include "ref_types.inc"
 #include "norm_ref.inc"
 #include "fused_ref.inc"
 #include "shard_ref.inc"
-#undef RN_NAME
-#undef RN_T
-#undef RN_LD
-#undef RN_ST
-#undef RN_RT
+#include "gated_ref.inc"
+#undef RN_DTYPE_BF16
 
-#undef RN_FMA
-#undef RN_A
-#undef RN_LDA
-#undef RN_STA
-#undef RN_F64
-#undef RN_LANES
-#undef RN_BLOCK
-#define RN_FMA fma
-#define RN_A double
-#define RN_LDA(p, i) rn_ld_f64((p), (i))
-#define RN_STA(p, i, v) rn_st_f64((p), (i), (v))
-#define RN_F64 1
-#define RN_LANES RN_LANES_F64
-#define RN_BLOCK RN_BLOCK_F64
-#define RN_NAME(n) n##_f64
-#define RN_T double
-#define RN_LD(p, j) rn_ld_f64((p), (j))
-#define RN_ST(p, j, v) rn_st_f64((p), (j), (v))
-#define RN_RT(v) (v)
+#define RN_DTYPE_F64 1
+#include "ref_types.inc"
 #include "norm_ref.inc"
 #include "fused_ref.inc"
 #include "shard_ref.inc"
+#include "gated_ref.inc"
+#undef RN_DTYPE_F64
 
 const rn_kernel_set rn_kernels_ref = {
     "scalar",
@@ -103,4 +60,6 @@ const rn_kernel_set rn_kernels_ref = {
     {backward_coef_f32, backward_coef_f16, backward_coef_bf16, backward_coef_f64},
     {backward_cols_f32, backward_cols_f16, backward_cols_bf16, backward_cols_f64},
     {shard_sums_f32, shard_sums_f16, shard_sums_bf16, shard_sums_f64},
+    {gated_forward_f32, gated_forward_f16, gated_forward_bf16, gated_forward_f64},
+    {gated_backward_f32, gated_backward_f16, gated_backward_bf16, gated_backward_f64},
 };

@@ -1,0 +1,5 @@
+/* gated_bf16.c - the avx512 set's bf16 gated RMSNorm (kernels/gated_set.inc,
+ * compiled with the set's ISA flags only, CMakeLists.txt). */
+#define RN_SET_PREFIX rn_avx512_
+#define RN_DTYPE_BF16 1
+#include "kernels/gated_set.inc"
