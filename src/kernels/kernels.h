@@ -203,10 +203,10 @@ typedef struct rn_gated_args {
   void *rstd;          /* (rows, d / group) acc, or NULL: written by the forward,
                           read (when usable) by the backward */
 } rn_gated_args;
-/* row_scratch: RN_GATED_SCRATCH(d) bytes (six rows of the compute type),
+/* row_scratch: RN_GATED_SCRATCH(d) bytes (seven rows of the compute type),
  * 64-byte aligned, private to the calling task. The backward adds dweight terms into dw_part ((d,) acc,
  * zeroed by the caller, or NULL). */
-#define RN_GATED_SCRATCH(d) ((((d) + 15) & ~(size_t)15) * 8 * 6)
+#define RN_GATED_SCRATCH(d) ((((d) + 15) & ~(size_t)15) * 8 * 7)
 typedef void (*rn_gated_fwd_fn)(const rn_gated_args *a, size_t row_begin, size_t row_end,
                                 void *row_scratch);
 typedef void (*rn_gated_bwd_fn)(const rn_gated_args *a, size_t row_begin, size_t row_end,
