@@ -1,7 +1,8 @@
 # mk/bench.mk - `make bench`: runs `rmsnorm bench` over the standard shapes
 # and dtypes, keeps the CSV and the table, and plots % of the copy limit
 # per shape (gnuplot, installed from Debian when missing); then the quantized
-# outputs against the fp32 forward (bench_fused quant).
+# outputs against the fp32 forward (bench_fused quant) and Gemma's sandwich
+# norms against their three separate calls (bench_fused sandwich).
 # The command's measuring code and the plot script are in bench/c/; the CSV and
 # the plot are written to BENCH_DIR.
 BENCH_DIR ?= bench
@@ -22,3 +23,5 @@ bench: build gnuplot
 	$(BENCH_PLOT) $(BENCH_DIR)/results.csv $(BENCH_DIR)/bandwidth.png
 	@echo "quantized outputs against the fp32-output forward (docs/quantized.md):"
 	./$(BUILD)/bench_fused quant 11
+	@echo "sandwich norms against forward + add + forward (docs/fusions.md):"
+	./$(BUILD)/bench_fused sandwich 11

@@ -1,7 +1,7 @@
 /* norm.c - the norm subcommands (forward, backward, layernorm,
- * layernorm-backward, and the fused add-forward and linear): one option
- * parser, parameterized by a table of what each command takes, and two
- * runners (row-wise norms; the norm followed by a matrix product). Inputs are
+ * layernorm-backward, the fused add-forward, sandwich and linear, and gated):
+ * one option parser, parameterized by a table of what each command takes, and
+ * two runners (row-wise norms; the norm followed by a matrix product). Inputs are
  * mapped, checked against each other, handed to the library, and the outputs
  * written all-or-nothing. */
 #define _POSIX_C_SOURCE 200809L
@@ -25,6 +25,8 @@ typedef enum op_kind {
   OP_LN_FORWARD,
   OP_LN_BACKWARD,
   OP_ADD_FORWARD, /* h' = h + u, y = RMSNorm(h') */
+  OP_SANDWICH,    /* h' = h + post_norm(a), y = pre_norm(h') (Gemma 2/3) */
+  OP_GATED,       /* y = RMSNorm(x act(z)) g, or RMSNorm(x) g act(z) */
   OP_LINEAR       /* Z = RMSNorm(X) W + bias, the gain folded into W */
 } op_kind;
 
@@ -49,7 +51,13 @@ enum {
   O_SCALES = 1u << 16,
   O_GROUP = 1u << 17,
   O_POW2 = 1u << 18,
-  O_STATIC_SCALE = 1u << 19
+  O_STATIC_SCALE = 1u << 19,
+  O_PRE_WEIGHT = 1u << 20,
+  O_POST_WEIGHT = 1u << 21,
+  O_POST_RSTD = 1u << 22,
+  O_ACT = 1u << 23,
+  O_NORM_FIRST = 1u << 24,
+  O_GATE_GROUP = 1u << 25
 };
 
 /* The quantized formats by their names on the command line, in the order
@@ -91,9 +99,12 @@ static const option_def option_defs[] = {
   {"mean", O_MEAN, "FILE", "each row's mean: float32, X's leading (row) shape"},
   {"residual-out", O_RESIDUAL_OUT, "FILE", "h' = h + u: H's shape and dtype (H is not changed)"},
   {"rstd", O_RSTD, "FILE", "each row's r: float32, X's leading (row) shape"},
+  {"post-rstd", O_POST_RSTD, "FILE", "post_norm's r of each row of A: float32, the row shape"},
   {"dweight", O_DWEIGHT, "FILE", "dL/dg: the normalized shape, in the weight's dtype"},
   {"dbias", O_DBIAS, "FILE", "dL/db: the normalized shape, in the weight's dtype"},
   {"weight", O_WEIGHT, "FILE", "the gain g: the normalized shape; '<f4' or X's dtype"},
+  {"post-weight", O_POST_WEIGHT, "FILE", "post_norm's gain (on A): the normalized shape"},
+  {"pre-weight", O_PRE_WEIGHT, "FILE", "pre_norm's gain (on h'): the same shape and dtype"},
   {"bias", O_BIAS, "FILE", "the bias b: as the weight, and in its dtype"},
   {"linear-bias", O_LINEAR_BIAS, "FILE", "added to Z: shape (N,), in the weight's dtype"},
   {"quant", O_QUANT, "FORMAT", "Y's codes to -o: int8 fp8_e4m3 q8_0 q8_k mxfp8 mxfp4"},
@@ -101,6 +112,9 @@ static const option_def option_defs[] = {
   {"group", O_GROUP, "G", "int8/fp8_e4m3: a scale per G columns (a multiple of 32)"},
   {"pow2-scale", O_POW2, NULL, "int8/fp8_e4m3: scales rounded up to a power of two"},
   {"static-scale", O_STATIC_SCALE, "S", "int8/fp8_e4m3: one given scale for all (no --scales)"},
+  {"act", O_ACT, "A", "the gate's activation act(z): silu (default) or sigmoid"},
+  {"group", O_GATE_GROUP, "G", "one r per G columns, G dividing the row (default: the row)"},
+  {"norm-first", O_NORM_FIRST, NULL, "y = RMSNorm(x) g act(z) (Qwen3-Next): the gate after"},
   {"eps", O_EPS, "E", "finite, >= 0 (default: 2^-23; 2^-52 for '<f8' data)"},
   {"eps-outside", O_EPS_OUTSIDE, NULL, "r = 1/(sqrt(mean(x^2)) + eps), the paper's code"},
   {"offset", O_OFFSET, NULL, "multiply by (1 + g) instead of g (Gemma)"},
@@ -169,6 +183,28 @@ static const op_spec op_specs[] = {
    "H.npy is read, never changed: --residual-out writes h' (naming H.npy itself\n"
    "replaces it, all-or-nothing, like every output). --quant writes Y's codes\n"
    "and scales as forward's --quant does (see 'rmsnorm forward --help')."},
+  {"sandwich", OP_SANDWICH, 2, "H.npy A.npy", "Y.npy",
+   O_OUT | O_EPS | O_EPS_OUTSIDE | O_OFFSET | O_PARTIAL | O_BF16 | O_DIMS | O_RSTD | O_POST_RSTD |
+       O_POST_WEIGHT | O_PRE_WEIGHT | O_RESIDUAL_OUT,
+   "H.npy A.npy -o Y.npy [--residual-out H2.npy] [--post-weight G1.npy]\n"
+   "               [--pre-weight G2.npy] [--post-rstd R1.npy] [--rstd R2.npy] [options]",
+   "Gemma 2/3's sandwich norms in one pass: the residual stream H and a\n"
+   "sub-layer's output A (same shape and dtype), two RMSNorms with their own\n"
+   "gains and the same options (Gemma: --offset),\n"
+   "  h' = h + post_norm(a)  (rounded to H's dtype),  y = pre_norm(h')\n"
+   "bit for bit 'forward A', the add, and 'forward' of h'. H.npy is read, never\n"
+   "changed: --residual-out writes h' (naming H.npy itself replaces it)."},
+  {"gated", OP_GATED, 2, "X.npy Z.npy", "Y.npy",
+   O_OUT | O_EPS | O_OFFSET | O_WEIGHT | O_BF16 | O_DIMS | O_RSTD | O_ACT | O_GATE_GROUP |
+       O_NORM_FIRST,
+   "X.npy Z.npy -o Y.npy [--weight G.npy] [--act silu|sigmoid] [--group G]\n"
+   "               [--norm-first] [--rstd R.npy] [options]",
+   "Gated RMSNorm (Mamba2, Qwen3-Next) of X with the gate Z (same shape and\n"
+   "dtype), a = act(z):\n"
+   "  gate first (default):  y = RMSNorm(x * a) * g\n"
+   "  --norm-first:          y = RMSNorm(x) * g * a\n"
+   "with one r = 1/sqrt(mean(v^2) + eps) per group of G columns (--group G, a\n"
+   "divisor of the row; default the whole row)."},
   {"linear", OP_LINEAR, 2, "X.npy W.npy", "Z.npy",
    O_OUT | O_RSTD | O_WEIGHT | O_LINEAR_BIAS | O_EPS | O_EPS_OUTSIDE | O_OFFSET | O_PARTIAL |
        O_BF16,
@@ -194,12 +230,22 @@ static void print_help(const op_spec *op) {
     char left[40];
     snprintf(left, sizeof left, "%s--%s%s%s", o->bit == O_OUT ? "-o, " : "", o->name,
              o->arg ? " " : "", o->arg ? o->arg : "");
+    const char *help = o->help;
     if (o->bit == O_OUT && op->kind == OP_LINEAR)
-      printf("  %-22s %s\n", left, "the result Z: X's leading shape and N, X's dtype");
+      help = "the result Z: X's leading shape and N, X's dtype";
     else if (o->bit == O_OUT && (op->options & O_QUANT))
-      printf("  %-22s %s\n", left, "Y: X's shape and dtype (with --quant: the codes)");
-    else
-      printf("  %-22s %s\n", left, o->help);
+      help = "Y: X's shape and dtype (with --quant: the codes)";
+    else if (o->bit == O_OUT && op->kind == OP_SANDWICH)
+      help = "y = pre_norm(h'): H's shape and dtype";
+    else if (o->bit == O_OUT && op->kind == OP_GATED)
+      help = "the result Y: X's shape and dtype";
+    else if (o->bit == O_RSTD && op->kind == OP_SANDWICH)
+      help = "pre_norm's r of each row of h': float32, the row shape";
+    else if (o->bit == O_RESIDUAL_OUT && op->kind == OP_SANDWICH)
+      help = "h' = h + post_norm(a): H's shape and dtype (H is not changed)";
+    else if (o->bit == O_RSTD && op->kind == OP_GATED)
+      help = "each group's r: float32, X's row shape (and d/G with --group G)";
+    printf("  %-22s %s\n", left, help);
   }
   printf("  %-22s %s\n", "-h, --help", "this help");
   printf("\nexit status: 0 success, 1 failure (file, shape, dtype, library), 2 usage error\n");
@@ -211,6 +257,10 @@ typedef struct norm_args {
   const char *in[2];
   int n_in;
   const char *out, *mean, *rstd, *dweight, *dbias, *weight, *bias, *residual_out, *linear_bias;
+  const char *pre_weight, *post_weight, *post_rstd; /* sandwich */
+  rmsnorm_gate_act act;                             /* gated: --act, --norm-first, --group */
+  int norm_first;
+  size_t gate_group;
   int have_eps;
   double eps;
   int eps_outside, offset, bf16;
@@ -251,6 +301,27 @@ static int set_option(const op_spec *op, norm_args *a, const option_def *o, cons
     case O_BIAS: a->bias = v; break;
     case O_RESIDUAL_OUT: a->residual_out = v; break;
     case O_LINEAR_BIAS: a->linear_bias = v; break;
+    case O_PRE_WEIGHT: a->pre_weight = v; break;
+    case O_POST_WEIGHT: a->post_weight = v; break;
+    case O_POST_RSTD: a->post_rstd = v; break;
+    case O_NORM_FIRST: a->norm_first = 1; break;
+    case O_ACT:
+      if (!strcmp(v, "silu"))
+        a->act = RMSNORM_GATE_SILU;
+      else if (!strcmp(v, "sigmoid"))
+        a->act = RMSNORM_GATE_SIGMOID;
+      else
+        return usage_error(op, "--act must be silu or sigmoid, not '%s'", v);
+      break;
+    case O_GATE_GROUP: {
+      char *end;
+      errno = 0;
+      unsigned long long g = strtoull(v, &end, 10);
+      if (*v < '0' || *v > '9' || *end != '\0' || errno || g > SIZE_MAX)
+        return usage_error(op, "--group must be a whole number (0: the whole row), not '%s'", v);
+      a->gate_group = (size_t)g;
+      break;
+    }
     case O_EPS_OUTSIDE: a->eps_outside = 1; break;
     case O_OFFSET: a->offset = 1; break;
     case O_BF16: a->bf16 = 1; break;
@@ -312,6 +383,7 @@ static int set_option(const op_spec *op, norm_args *a, const option_def *o, cons
 static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
   memset(a, 0, sizeof *a);
   a->partial = 1.0;
+  a->act = RMSNORM_GATE_SILU;
   int options_done = 0;
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
@@ -388,8 +460,8 @@ static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
     }
   }
   /* two outputs with one name would leave only one of them */
-  const char *outs[] = {a->out,   a->mean,         a->rstd,  a->dweight,
-                        a->dbias, a->residual_out, a->scales};
+  const char *outs[] = {a->out,   a->mean,         a->rstd,   a->dweight,
+                        a->dbias, a->residual_out, a->scales, a->post_rstd};
   size_t n_outs = sizeof outs / sizeof outs[0];
   for (size_t i = 0; i < n_outs; i++)
     for (size_t j = i + 1; j < n_outs; j++)
@@ -518,13 +590,12 @@ static rmsnorm_status start_library(const norm_args *a, rmsnorm_dtype dt, npy_dt
 
 /* Writes every requested output to its temporary file, then renames them all
  * into place. @return 0, or -1 after printing the file and the problem. */
-static int write_outputs(out_set *outs, output *outv, size_t n_out, rmsnorm_dtype dt,
-                         size_t rows) {
+static int write_outputs(out_set *outs, output *outv, size_t n_out, rmsnorm_dtype dt) {
   char err[512];
   for (size_t i = 0; i < n_out; i++) {
     const output *o = &outv[i];
     if (!o->path) continue;
-    if (o->stat && dt == RMSNORM_F64) doubles_to_floats(o->data, rows);
+    if (o->stat && dt == RMSNORM_F64) doubles_to_floats(o->data, o->bytes / sizeof(float));
     if (out_write_npy(outs, o->slot, o->dt, o->ndim, o->shape, o->data, o->bytes, err,
                       sizeof err) != 0) {
       rn_cli_error("%s: %s", o->path, err);
@@ -544,24 +615,29 @@ static void *alloc_bytes(size_t bytes, int zero) {
   return zero ? calloc(1, bytes) : malloc(bytes);
 }
 
-/* Runs one row-wise command on parsed arguments. For add-forward the
- * second input (dy below) is U, and H is copied into the buffer the library
- * updates in place (h' = h + u), which --residual-out writes. */
+/* Runs one row-wise command on parsed arguments. For add-forward and sandwich
+ * the second input (dy below) is U or A, and H is copied into the buffer the
+ * library updates in place (h' = h + u, h' = h + post_norm(a)), which
+ * --residual-out writes; sandwich's pre_norm weight takes the weight's place
+ * (w) and its post_norm weight is w2. For gated the second input is Z. */
 static int run(const op_spec *op, const norm_args *a) {
   int rc = RN_EXIT_FAILURE;
   char err[512];
-  npy_file x = {0}, dy = {0}, w = {0}, b = {0};
+  npy_file x = {0}, dy = {0}, w = {0}, b = {0}, w2 = {0};
   out_set *outs = out_begin();
   void *y = NULL, *mean = NULL, *rstd = NULL, *dweight = NULL, *dbias = NULL, *h = NULL;
-  void *scales = NULL;
+  void *scales = NULL, *rstd_post = NULL;
   rmsnorm_context *ctx = NULL;
-  int add = op->kind == OP_ADD_FORWARD;
+  int add = op->kind == OP_ADD_FORWARD, sandwich = op->kind == OP_SANDWICH;
+  int residual = add || sandwich, gated = op->kind == OP_GATED;
   const qformat_def *qf = a->quant;
 
   /* inputs */
-  const char *paths[4] = {a->in[0], op->inputs == 2 ? a->in[1] : NULL, a->weight, a->bias};
-  npy_file *files[4] = {&x, &dy, &w, &b};
-  for (int i = 0; i < 4; i++) {
+  const char *paths[5] = {a->in[0], op->inputs == 2 ? a->in[1] : NULL,
+                          sandwich ? a->pre_weight : a->weight, a->bias, a->post_weight};
+  npy_file *files[5] = {&x, &dy, &w, &b, &w2};
+  int have_w = paths[2] != NULL;
+  for (int i = 0; i < 5; i++) {
     if (paths[i] && npy_open(files[i], paths[i], err, sizeof err) != 0) {
       rn_cli_error("%s: %s", paths[i], err);
       goto done;
@@ -610,16 +686,38 @@ static int run(const op_spec *op, const norm_args *a) {
       goto done;
     }
   }
-  if (a->weight && check_param(&w, "weight", &x, lead)) goto done;
+  if (have_w && check_param(&w, sandwich ? "pre weight" : "weight", &x, lead)) goto done;
   if (a->bias && check_param(&b, "bias", &x, lead)) goto done;
-  if (a->weight && a->bias && w.info.dtype != b.info.dtype) {
+  if (a->post_weight && check_param(&w2, "post weight", &x, lead)) goto done;
+  if (have_w && a->bias && w.info.dtype != b.info.dtype) {
     rn_cli_error("%s: bias dtype '%s' does not match the weight's dtype '%s' (%s)", b.path,
                  b.info.descr, w.info.descr, w.path);
     goto done;
   }
-  /* weight, bias, dweight, dbias share one dtype: the weight's, else the
-   * bias', else the data's */
-  npy_dtype param = a->weight ? w.info.dtype : a->bias ? b.info.dtype : xi->dtype;
+  if (have_w && a->post_weight && w.info.dtype != w2.info.dtype) {
+    rn_cli_error("%s: post weight dtype '%s' does not match the pre weight's dtype '%s' (%s)",
+                 w2.path, w2.info.descr, w.info.descr, w.path);
+    goto done;
+  }
+  /* weight, bias, dweight, dbias (sandwich: both weights) share one dtype:
+   * the weight's, else the bias' (the post weight's), else the data's */
+  npy_dtype param = have_w ? w.info.dtype : a->bias ? b.info.dtype
+                    : a->post_weight             ? w2.info.dtype
+                                                 : xi->dtype;
+  /* gated: one r per group of gate_group columns (0: the row) */
+  size_t ngroups = 1;
+  if (gated && a->gate_group) {
+    if (d % a->gate_group) {
+      rn_cli_error("%s: normalized size %zu is not a multiple of --group %zu", x.path, d,
+                   a->gate_group);
+      goto done;
+    }
+    ngroups = d / a->gate_group;
+  }
+  size_t rstd_shape[NPY_MAX_DIMS + 1];
+  int rstd_ndim = lead + (gated && a->gate_group ? 1 : 0);
+  memcpy(rstd_shape, xi->shape, (size_t)lead * sizeof rstd_shape[0]);
+  rstd_shape[lead] = ngroups;
 
   /* outputs: buffers, and temporaries now, so that an unwritable folder
    * fails before the work */
@@ -679,25 +777,29 @@ static int run(const op_spec *op, const norm_args *a) {
   }
   y = alloc_bytes(codes_bytes, 0);
   if (a->mean) mean = alloc_bytes(rows * stat_size, 0);
-  if (a->rstd) rstd = alloc_bytes(rows * stat_size, 0);
+  if (a->rstd) rstd = alloc_bytes(rows * ngroups * stat_size, 0);
+  if (a->post_rstd) rstd_post = alloc_bytes(rows * stat_size, 0);
   /* zeroed: with no rows the library writes nothing, and the sums are 0 */
   if (a->dweight) dweight = alloc_bytes(d * param_size, 1);
   if (a->dbias) dbias = alloc_bytes(d * param_size, 1);
-  if (add && (h = alloc_bytes(xi->data_bytes, 0)) != NULL) memcpy(h, x.data, xi->data_bytes);
+  if (residual && (h = alloc_bytes(xi->data_bytes, 0)) != NULL)
+    memcpy(h, x.data, xi->data_bytes);
   if (!y || (a->mean && !mean) || (a->rstd && !rstd) || (a->dweight && !dweight) ||
-      (a->dbias && !dbias) || (add && !h) || (a->scales && !scales)) {
+      (a->dbias && !dbias) || (residual && !h) || (a->scales && !scales) ||
+      (a->post_rstd && !rstd_post)) {
     rn_cli_error("%s: out of memory", op->name);
     goto done;
   }
   output outv[] = {
     {a->out, -1, xi->dtype, xi->ndim, xi->shape, y, xi->data_bytes, 0},
     {a->mean, -1, NPY_F32, lead, xi->shape, mean, rows * sizeof(float), 1},
-    {a->rstd, -1, NPY_F32, lead, xi->shape, rstd, rows * sizeof(float), 1},
+    {a->rstd, -1, NPY_F32, rstd_ndim, rstd_shape, rstd, rows * ngroups * sizeof(float), 1},
     {a->dweight, -1, param, k, xi->shape + lead, dweight, d * param_size, 0},
     {a->dbias, -1, param, k, xi->shape + lead, dbias, d * param_size, 0},
     {a->residual_out, -1, xi->dtype, xi->ndim, xi->shape, h, xi->data_bytes, 0},
     {a->scales, -1, qf && qf->scales == 1 ? NPY_F32 : NPY_U8, lead + 1, scales_shape, scales,
      scales_bytes, 0},
+    {a->post_rstd, -1, NPY_F32, lead, xi->shape, rstd_post, rows * sizeof(float), 1},
   };
   if (qf) outv[0] = (output){a->out, -1, qf->codes, codes_ndim, codes_shape, y, codes_bytes, 0};
   size_t n_out = sizeof outv / sizeof outv[0];
@@ -706,7 +808,7 @@ static int run(const op_spec *op, const norm_args *a) {
   rmsnorm_config cfg;
   rmsnorm_status st = start_library(a, dt, param, &ctx, &cfg);
   if (st == RMSNORM_OK) {
-    const void *wp = a->weight ? w.data : NULL, *bp = a->bias ? b.data : NULL;
+    const void *wp = have_w ? w.data : NULL, *bp = a->bias ? b.data : NULL;
     /* --quant: forward and add-forward only (parse_args) */
     if (qf && add)
       st = rmsnorm_add_forward_quantized(ctx, &cfg, rows, d, h, d, dy.data, d, wp, bp, &q, y,
@@ -732,6 +834,19 @@ static int run(const op_spec *op, const norm_args *a) {
       case OP_ADD_FORWARD:
         st = rmsnorm_add_forward(ctx, &cfg, rows, d, h, d, dy.data, d, wp, bp, y, d, rstd);
         break;
+      case OP_SANDWICH:
+        st = rmsnorm_sandwich_forward(ctx, &cfg, rows, d, dy.data, d, h, d,
+                                      a->post_weight ? w2.data : NULL, wp, y, d, rstd_post, rstd);
+        break;
+      case OP_GATED: {
+        rmsnorm_gate gate;
+        rmsnorm_gate_init(&gate, a->act);
+        gate.group = a->gate_group;
+        gate.flags = a->norm_first ? RMSNORM_GATE_NORM_FIRST : 0u;
+        st = rmsnorm_gated_forward(ctx, &cfg, &gate, rows, d, x.data, d, dy.data, d, wp, y, d,
+                                   rstd);
+        break;
+      }
       case OP_LINEAR: st = RMSNORM_ERROR_BAD_ARGUMENT; break; /* run_linear's */
     }
   }
@@ -741,7 +856,7 @@ static int run(const op_spec *op, const norm_args *a) {
     goto done;
   }
 
-  if (write_outputs(outs, outv, n_out, dt, rows) == 0) rc = RN_EXIT_OK;
+  if (write_outputs(outs, outv, n_out, dt) == 0) rc = RN_EXIT_OK;
 
 done:
   out_abort(outs);
@@ -753,7 +868,8 @@ done:
   free(dbias);
   free(h);
   free(scales);
-  for (int i = 0; i < 4; i++) npy_close(files[i]);
+  free(rstd_post);
+  for (int i = 0; i < 5; i++) npy_close(files[i]);
   return rc;
 }
 
@@ -880,7 +996,7 @@ static int run_linear(const op_spec *op, const norm_args *a) {
     goto done;
   }
 
-  if (write_outputs(outs, outv, n_out, dt, rows) == 0) rc = RN_EXIT_OK;
+  if (write_outputs(outs, outv, n_out, dt) == 0) rc = RN_EXIT_OK;
 
 done:
   out_abort(outs);

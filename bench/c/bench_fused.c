@@ -8,9 +8,16 @@
  *           + quantize vs rmsnorm_add_forward, at 4096x4096 and 16x4096;
  *           interleaved rounds, medians (the others: best of N)
  *   linear: rmsnorm_linear_forward vs rmsnorm_forward + cblas_sgemm
- * usage: bench_fused [add|qk|quant|linear|all] [reps] */
+ *   sandwich: rmsnorm_sandwich_forward (Gemma's h' = h + post_norm(a), x' =
+ *           pre_norm(h')) vs the three separate calls: rmsnorm_forward into
+ *           a temporary, h += it (a plain C loop, threads as many from 1M
+ *           elements, one below: a thread's start costs more there), and
+ *           rmsnorm_forward of h'; fp32 and bf16 at 4096x4096 and 16x4096;
+ *           interleaved rounds, medians
+ * usage: bench_fused [add|qk|quant|linear|sandwich|all] [reps] */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,29 +65,58 @@ static int reps = 20;
     }                                                \
   } while (0)
 
-/* the unfused add: h += u split over threads like the library splits rows */
+/* bf16 bit patterns: to float exactly, from float rounded to nearest even
+ * (no NaN here) */
+static float bf16_to_f32(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+static uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* the unfused add: h += u (fp32, or bf16 through float) split over threads
+ * like the library splits rows */
 typedef struct add_part {
-  float *h;
-  const float *u;
+  void *h;
+  const void *u;
   size_t n;
+  int bf16;
 } add_part;
 
 static void *add_run(void *p) {
   add_part *a = p;
-  for (size_t i = 0; i < a->n; i++) a->h[i] += a->u[i];
+  if (a->bf16) {
+    uint16_t *h = a->h;
+    const uint16_t *u = a->u;
+    for (size_t i = 0; i < a->n; i++) h[i] = f32_to_bf16(bf16_to_f32(h[i]) + bf16_to_f32(u[i]));
+  } else {
+    float *h = a->h;
+    const float *u = a->u;
+    for (size_t i = 0; i < a->n; i++) h[i] += u[i];
+  }
   return NULL;
 }
 
-static void add_threads(float *h, const float *u, size_t n, int threads) {
+static void add_threads_of(void *h, const void *u, size_t n, int threads, int bf16) {
   pthread_t th[64];
   add_part parts[64];
+  size_t es = bf16 ? 2 : 4;
   for (int t = 0; t < threads; t++) {
     size_t b = n * (size_t)t / (size_t)threads, e = n * (size_t)(t + 1) / (size_t)threads;
-    parts[t] = (add_part){h + b, u + b, e - b};
+    parts[t] = (add_part){(char *)h + b * es, (const char *)u + b * es, e - b, bf16};
     if (t) pthread_create(&th[t], NULL, add_run, &parts[t]);
   }
   add_run(&parts[0]);
   for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
+}
+
+static void add_threads(float *h, const float *u, size_t n, int threads) {
+  add_threads_of(h, u, n, threads, 0);
 }
 
 static int all_threads(rmsnorm_context *ctx) {
@@ -210,6 +246,64 @@ static void bench_quant(rmsnorm_context *ctx, size_t rows, size_t d, int add) {
   free(x), free(u), free(y), free(w), free(codes), free(scales), free(t), free(ratio);
 }
 
+/* Gemma's sandwich norms, fused against the three separate calls, timed
+ * interleaved in each round (a shared machine's drift hits both alike):
+ * median times and the median of the rounds' ratios. h is restored before
+ * each round (the add feeds on itself); in-cache shapes repeat each call
+ * `inner` times a round. */
+static void bench_sandwich(rmsnorm_context *ctx, size_t rows, size_t d, int bf16) {
+  size_t n = rows * d, es = bf16 ? 2 : 4;
+  float *af = randf(n), *hf = randf(n), *w1 = randf(d), *w2 = randf(d);
+  void *a = xmalloc(n * es), *h0 = xmalloc(n * es), *h = xmalloc(n * es);
+  void *x = xmalloc(n * es), *tmp = xmalloc(n * es);
+  for (size_t i = 0; i < n; i++) {
+    if (bf16) {
+      ((uint16_t *)a)[i] = f32_to_bf16(4 * af[i]);
+      ((uint16_t *)h0)[i] = f32_to_bf16(hf[i]);
+    } else {
+      ((float *)a)[i] = 4 * af[i];
+      ((float *)h0)[i] = hf[i];
+    }
+  }
+  for (size_t j = 0; j < d; j++) w1[j] *= 0.3f, w2[j] *= 0.3f; /* Gemma's g, used as 1 + g */
+  int small = n < ((size_t)1 << 20), inner = small ? 200 : 1;
+  double *t = xmalloc(2 * (size_t)reps * sizeof(double));
+  double *ratio = xmalloc((size_t)reps * sizeof(double));
+  rmsnorm_config cfg;
+  rmsnorm_config_init(&cfg, bf16 ? RMSNORM_BF16 : RMSNORM_F32);
+  cfg.param_dtype = RMSNORM_F32;
+  cfg.eps = 1e-6;
+  cfg.flags = RMSNORM_FLAG_WEIGHT_OFFSET;
+  int most = all_threads(ctx);
+  for (int threads = 1; threads <= most; threads = threads == most ? most + 1 : most) {
+    rmsnorm_context_set_threads(ctx, threads);
+    for (int r = -1; r < reps; r++) { /* round -1 warms up */
+      for (int k = 0; k < 2; k++) {
+        memcpy(h, h0, n * es);
+        double t0 = now();
+        for (int i = 0; i < inner; i++) {
+          if (k == 0) {
+            rmsnorm_sandwich_forward(ctx, &cfg, rows, d, a, d, h, d, w1, w2, x, d, NULL, NULL);
+          } else {
+            rmsnorm_forward(ctx, &cfg, rows, d, a, d, w1, NULL, tmp, d, NULL);
+            add_threads_of(h, tmp, n, small ? 1 : threads, bf16);
+            rmsnorm_forward(ctx, &cfg, rows, d, h, d, w2, NULL, x, d, NULL);
+          }
+        }
+        if (r >= 0) t[(size_t)k * (size_t)reps + (size_t)r] = (now() - t0) / inner;
+      }
+    }
+    for (int r = 0; r < reps; r++) ratio[r] = t[r] / t[(size_t)reps + (size_t)r];
+    double fused = median(t, reps), separate = median(t + reps, reps);
+    printf("sandwich %s %zux%zu threads=%d, median of %d interleaved rounds: fused %.3f us, "
+           "forward+add+forward %.3f us, fused/separate %.2fx\n",
+           bf16 ? "bf16" : "f32", rows, d, threads, reps, fused * 1e6, separate * 1e6,
+           median(ratio, reps));
+  }
+  free(af), free(hf), free(w1), free(w2), free(a), free(h0), free(h), free(x), free(tmp);
+  free(t), free(ratio);
+}
+
 static void bench_linear(rmsnorm_context *ctx, size_t rows, size_t d, size_t n) {
   if (rmsnorm_linear_available() != RMSNORM_OK) {
     printf("linear: no BLAS in this build\n");
@@ -258,6 +352,12 @@ int main(int argc, char **argv) {
     bench_quant(ctx, 16, 4096, 0);
     bench_quant(ctx, 4096, 4096, 1);
     bench_quant(ctx, 16, 4096, 1);
+  }
+  if (all || !strcmp(what, "sandwich")) {
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+      bench_sandwich(ctx, 4096, 4096, bf16);
+      bench_sandwich(ctx, 16, 4096, bf16);
+    }
   }
   if (all || !strcmp(what, "linear")) {
     bench_linear(ctx, 2, 4, 3);
