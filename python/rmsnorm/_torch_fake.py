@@ -40,7 +40,20 @@ def _checks(op: str, a: dict, x, what: str):
         _check(op, x.dim() >= k and all(p == q for p, q in zip(x.shape[x.dim() - k:], ns)),
                "input_shape", norm=list(ns), what=what, dims=", ".join(map(str, ns)),
                shape=list(x.shape))
-        shapes = {"weight": ns, "bias": ns}
+        shapes = {"weight": ns, "bias": ns, "post_weight": ns, "pre_weight": ns}
+    elif "gate" in a:  # gated: over the last dim, in groups
+        _check(op, x.dim() >= 1, "linear_rank")
+        z = a["gate"]
+        _check(op, _same(z, x.shape), "same_shape", what="gate", shape=list(z.shape), ref=what,
+               ref_shape=list(x.shape))
+        torch._check_type(z.dtype == x.dtype, lambda: _text(
+            op, "same_dtype", what="gate", dtype=str(z.dtype)[6:], ref=what,
+            ref_dtype=str(x.dtype)[6:]))
+        act, group = a["activation"], a["group_size"]
+        _check(op, act in ("silu", "swish", "sigmoid"), "gate_activation", activation=repr(act))
+        _check(op, group >= 0 and (group == 0 or x.shape[-1] % group == 0), "gate_group",
+               d=x.shape[-1], group=group)
+        shapes = {"weight": x.shape[-1:]}
     elif "weight_matrix" in a:
         w = a["weight_matrix"]
         _check(op, x.dim() >= 1, "linear_rank")
@@ -112,9 +125,14 @@ def _output(op: _ops.Op, a: dict, x, name: str, i: int):
     mask = a.get("output_mask")
     if mask is not None and not mask[i]:
         return None
-    if name.startswith("grad_") and name != "grad_input":
+    if name.startswith("grad_") and name != "grad_input" and name[5:] in a:  # a parameter's
         p = a.get(name[5:])
         return None if p is None else p.new_empty(p.shape)
+    if name == "rstd" and "gate" in a:  # one per group
+        group = a["group_size"]
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        return x.new_empty(tuple(x.shape[:-1]) + (x.shape[-1] // group if group else 1,),
+                           dtype=dtype)
     if name in ("rstd", "mean"):
         return _stats(x, k)
     if name == "scale":

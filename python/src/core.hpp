@@ -111,6 +111,10 @@ inline constexpr std::pair<const char *, const char *> kMessages[] = {
                  "scale per row) or a multiple of 32, and a static scale takes neither"},
     {"qsize", "format {format} needs rows of a positive multiple of {block} elements "
               "({unit}); normalized_shape {norm} has {d}"},
+    {"gate_activation", "activation must be 'silu' (or its other name 'swish') or 'sigmoid', "
+                        "got {activation}"},
+    {"gate_group", "group_size must be 0 (one statistic per row) or a positive divisor of the "
+                   "last dim, {d}; got {group}"},
 };
 
 /* The message `key` with its {name} fields replaced. */
@@ -821,6 +825,215 @@ void qk_norm_backward(A &a) {
     });
   }
   ret_grads(a, b, g, p);
+}
+
+/* ---- gated RMSNorm ---------------------------------------------------------------------
+ * Over the last dim d of input and gate (one shape and dtype), one statistic per group of
+ * group_size columns (0: the row), the weight (d,) of the data's dtype or float32. */
+
+/* The rmsnorm_gate of the arguments activation, group_size and norm_before_gate, checked
+ * against d. */
+template <class A>
+rmsnorm_gate gate_of(A &a, int64_t d) {
+  std::string act = a.text("activation");
+  rmsnorm_gate g;
+  if (act == "silu" || act == "swish") rmsnorm_gate_init(&g, RMSNORM_GATE_SILU);
+  else if (act == "sigmoid") rmsnorm_gate_init(&g, RMSNORM_GATE_SIGMOID);
+  else value_error(message("gate_activation", {{"activation", "'" + act + "'"}}));
+  int64_t group = a.integer("group_size");
+  if (group < 0 || (group > 0 && d % group != 0))
+    value_error(
+        message("gate_group", {{"d", std::to_string(d)}, {"group", std::to_string(group)}}));
+  g.group = static_cast<std::size_t>(group);
+  if (a.flag("norm_before_gate")) g.flags |= RMSNORM_GATE_NORM_FIRST;
+  return g;
+}
+
+/* Statistics per row: d / group_size (1 for group_size 0). */
+inline int64_t gate_groups(const rmsnorm_gate &g, int64_t d) {
+  return g.group ? d / static_cast<int64_t>(g.group) : 1;
+}
+
+/* The checked arguments of a gated norm: input x (named what), gate z and weight; the arrays
+ * of x's shape and dtype in `same` (grad_output) are checked too. */
+template <class B>
+struct GatedIn {
+  int dt;
+  Dims shape;
+  Params<B> p;
+  rmsnorm_gate gate;
+  int64_t d, groups;
+};
+
+template <class A, class B = typename A::B>
+GatedIn<B> gated_in(A &a, const Array<B> &x, const Array<B> &z, const Options &o,
+                    std::initializer_list<std::pair<const Array<B> *, const char *>> same = {}) {
+  B &b = a.backend();
+  int dt = data_dtype<B>(x, "input");
+  Dims shape = B::shape(x);
+  if (shape.empty()) value_error(message("linear_rank", {}));
+  check_same<B>(z, shape, dt, "gate", "input");
+  auto [dt2, shape2, p] = norm_in(b, RMS, x, "input", shape.last(1), a.in("weight"), Array<B>(),
+                                  o, same);
+  int64_t d = shape.back();
+  rmsnorm_gate g = gate_of(a, d);
+  return {dt2, shape2, std::move(p), g, d, gate_groups(g, d)};
+}
+
+/* y (and rstd, (*leading, groups)) of the gated norm, new and contiguous. */
+template <class A, class B = typename A::B>
+void gated_rms_norm(A &a) {
+  B &b = a.backend();
+  auto x = a.in("input"), z = a.in("gate");
+  Options o = options(a);
+  GatedIn<B> in = gated_in(a, x, z, o);
+  Rows<B> xr = as_rows(b, x, 1), zr = as_rows(b, z, 1);
+  auto y = b.empty(in.shape, in.dt);
+  bool want = a.want_stats();
+  Array<B> rstd;
+  if (want) {
+    Shape s(in.shape.begin(), in.shape.end() - 1);
+    s.push_back(in.groups);
+    rstd = in.d ? b.empty(s, stats_dtype(in.dt)) : b.full(s, stats_dtype(in.dt), NAN);
+  }
+  if (in.d)
+    run(b, in.dt, in.p.param_dtype, o, xr.rows * in.d, "rmsnorm_gated_forward",
+        [&](auto ctx, auto cfg) {
+      return rmsnorm_gated_forward(ctx, cfg, &in.gate, xr.rows, in.d, xr.ptr, xr.ld, zr.ptr,
+                                   zr.ld, ptr_or_null<B>(in.p.weight), B::ptr(y), in.d,
+                                   ptr_or_null<B>(rstd));
+    });
+  if (want) a.ret({y, rstd});
+  else a.ret({y});
+}
+
+/* (dx, dz, dweight): dweight only when asked for and weight is given. rstd: the forward's
+ * (rows x groups values) or none (recomputed). */
+template <class A, class B = typename A::B>
+void gated_rms_norm_backward(A &a) {
+  B &b = a.backend();
+  auto dy = a.in("grad_output"), x = a.in("input"), z = a.in("gate"), rstd = a.in("rstd");
+  Options o = options(a);
+  GatedIn<B> in = gated_in(a, x, z, o, {{&dy, "grad_output"}});
+  Rows<B> xr = as_rows(b, x, 1), zr = as_rows(b, z, 1), dyr = as_rows(b, dy, 1);
+  int64_t rows = xr.rows, d = in.d;
+  auto dx = b.empty(in.shape, in.dt), dz = b.empty(in.shape, in.dt);  // both always written
+  auto dw = new_grad(b, a.mask(2) && B::defined(in.p.weight), in.shape.last(1),
+                     in.p.param_dtype, rows);
+  if (d) {
+    if (B::defined(rstd) && in.groups != 1 && prod(B::shape(rstd)) != rows * in.groups)
+      value_error("rstd has " + std::to_string(prod(B::shape(rstd))) + " values (shape " +
+                  list(B::shape(rstd)) + "); expected one per group of each row, " +
+                  std::to_string(rows * in.groups));
+    auto r = per_row_arg(b, rstd, "rstd", in.dt, rows * in.groups);
+    run(b, in.dt, in.p.param_dtype, o, rows * d, "rmsnorm_gated_backward",
+        [&](auto ctx, auto cfg) {
+      return rmsnorm_gated_backward(ctx, cfg, &in.gate, rows, d, xr.ptr, xr.ld, zr.ptr, zr.ld,
+                                    dyr.ptr, dyr.ld, ptr_or_null<B>(in.p.weight),
+                                    ptr_or_null<B>(r), B::ptr(dx), d, B::ptr(dz), d,
+                                    ptr_or_null<B>(dw));
+    });
+  }
+  a.ret({a.mask(0) ? dx : Array<B>(), a.mask(1) ? dz : Array<B>(),
+         in_dtype(b, dw, in.p.param_dtype, in.p.weight_dtype)});
+}
+
+/* ---- sandwich norms (Gemma 2/3) ----------------------------------------------------------
+ * new_residual = residual + post_norm(input), output = pre_norm(new_residual): input is the
+ * sub-layer's output, residual the stream. */
+
+/* The two norms' weights in one parameter dtype (the library takes one for both): the
+ * data's when both are of it (or absent), else float32. */
+template <class B>
+struct PairParams {
+  Array<B> post, pre;
+  int param_dtype = -1, post_dtype = -1, pre_dtype = -1;  // the latter two: the caller's
+};
+
+template <class A, class B = typename A::B>
+PairParams<B> pair_params(A &a, int dt, Dims norm) {
+  B &b = a.backend();
+  Params<B> post = params(b, dt, norm, a.in("post_weight"), Array<B>(), "post_weight");
+  Params<B> pre = params(b, dt, norm, a.in("pre_weight"), Array<B>(), "pre_weight");
+  int pdt = post.param_dtype == pre.param_dtype ? post.param_dtype : RMSNORM_F32;
+  auto as = [&](const Params<B> &p) {
+    return B::defined(p.weight) && p.param_dtype != pdt ? b.cast(p.weight, pdt) : p.weight;
+  };
+  return {as(post), as(pre), pdt, post.weight_dtype, pre.weight_dtype};
+}
+
+/* (output, new_residual[, rstd_post, rstd_pre]). In place, new_residual is written into
+ * residual and output into input (both writable, rows at one stride); otherwise residual is
+ * copied first and output is new. */
+template <class A, class B = typename A::B>
+void sandwich_rms_norm(A &a) {
+  B &b = a.backend();
+  bool inplace = a.inplace(), want = a.want_stats();
+  auto u = inplace ? a.target("input") : a.in("input");
+  auto h = inplace ? a.target("residual") : a.in("residual");
+  Dims norm = a.norm();
+  Options o = options(a);
+  auto [dt, shape, unused] = norm_in(b, RMS, u, "input", norm, Array<B>(), Array<B>(), o,
+                                     {{&h, "residual"}});
+  PairParams<B> pp = pair_params(a, dt, norm);
+  std::size_t k = norm.size();
+  Rows<B> hr, ur;
+  if (inplace) {
+    hr = as_rows(b, h, k, "residual");
+    ur = as_rows(b, u, k, "input");
+  } else {
+    hr = as_rows(b, b.cast(h, dt), k);  // a new contiguous copy: the library updates it
+    ur = as_rows(b, u, k);
+  }
+  auto y = inplace ? u : b.empty(shape, dt);
+  auto rpost = per_row_out(b, want, shape, k, stats_dtype(dt), NAN);
+  auto rpre = per_row_out(b, want, shape, k, stats_dtype(dt), NAN);
+  if (hr.d)
+    run(b, dt, pp.param_dtype, o, hr.rows * hr.d, "rmsnorm_sandwich_forward",
+        [&](auto ctx, auto cfg) {
+      return rmsnorm_sandwich_forward(ctx, cfg, hr.rows, hr.d, ur.ptr, ur.ld, hr.ptr, hr.ld,
+                                      ptr_or_null<B>(pp.post), ptr_or_null<B>(pp.pre),
+                                      B::ptr(y), inplace ? ur.ld : hr.d, ptr_or_null<B>(rpost),
+                                      ptr_or_null<B>(rpre));
+    });
+  if (want) a.ret({y, hr.array, rpost, rpre});
+  else a.ret({y, hr.array});
+}
+
+/* (da, dh, dweight_post, dweight_pre): dh = grad_new_residual (none: 0) + pre_norm's dx at
+ * new_residual, the residual's gradient; da = post_norm's dx at input from dh. */
+template <class A, class B = typename A::B>
+void sandwich_rms_norm_backward(A &a) {
+  B &b = a.backend();
+  auto dy = a.in("grad_output"), dres = a.in("grad_new_residual", true);
+  auto u = a.in("input"), h = a.in("new_residual");
+  Dims norm = a.norm();
+  Options o = options(a);
+  auto [dt, shape, unused] = norm_in(b, RMS, h, "new_residual", norm, Array<B>(), Array<B>(), o,
+                                     {{&dy, "grad_output"}, {&dres, "grad_new_residual"},
+                                      {&u, "input"}});
+  PairParams<B> pp = pair_params(a, dt, norm);
+  std::size_t k = norm.size();
+  Rows<B> hr = as_rows(b, h, k), ur = as_rows(b, u, k), dyr = as_rows(b, dy, k), drr;
+  if (B::defined(dres)) drr = as_rows(b, dres, k);
+  int64_t rows = hr.rows, d = hr.d;
+  auto da = b.empty(shape, dt), dh = b.empty(shape, dt);  // both always written
+  auto dwpost = new_grad(b, a.mask(2) && B::defined(pp.post), norm, pp.param_dtype, rows);
+  auto dwpre = new_grad(b, a.mask(3) && B::defined(pp.pre), norm, pp.param_dtype, rows);
+  if (d) {
+    auto rpost = per_row_arg(b, a.in("rstd_post"), "rstd_post", dt, rows);
+    auto rpre = per_row_arg(b, a.in("rstd_pre"), "rstd_pre", dt, rows);
+    run(b, dt, pp.param_dtype, o, rows * d, "rmsnorm_sandwich_backward", [&](auto ctx, auto cfg) {
+      return rmsnorm_sandwich_backward(
+          ctx, cfg, rows, d, ur.ptr, ur.ld, hr.ptr, hr.ld, drr.ptr, B::defined(dres) ? drr.ld : d,
+          dyr.ptr, dyr.ld, ptr_or_null<B>(pp.post), ptr_or_null<B>(pp.pre), ptr_or_null<B>(rpost),
+          ptr_or_null<B>(rpre), B::ptr(da), d, B::ptr(dh), d, ptr_or_null<B>(dwpost),
+          ptr_or_null<B>(dwpre));
+    });
+  }
+  a.ret({a.mask(0) ? da : Array<B>(), a.mask(1) ? dh : Array<B>(),
+         in_dtype(b, dwpost, pp.param_dtype, pp.post_dtype),
+         in_dtype(b, dwpre, pp.param_dtype, pp.pre_dtype)});
 }
 
 /* ---- RMSNorm with an 8-bit output ------------------------------------------------------- */

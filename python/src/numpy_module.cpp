@@ -312,7 +312,9 @@ int parse_signature(Signature *out, const char *fname, std::string_view sig) {
     if (eq != std::string::npos) {
       std::string v = item.substr(eq + 1);
       bool integer = v.find_first_not_of("-0123456789") == std::string::npos;
-      d = v == "None" ? (Py_INCREF(Py_None), Py_None)
+      bool text = v.size() >= 2 && v.front() == '\'' && v.back() == '\'';  // 'silu'
+      d = text ? PyUnicode_FromStringAndSize(v.data() + 1, static_cast<Py_ssize_t>(v.size() - 2))
+          : v == "None" ? (Py_INCREF(Py_None), Py_None)
           : v == "False" ? PyBool_FromLong(0)
           : v == "True" ? PyBool_FromLong(1)
           : integer ? PyLong_FromString(v.c_str(), nullptr, 10)

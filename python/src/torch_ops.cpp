@@ -587,6 +587,115 @@ void rms_norm_linear_jvp(const Args &a, const Outs &o) {
   set_tangent(z, dz);
 }
 
+/* ---- gated RMSNorm and sandwich norms in aten ops ------------------------------------------
+ * Gated RMSNorm of a row x (d elements) with gate z, a = act(z), over groups of g columns:
+ *   gate first: v = x a,  y = vhat W        norm first: v = x,  y = vhat W a
+ * with vhat = v r, r = (mean over v's group of v^2 + eps)^(-1/2), W = w (or 1 + w, or 1).
+ * act: silu a = z s (s = sigmoid(z)), a' = s (1 + z (1 - s)); sigmoid a = s, a' = s (1 - s).
+ * Backward (upstream dy), per group, with gv the gradient reaching vhat (dy W, times a when
+ * norm first): dv = r (gv - vhat mean(gv vhat)) (RMSNorm's dx), then
+ *   gate first: dx = dv a,  dz = dv x a';   norm first: dx = dv,  dz = dy vhat W a'
+ *   dW = sum over rows of dy vhat (times a when norm first).
+ * Forward mode, for tangents tx, tz, tw (ta = a' tz; tv = tx a + x ta gate first, tx norm
+ * first; s = mean over the group of v tv, so dr = -r^3 s):
+ *   dvhat = tv r + v dr,   dy = dvhat W P + vhat tW P + vhat W tP,  P = a (norm first) or 1.
+ * Rounding is taken as the identity, as in the library's backward. */
+
+/* The rows of a gated norm in the compute type, x's shape kept (leading dims may be
+ * symbolic); r has shape (*, groups, 1). */
+struct GatedRows {
+  Tensor x, z, a, da;  // a = act(z), da = act'(z)
+  Tensor v, r, vhat;
+  int64_t groups = 1, group = 0;
+  bool norm_first = false;
+};
+
+GatedRows gated_rows(const Args &p, const Tensor &x, const Tensor &z) {
+  GatedRows n;
+  at::ScalarType t = opmath(x);
+  int64_t d = x.size(-1), gs = p.integer("group_size");
+  n.group = gs ? gs : d;
+  n.groups = n.group ? d / n.group : 1;
+  n.norm_first = p.flag("norm_before_gate");
+  n.x = x.to(t);
+  n.z = z.to(t);
+  Tensor s = n.z.sigmoid();
+  if (p.text("activation") == "sigmoid") {
+    n.a = s;
+    n.da = s * (1 - s);
+  } else {
+    n.a = n.z * s;
+    n.da = s * (1 + n.z * (1 - s));
+  }
+  n.v = n.norm_first ? n.x : n.x * n.a;
+  Tensor vg = n.v.unflatten(-1, {n.groups, n.group});
+  n.r = (vg.square().mean(-1, true) + eps_value(p.eps(), x)).rsqrt();
+  n.vhat = (vg * n.r).flatten(-2);
+  return n;
+}
+
+/* W as the rows multiply by it: w, 1 + w, or undefined for none. */
+Tensor gain(const Tensor &w, at::ScalarType t, bool offset) {
+  if (!w.defined()) return w;
+  return offset ? w.to(t) + 1 : w.to(t);
+}
+
+Tensor times(const Tensor &v, const Tensor &f) { return f.defined() ? v * f : v; }
+
+/* RMSNorm's dx per group: r (g - vhat mean(g vhat)), for the gradient g reaching vhat. */
+Tensor group_dx(const GatedRows &n, const Tensor &g) {
+  Tensor gg = g.unflatten(-1, {n.groups, n.group}), vh = n.vhat.unflatten(-1, {n.groups, n.group});
+  return (n.r * (gg - vh * (gg * vh).mean(-1, true))).flatten(-2);
+}
+
+void gated_rms_norm_jvp(const Args &a, const Outs &o) {
+  Tensor x = a.raw("input"), z = a.raw("gate"), w = a.raw("weight");
+  if (!any_tangent({&x, &z, &w})) return;
+  Tensor xp = primal(x), zp = primal(z), wp = primal(w);
+  at::ScalarType t = opmath(xp);
+  GatedRows n = gated_rows(a, xp, zp);
+  Tensor tx = has_tangent(x) ? tangent(x).to(t) : Tensor();
+  Tensor ta = has_tangent(z) ? tangent(z).to(t) * n.da : Tensor();
+  Tensor W = gain(wp, t, a.flag("offset")), P = n.norm_first ? n.a : Tensor();
+  Tensor dy;
+  auto add = [&](Tensor v) { dy = dy.defined() ? dy + v : v; };
+  Tensor tv;  // the tangent of v
+  if (n.norm_first) tv = tx;
+  else if (tx.defined()) tv = ta.defined() ? tx * n.a + n.x * ta : tx * n.a;
+  else if (ta.defined()) tv = n.x * ta;
+  if (tv.defined()) {
+    Tensor vg = n.v.unflatten(-1, {n.groups, n.group}), tg = tv.unflatten(-1, {n.groups, n.group});
+    Tensor dr = -n.r.pow(3) * (vg * tg).mean(-1, true);
+    add(times(times((tg * n.r + vg * dr).flatten(-2), W), P));
+  }
+  if (has_tangent(w)) add(times(n.vhat * tangent(w).to(t), P));
+  if (n.norm_first && ta.defined()) add(times(n.vhat, W) * ta);
+  set_tangent(o[0], dy);
+}
+
+/* Sandwich: h' = h + post(a), x' = pre(h'). The tangent of h' is th + the post norm's
+ * tangent at a; x' has the pre norm's tangent at h' for it. */
+void sandwich_rms_norm_jvp(const Args &a, const Outs &o) {
+  Tensor u = a.raw("input"), h = a.raw("residual"), wpost = a.raw("post_weight");
+  Tensor wpre = a.raw("pre_weight");
+  if (!any_tangent({&u, &h, &wpost, &wpre})) return;
+  bool offset = a.flag("offset"), eps_outside = a.flag("eps_outside");
+  Tensor hn = o[1], up = primal(u);
+  double eps = eps_value(a.eps(), up);
+  Tensor th;
+  if (has_tangent(u) || has_tangent(wpost)) {
+    auto [uhat, duhat] = xhat_tangent(rncore::RMS, up, tangent(u), a.k(), eps, eps_outside,
+                                      a.partial());
+    th = affine_tangent(uhat, duhat, primal(wpost), tangent(wpost), Tensor(), offset);
+    th = th.defined() ? th.reshape_symint(hn.sym_sizes()) : th;
+  }
+  if (has_tangent(h)) th = th.defined() ? th + tangent(h).to(th.scalar_type()) : tangent(h);
+  if (th.defined()) th = th.to(hn.scalar_type());
+  norm_tangent(o[0], rncore::RMS, hn, th, a.k(), wpre, Tensor(), a.eps(), offset, eps_outside,
+               a.partial());
+  if (th.defined()) hn._set_fw_grad(th, 0, false);
+}
+
 /* ---- autograd: reverse mode of the differentiable ops --------------------------------------
  * Each records a Node of its own, as torch's generated kernels do (not a
  * torch::autograd::Function, which functorch transforms refuse). Its next edges are the op's
@@ -828,6 +937,44 @@ void rms_norm_linear_backward_composite(Args &a) {
   }
   if (a.mask(3) && b.defined()) db = dzt.sum(0).to(b.scalar_type());
   a.ret({dx, dW, dg, db});
+}
+
+/* The gated norm's gradients (formulas above GatedRows), each only when asked for. */
+void gated_rms_norm_backward_composite(Args &a) {
+  Tensor dy = a.raw("grad_output"), x = a.raw("input"), z = a.raw("gate"), w = a.raw("weight");
+  at::ScalarType t = opmath(x);
+  GatedRows n = gated_rows(a, x, z);
+  Tensor g = dy.to(t), W = gain(w, t, a.flag("offset"));
+  Tensor P = n.norm_first ? n.a : Tensor();
+  Tensor dx, dz, dw;
+  if (a.mask(0) || (a.mask(1) && !n.norm_first)) {
+    Tensor dv = group_dx(n, times(times(g, W), P));
+    if (a.mask(0)) dx = (n.norm_first ? dv : dv * n.a).to(x.scalar_type());
+    if (a.mask(1) && !n.norm_first) dz = (dv * n.x * n.da).to(z.scalar_type());
+  }
+  if (a.mask(1) && n.norm_first) dz = (times(g * n.vhat, W) * n.da).to(z.scalar_type());
+  if (a.mask(2) && w.defined())
+    dw = times(g * n.vhat, P).reshape({-1, x.size(-1)}).sum(0).to(w.scalar_type());
+  a.ret({dx, dz, dw});
+}
+
+/* Sandwich: dt = dres + pre_norm's dx at h' (the residual's gradient), da = post_norm's dx
+ * at a from dt; the weights' gradients from the same two backwards. */
+void sandwich_rms_norm_backward_composite(Args &a) {
+  Tensor u = a.raw("input"), hn = a.raw("new_residual"), dres = a.raw("grad_new_residual");
+  bool offset = a.flag("offset"), eps_outside = a.flag("eps_outside");
+  double eps = eps_value(a.eps(), hn);
+  bool want_dt = a.mask(0) || a.mask(1) || a.mask(2);
+  auto [dx, dwpre, no_bias] = backward_composite(
+      rncore::RMS, a.raw("grad_output"), hn, a.k(), a.raw("pre_weight"), Tensor(), eps, offset,
+      eps_outside, a.partial(), {want_dt, a.mask(3), false});
+  Tensor dt = dx.defined() && dres.defined() ? dx + dres : dx;
+  Tensor da, dwpost;
+  if (a.mask(0) || a.mask(2))
+    std::tie(da, dwpost, std::ignore) = backward_composite(
+        rncore::RMS, dt, u, a.k(), a.raw("post_weight"), Tensor(), eps, offset, eps_outside,
+        a.partial(), {a.mask(0), a.mask(2), false});
+  a.ret({da, a.mask(1) ? dt : Tensor(), dwpost, dwpre});
 }
 
 /* ---- autograd: the ops that write in place, and ops without a gradient -------------------- */

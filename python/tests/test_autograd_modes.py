@@ -45,7 +45,16 @@ def _write_add_residual(x):
     rt.fused_add_rms_norm(torch.randn(x.shape, dtype=x.dtype), x, D, inplace=True)
 
 
-WRITERS = [_write_rms_out, _write_layer_out, _write_qk, _write_add_input, _write_add_residual]
+def _write_sandwich_input(x):
+    rt.sandwich_rms_norm(x, torch.randn(x.shape, dtype=x.dtype), D, inplace=True)
+
+
+def _write_sandwich_residual(x):
+    rt.sandwich_rms_norm(torch.randn(x.shape, dtype=x.dtype), x, D, inplace=True)
+
+
+WRITERS = [_write_rms_out, _write_layer_out, _write_qk, _write_add_input, _write_add_residual,
+           _write_sandwich_input, _write_sandwich_residual]
 MODES = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}
 
 

@@ -77,6 +77,23 @@ def samples(dtype):
         ("rms_norm_shard_backward", ops.rms_norm_shard_backward.default,
          (dy, x, stats[0], dots, 20, 0, w, 1e-5, [True, True, True]), dict(bias=b, partial=0.3)),
     ]
+    z = t(3, 8, scale=2.0)
+    grstd = ops.gated_rms_norm_forward(x.detach(), z.detach(), w.detach(), 1e-5, group_size=4)[1]
+    out += [
+        ("gated_rms_norm", ops.gated_rms_norm.default, (x, z, w, 1e-5), dict(group_size=4)),
+        ("gated_rms_norm norm first", ops.gated_rms_norm.default, (x3, t(2, 3, 8), None),
+         dict(norm_before_gate=True, activation="sigmoid", round_before_weight=True)),
+        ("gated_rms_norm_forward", ops.gated_rms_norm_forward.default, (x, z, w, None),
+         dict(group_size=2, offset=True)),
+        ("gated_rms_norm_backward", ops.gated_rms_norm_backward.default,
+         (dy, x, z, w, grstd, 1e-5, [True, True, True]), dict(group_size=4)),
+        ("sandwich_rms_norm", ops.sandwich_rms_norm.default, (x, t(3, 8), [8], w, b, 1e-5),
+         dict(offset=True)),
+        ("sandwich_rms_norm_inplace", ops.sandwich_rms_norm_inplace.default,
+         (t(3, 8, grad=False), t(3, 8, grad=False), [8], w.detach()), dict(partial=0.5)),
+        ("sandwich_rms_norm_backward", ops.sandwich_rms_norm_backward.default,
+         (dy, dy, x, t(3, 8), [8], w, b, None, [True, True, True, True]), dict(offset=True)),
+    ]
     if rmsnorm.linear_available():
         out += [
             ("rms_norm_linear", ops.rms_norm_linear.default, (x, W, w, 1e-6, t(5)), {}),

@@ -3,15 +3,19 @@
 Importing it registers the ops torch.ops.rmsnorm.* (rmsnorm._torch, compiled by the first
 import against the running torch; fake kernels in rmsnorm._torch_fake), which work under
 autograd (any order), torch.compile(fullgraph=True), torch.export, fake and meta tensors.
-The functions here call those ops; the modules RMSNorm, LayerNorm, LlamaRMSNorm and
-GemmaRMSNorm replace torch's and transformers', and patch(model) swaps a model's norms for
-them in place. Calls run on up to torch.get_num_threads() threads (read on each call);
-results do not depend on it. Sharded rows: rmsnorm.torch.distributed.
+The functions here call those ops; the modules RMSNorm, LayerNorm, LlamaRMSNorm,
+GemmaRMSNorm and the gated RMSNormGated (MambaRMSNormGated, Qwen3NextRMSNormGated) replace
+torch's and transformers', and patch(model) swaps a model's norms for them in place (and
+with sandwich=True fuses Gemma 2/3's sandwich norms). Calls run on up to
+torch.get_num_threads() threads (read on each call); results do not depend on it. Sharded
+rows: rmsnorm.torch.distributed.
 """
 
 from __future__ import annotations
 
+import inspect
 import numbers
+import types
 import warnings
 from typing import Optional, Sequence, Union
 
@@ -26,7 +30,8 @@ from .. import _torch_fake  # noqa: E402,F401  (the fake kernels)
 from .._ops import FNS as _FNS  # noqa: E402
 
 __all__ = [fn.name for fn in _FNS if fn.where != "NUMPY"] + [
-    "dequantize", "RMSNorm", "LayerNorm", "LlamaRMSNorm", "GemmaRMSNorm", "patch"]
+    "dequantize", "RMSNorm", "LayerNorm", "LlamaRMSNorm", "GemmaRMSNorm", "RMSNormGated",
+    "MambaRMSNormGated", "Qwen3NextRMSNormGated", "patch"]
 
 _Shape = Union[int, Sequence[int], torch.Size]
 _ops = torch.ops.rmsnorm
@@ -260,28 +265,212 @@ class GemmaRMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
 
 
+_ACTIVATIONS = {"silu": torch.nn.functional.silu, "swish": torch.nn.functional.silu,
+                "sigmoid": torch.sigmoid}
+
+
+class RMSNormGated(nn.Module):
+    """Gated RMSNorm (rmsnorm::gated_rms_norm) with transformers' attribute names: weight
+    (ones), variance_epsilon, group_size (None: the whole row), norm_before_gate and
+    activation ('silu' or 'sigmoid'). forward(hidden_states, gate=None):
+
+    gate first (norm_before_gate=False, Mamba2's): y = rms_norm(x * act(gate)) * weight, the
+    statistic per group of group_size columns; norm first (Qwen3-Next's): y = rms_norm(x) *
+    weight * act(gate). gate None: no gate. hf_rounding=True rounds as transformers' modules
+    do in float16/bfloat16 (MambaRMSNormGated, Qwen3NextRMSNormGated: the normalized value
+    to the input dtype before the weight, ...); False computes in float32 and rounds once
+    (KimiLinearRMSNormGated's strict float32). A weight of another dtype than the input gives
+    the promoted dtype, as transformers. exact_hf=True computes as transformers does with
+    torch's own ops (hf_gated_rms_norm): the same bits, at their speed."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *, group_size: Optional[int] = None,
+                 norm_before_gate: bool = False, activation: str = "silu",
+                 hf_rounding: bool = True, exact_hf: bool = False) -> None:
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be 'silu' or 'sigmoid', got {activation!r}")
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+        self.group_size = group_size
+        self.norm_before_gate = norm_before_gate
+        self.activation = activation
+        self.hf_rounding = hf_rounding
+        self.exact_hf = exact_hf
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def forward(self, hidden_states: torch.Tensor,
+                gate: Optional[torch.Tensor] = None) -> torch.Tensor:
+        weight = _param(self, "weight")
+        eps, group = self.variance_epsilon, self.group_size
+        if self.exact_hf:
+            return hf_gated_rms_norm(hidden_states, gate, weight, eps, group_size=group,
+                                     norm_before_gate=self.norm_before_gate,
+                                     activation=self.activation, hf_rounding=self.hf_rounding)
+        d = hidden_states.shape[-1]
+        group = 0 if group is None or group == d else group
+        if gate is None:  # RMSNorm per group, then the weight
+            if not self.hf_rounding:
+                return hf_gated_rms_norm(hidden_states, None, weight, eps, group_size=group,
+                                         hf_rounding=False)
+            return weight * _grouped_rms_norm(hidden_states, group, eps)
+        if weight.dtype == hidden_states.dtype or not self.hf_rounding:
+            return gated_rms_norm(hidden_states, gate, weight, eps, group_size=group,
+                                  norm_before_gate=self.norm_before_gate,
+                                  activation=self.activation,
+                                  round_before_weight=self.hf_rounding)
+        # transformers' `weight * normalized.to(input_dtype)` promotes: keep its dtype rules
+        if not self.norm_before_gate:
+            return weight * gated_rms_norm(hidden_states, gate, None, eps, group_size=group,
+                                           activation=self.activation, round_before_weight=True)
+        y = weight * _grouped_rms_norm(hidden_states, group, eps)
+        return (y * _ACTIVATIONS[self.activation](gate.float())).to(hidden_states.dtype)
+
+    def extra_repr(self) -> str:
+        opts = [f"group_size={self.group_size}"] if self.group_size is not None else []
+        opts += ["norm_before_gate=True"] if self.norm_before_gate else []
+        opts += [f"activation={self.activation!r}"] if self.activation != "silu" else []
+        opts += ["hf_rounding=False"] if not self.hf_rounding else []
+        opts += ["exact_hf=True"] if self.exact_hf else []
+        return ", ".join([f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"] + opts)
+
+
+def _grouped_rms_norm(x: torch.Tensor, group: int, eps: float) -> torch.Tensor:
+    """RMSNorm of x's last dim without a weight, a statistic per group of `group` columns (0:
+    the row), rounded to x's dtype."""
+    if not group:
+        return rms_norm(x, x.shape[-1:], None, eps)
+    return rms_norm(x.unflatten(-1, (-1, group)), (group,), None, eps).flatten(-2)
+
+
+class MambaRMSNormGated(RMSNormGated):
+    """transformers' MambaRMSNormGated (Mamba2; Bamba's, NemotronH's, Zamba2's and
+    GraniteMoeHybrid's are the same): gate first, SiLU, per group of group_size, HF's
+    roundings."""
+
+    def __init__(self, hidden_size: int, group_size: int, eps: float = 1e-6, *,
+                 exact_hf: bool = False) -> None:
+        super().__init__(hidden_size, eps, group_size=group_size, exact_hf=exact_hf)
+
+
+class Qwen3NextRMSNormGated(RMSNormGated):
+    """transformers' Qwen3NextRMSNormGated (Qwen3.5's and OlmoHybrid's are the same): norm
+    first, y = rms_norm(x) * weight * silu(gate), HF's roundings."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *, exact_hf: bool = False,
+                 **kwargs) -> None:
+        super().__init__(hidden_size, eps, norm_before_gate=True, exact_hf=exact_hf)
+
+
+def hf_gated_rms_norm(hidden_states: torch.Tensor, gate: Optional[torch.Tensor],
+                      weight: Optional[torch.Tensor], eps: float, *,
+                      group_size: Optional[int] = None, norm_before_gate: bool = False,
+                      activation: str = "silu", hf_rounding: bool = True) -> torch.Tensor:
+    """transformers' gated norms operation for operation (the reference exact_hf=True
+    keeps): gate first, MambaRMSNormGated.forward; norm first, Qwen3NextRMSNormGated.forward
+    (hf_rounding) or KimiLinearRMSNormGated.forward (not). weight None: the normalized
+    value in the input dtype (no weight, no gate after it)."""
+    input_dtype = hidden_states.dtype
+    act = _ACTIVATIONS[activation]
+    h = hidden_states.to(torch.float32)
+    if gate is not None and not norm_before_gate:
+        h = h * act(gate.to(torch.float32))
+    *prefix, last = h.shape
+    group = group_size or last
+    hg = h.view(*prefix, last // group, group)
+    hg = hg * torch.rsqrt(hg.pow(2).mean(-1, keepdim=True) + eps)
+    h = hg.view(*prefix, last)
+    if weight is None:
+        return h.to(input_dtype)
+    if not norm_before_gate:
+        return weight * h.to(input_dtype) if hf_rounding else (weight.float() * h).to(input_dtype)
+    h = weight * h.to(input_dtype) if hf_rounding else weight.to(torch.float32) * h
+    if gate is not None:
+        h = h * act(gate.to(torch.float32))
+    return h.to(input_dtype)
+
+
 # ---- patch(model) ------------------------------------------------------------------------
 
-_OURS = (RMSNorm, LayerNorm, LlamaRMSNorm, GemmaRMSNorm)
+_OURS = (RMSNorm, LayerNorm, LlamaRMSNorm, GemmaRMSNorm, RMSNormGated)
 
 
-def _hf_candidate(module: nn.Module, exact_hf: bool) -> Optional[nn.Module]:
+def _hf_candidates(module: nn.Module, exact_hf: bool) -> list:
     """Ours in place of an HF-style RMSNorm (a class named *RMSNorm holding only a
-    1-D weight), Gemma's form when the class name says Gemma, else Llama's."""
+    1-D weight): Gemma's form first when the class name says Gemma, else Llama's, then the
+    other (Qwen3-Next's RMSNorm is Gemma's by its numerics); the check decides."""
     params = dict(module.named_parameters(recurse=False))
     weight = params.get("weight")
     if (set(params) != {"weight"} or weight.dim() != 1 or list(module.buffers())
             or list(module.children())):
-        return None
+        return []
     eps = [getattr(module, name, None) for name in ("variance_epsilon", "eps")]
     eps = [float(v) for v in eps if isinstance(v, numbers.Real) and not isinstance(v, bool)]
     if not eps:
-        return None
-    gemma = "gemma" in type(module).__name__.lower()
-    new = GemmaRMSNorm(weight.shape[0], eps[0]) if gemma else \
-        LlamaRMSNorm(weight.shape[0], eps[0], exact_hf=exact_hf)
-    new.weight = weight
-    return new
+        return []
+    news = [GemmaRMSNorm(weight.shape[0], eps[0]),
+            LlamaRMSNorm(weight.shape[0], eps[0], exact_hf=exact_hf)]
+    if "gemma" not in type(module).__name__.lower():
+        news.reverse()
+    for new in news:
+        new.weight = weight
+    return news
+
+
+def _gated_candidates(module: nn.Module, exact_hf: bool) -> list:
+    """Ours in place of an HF-style gated RMSNorm (a class named *RMSNormGated holding only a
+    1-D weight and an eps in variance_epsilon): Mamba2's form (gate first, SiLU) when it has
+    an int group_size, the norm-first form with its activation ('silu' or 'sigmoid', as
+    Qwen3-Next's and Kimi-Linear's) when it has one. Norm first comes in two roundings
+    (transformers' Qwen3-Next and Kimi-Linear modules): both are offered, the check decides."""
+    params = dict(module.named_parameters(recurse=False))
+    weight = params.get("weight")
+    eps = getattr(module, "variance_epsilon", None)
+    if (set(params) != {"weight"} or weight.dim() != 1 or list(module.buffers())
+            or list(module.children()) or not isinstance(eps, numbers.Real)
+            or isinstance(eps, bool)):
+        return []
+    d, eps = weight.shape[0], float(eps)
+    group, act = getattr(module, "group_size", None), getattr(module, "activation", None)
+    if isinstance(group, numbers.Integral) and act is None and 0 < group <= d and d % group == 0:
+        news = [MambaRMSNormGated(d, int(group), eps, exact_hf=exact_hf)]
+    elif act in ("silu", "sigmoid") and group is None:
+        news = [RMSNormGated(d, eps, norm_before_gate=True, activation=act, hf_rounding=hf,
+                             exact_hf=exact_hf) for hf in (True, False)]
+    else:
+        return []
+    for new in news:
+        new.weight = weight
+    return news
+
+
+def _same_gated_numerics(old: nn.Module, new: RMSNormGated) -> bool:
+    """As _same_numerics, with a gate: float32 within rounding, and in bfloat16 the
+    reference of new's form (hf_gated_rms_norm) equal to old bit for bit, which tells the
+    roundings apart."""
+    weight = old.weight
+    gen = torch.Generator().manual_seed(0x5eed)
+    d = weight.shape[0]
+    x, z = (torch.randn(3, d, generator=gen) for _ in range(2))
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.copy_(torch.randn(weight.shape, generator=gen).to(weight.dtype))
+            a, b = old(x, z), new(x, z)
+            xb, zb = x.bfloat16(), z.bfloat16()
+            c = old(xb, zb)
+            e = hf_gated_rms_norm(xb, zb, weight, new.variance_epsilon, group_size=new.group_size,
+                                  norm_before_gate=new.norm_before_gate,
+                                  activation=new.activation, hf_rounding=new.hf_rounding)
+    except Exception:  # another forward
+        return False
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+            and torch.allclose(a, b, rtol=1e-5, atol=1e-6) and isinstance(c, torch.Tensor)
+            and c.dtype == e.dtype and torch.equal(c, e))
 
 
 def _same_numerics(old: nn.Module, new: nn.Module) -> bool:
@@ -307,7 +496,7 @@ def _same_numerics(old: nn.Module, new: nn.Module) -> bool:
 def _replacement(module: nn.Module, layer_norm: bool, verify: bool,
                  exact_hf: bool) -> Optional[nn.Module]:
     if isinstance(module, _OURS):
-        if isinstance(module, LlamaRMSNorm):
+        if isinstance(module, (LlamaRMSNorm, RMSNormGated)):
             module.exact_hf = exact_hf
         return None
     for p in module.parameters(recurse=False):
@@ -325,10 +514,20 @@ def _replacement(module: nn.Module, layer_norm: bool, verify: bool,
                         bias=module.bias is not None)
         new.weight, new.bias = module.weight, module.bias
         return new
+    if type(module).__name__.endswith("RMSNormGated"):
+        news = _gated_candidates(module, exact_hf)
+        new = next((n for n in news if not verify or _same_gated_numerics(module, n)), None)
+        if new is None:
+            warnings.warn(
+                f"rmsnorm.torch.patch: left {type(module).__module__}.{type(module).__name__} "
+                "in place: its parameters or numerics are not those of a gated RMSNorm we know "
+                "(Mamba2's, Qwen3-Next's or Kimi-Linear's)", stacklevel=3)
+        return new
     if not type(module).__name__.endswith("RMSNorm"):
         return None
-    new = _hf_candidate(module, exact_hf)
-    if new is None or (verify and not _same_numerics(module, new)):
+    news = _hf_candidates(module, exact_hf)
+    new = next((n for n in news if not verify or _same_numerics(module, n)), None)
+    if new is None:
         warnings.warn(
             f"rmsnorm.torch.patch: left {type(module).__module__}.{type(module).__name__} "
             "in place: its parameters or numerics are not those of Llama's or Gemma's RMSNorm",
@@ -339,18 +538,24 @@ def _replacement(module: nn.Module, layer_norm: bool, verify: bool,
 
 
 def patch(model: nn.Module, *, layer_norm: bool = False, verify: bool = True,
-          exact_hf: bool = False) -> nn.Module:
+          exact_hf: bool = False, sandwich: bool = False) -> nn.Module:
     """Replaces, in place, every RMSNorm-like module of `model` with ours: torch.nn.RMSNorm
     with rmsnorm.torch.RMSNorm; classes named *RMSNorm in the style of transformers (a 1-D
     `weight` and an eps in `variance_epsilon` or `eps`) with LlamaRMSNorm, or GemmaRMSNorm
-    when the class name contains "Gemma"; with layer_norm=True also torch.nn.LayerNorm with
-    rmsnorm.torch.LayerNorm. The new modules hold the same Parameter objects (optimizers and
-    tied weights are unaffected) and keep training/eval mode.
+    when the class name contains "Gemma"; classes named *RMSNormGated (a 1-D `weight`,
+    `variance_epsilon`, and `group_size` or `activation`: Mamba2's, Bamba's, NemotronH's,
+    Qwen3-Next's, ...) with MambaRMSNormGated or RMSNormGated of the same form; with
+    layer_norm=True also torch.nn.LayerNorm with rmsnorm.torch.LayerNorm. The new modules
+    hold the same Parameter objects (optimizers and tied weights are unaffected) and keep
+    training/eval mode.
 
     verify: first run each HF-style module and its replacement on a random input and keep
-    the original (with a warning) unless they agree. exact_hf: the LlamaRMSNorm
-    replacements keep HF's numerics bit for bit. Returns the model, or the replacement when
-    the model itself is such a module.
+    the original (with a warning) unless they agree. exact_hf: the LlamaRMSNorm and gated
+    replacements keep HF's numerics bit for bit. sandwich: also give every Gemma 2/3 decoder
+    layer (Gemma2DecoderLayer, Gemma3DecoderLayer) a forward that computes
+    post_attention_layernorm, the residual add and pre_feedforward_layernorm in one call of
+    sandwich_rms_norm (the rest of the layer as transformers' forward). Returns the model, or
+    the replacement when the model itself is such a module.
     """
     done = {}
     for module in list(model.modules()):  # each module once, however often it is shared
@@ -362,4 +567,56 @@ def patch(model: nn.Module, *, layer_norm: bool = False, verify: bool = True,
         for name, child in list(module._modules.items()):
             if child is not None and id(child) in done:
                 module._modules[name] = done[id(child)]
+    if sandwich:
+        for module in model.modules():
+            _fuse_sandwich(module)
     return done.get(id(model), model)
+
+
+# ---- Gemma 2/3 sandwich norms -------------------------------------------------------------
+
+_SANDWICH_LAYERS = ("Gemma2DecoderLayer", "Gemma3DecoderLayer")
+
+
+def _gemma_norm(module) -> bool:
+    """A Gemma-style RMSNorm (ours, or transformers' Gemma*RMSNorm): (1 + weight), eps."""
+    name = type(module).__name__
+    weight = getattr(module, "weight", None)
+    return ((isinstance(module, GemmaRMSNorm) or ("Gemma" in name and name.endswith("RMSNorm")))
+            and isinstance(weight, torch.Tensor) and weight.dim() == 1
+            and isinstance(getattr(module, "eps", None), numbers.Real))
+
+
+def _fuse_sandwich(layer: nn.Module) -> None:
+    """Gives a Gemma 2/3 decoder layer the forward _sandwich_forward (once)."""
+    if type(layer).__name__ not in _SANDWICH_LAYERS or "forward" in layer.__dict__:
+        return
+    names = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+             "post_feedforward_layernorm", "self_attn", "mlp")
+    if not all(isinstance(getattr(layer, n, None), nn.Module) for n in names):
+        return
+    post, pre = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
+    if not (_gemma_norm(post) and _gemma_norm(pre) and float(post.eps) == float(pre.eps)
+            and post.weight.shape == pre.weight.shape):
+        warnings.warn(f"rmsnorm.torch.patch: left {type(layer).__name__}'s sandwich norms "
+                      "unfused: they are not two Gemma RMSNorms of one shape and eps", stacklevel=3)
+        return
+    params = list(inspect.signature(type(layer).forward).parameters)
+    # the names of the arguments after hidden_states that may come by position
+    layer._rmsnorm_arg_names = tuple(params[2:])
+    layer.forward = types.MethodType(_sandwich_forward, layer)
+
+
+def _sandwich_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """Gemma2/3DecoderLayer.forward with the sub-layer's post-norm, the residual add and the
+    next pre-norm in one op (sandwich_rms_norm) between attention and MLP; the arguments go
+    on to self_attn by name, as transformers' forward passes them."""
+    kwargs.update(zip(self._rmsnorm_arg_names, args))
+    residual = hidden_states
+    hidden_states, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    post, pre = self.post_attention_layernorm, self.pre_feedforward_layernorm
+    w_post, w_pre = _param(post, "weight"), _param(pre, "weight")
+    hidden_states, residual = sandwich_rms_norm(hidden_states, residual, w_post.shape, w_post,
+                                                w_pre, post.eps, offset=True)
+    hidden_states = self.post_feedforward_layernorm(self.mlp(hidden_states))
+    return residual + hidden_states
