@@ -2,7 +2,8 @@
 # and dtypes, keeps the CSV and the table, and plots % of the copy limit
 # per shape (gnuplot, installed from Debian when missing); then the quantized
 # outputs against the fp32 forward (bench_fused quant) and Gemma's sandwich
-# norms against their three separate calls (bench_fused sandwich).
+# norms against their three separate calls (bench_fused sandwich), and gated
+# RMSNorm against the copy limit of its own bytes (bench_fused gated).
 # The command's measuring code and the plot script are in bench/c/; the CSV and
 # the plot are written to BENCH_DIR.
 BENCH_DIR ?= bench
@@ -25,3 +26,5 @@ bench: build gnuplot
 	./$(BUILD)/bench_fused quant 11
 	@echo "sandwich norms against forward + add + forward (docs/fusions.md):"
 	./$(BUILD)/bench_fused sandwich 11
+	@echo "gated RMSNorm against the copy limit of its bytes (docs/gated.md):"
+	./$(BUILD)/bench_fused gated 11

@@ -14,7 +14,14 @@
  *           elements, one below: a thread's start costs more there), and
  *           rmsnorm_forward of h'; fp32 and bf16 at 4096x4096 and 16x4096;
  *           interleaved rounds, medians
- * usage: bench_fused [add|qk|quant|linear|sandwich|all] [reps] */
+ *   gated:  rmsnorm_gated_forward / _backward (Mamba2's gate first, and
+ *           Qwen3-Next's norm first) against the copy limit of their own
+ *           bytes (forward: x, z read, y written; backward: x, z, dy read,
+ *           dx, dz written): the best of memcpy and non-temporal copies
+ *           (bench_copy.c) moving the same byte total between the op's own
+ *           buffers on as many threads; fp32 4096x4096; interleaved rounds,
+ *           medians
+ * usage: bench_fused [add|qk|quant|linear|sandwich|gated|all] [reps] */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdint.h>
@@ -23,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_copy.h"
 #include "rmsnorm.h"
 #ifdef BENCH_HAVE_BLAS
 #include <cblas.h>
@@ -335,6 +343,118 @@ static void bench_linear(rmsnorm_context *ctx, size_t rows, size_t d, size_t n) 
 #endif
 }
 
+/* A copy of spans[k] (dst, src, bytes) split over threads, each thread
+ * copying its share of every span with `kind`. */
+typedef struct copy_part {
+  const rn_copy_kind *kind;
+  char *dst[3];
+  const char *src[3];
+  size_t bytes[3];
+} copy_part;
+
+static void *copy_run(void *p) {
+  copy_part *c = p;
+  for (int k = 0; k < 3; k++)
+    if (c->bytes[k]) c->kind->copy(c->dst[k], c->src[k], c->bytes[k]);
+  return NULL;
+}
+
+static void copy_threads(const rn_copy_kind *kind, char *const dst[3], const char *const src[3],
+                         const size_t bytes[3], int threads) {
+  pthread_t th[64];
+  copy_part parts[64];
+  for (int t = 0; t < threads; t++) {
+    parts[t].kind = kind;
+    for (int k = 0; k < 3; k++) { /* 64-byte aligned shares */
+      size_t b = bytes[k] / 64 * (size_t)t / (size_t)threads * 64;
+      size_t e = t + 1 == threads ? bytes[k] : bytes[k] / 64 * (size_t)(t + 1) / (size_t)threads * 64;
+      parts[t].dst[k] = dst[k] + b, parts[t].src[k] = src[k] + b, parts[t].bytes[k] = e - b;
+    }
+    if (t) pthread_create(&th[t], NULL, copy_run, &parts[t]);
+  }
+  copy_run(&parts[0]);
+  for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
+}
+
+static void *xalloc64(size_t n) {
+  void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+  if (!p) {
+    fprintf(stderr, "out of memory\n");
+    exit(2);
+  }
+  return p;
+}
+
+/* Gated RMSNorm's forward and backward against the copy limit of their own
+ * bytes, in interleaved rounds: per round the op, then each copy kind moving
+ * the same byte total between the op's buffers (forward: x -> y and half of
+ * z -> dz, 3N elements of traffic as the op's; backward: x -> dx, z -> dz and
+ * half of dy -> y, 5N). %limit = fastest copy's median / the op's median. */
+static void bench_gated(rmsnorm_context *ctx, size_t rows, size_t d, int norm_first) {
+  size_t n = rows * d, es = 4;
+  float *x = xalloc64(n * es), *z = xalloc64(n * es), *y = xalloc64(n * es);
+  float *dy = xalloc64(n * es), *dx = xalloc64(n * es), *dz = xalloc64(n * es);
+  float *w = randf(d), *dw = xmalloc(d * es), *rstd = xmalloc(rows * 8 * sizeof(float)); /* 8 groups */
+  float *r1 = randf(n), *r2 = randf(n);
+  for (size_t i = 0; i < n; i++) x[i] = r1[i], z[i] = 3 * r2[i], dy[i] = r1[(i * 7) % n];
+  memset(y, 0, n * es), memset(dx, 0, n * es), memset(dz, 0, n * es);
+  for (size_t j = 0; j < d; j++) w[j] += 1;
+  const rn_copy_kind *kinds[4];
+  int nkinds = rn_copy_kinds(kinds, 4);
+  rmsnorm_config cfg;
+  rmsnorm_config_init(&cfg, RMSNORM_F32);
+  cfg.param_dtype = RMSNORM_F32;
+  cfg.eps = 1e-6;
+  rmsnorm_gate g;
+  rmsnorm_gate_init(&g, RMSNORM_GATE_SILU);
+  if (norm_first) g.flags |= RMSNORM_GATE_NORM_FIRST;
+  else g.group = d / 8; /* Mamba2: ngroups = 8 */
+  int most = all_threads(ctx);
+  double *t = xmalloc((size_t)(2 + 2 * nkinds) * (size_t)reps * sizeof(double));
+  for (int threads = 1; threads <= most; threads = threads == most ? most + 1 : most) {
+    rmsnorm_context_set_threads(ctx, threads);
+    for (int r = -1; r < reps; r++) {
+      double t0 = now();
+      rmsnorm_gated_forward(ctx, &cfg, &g, rows, d, x, d, z, d, w, y, d, rstd);
+      double tf = now() - t0;
+      t0 = now();
+      rmsnorm_gated_backward(ctx, &cfg, &g, rows, d, x, d, z, d, dy, d, w, rstd, dx, d, dz, d, dw);
+      double tb = now() - t0;
+      if (r >= 0) t[r] = tf, t[reps + r] = tb;
+      for (int k = 0; k < nkinds; k++) {
+        char *fd[3] = {(char *)y, (char *)dz, NULL};
+        const char *fs[3] = {(const char *)x, (const char *)z, NULL};
+        size_t fb[3] = {n * es, n * es / 2, 0};
+        t0 = now();
+        copy_threads(kinds[k], fd, fs, fb, threads);
+        double cf = now() - t0;
+        char *bd[3] = {(char *)dx, (char *)dz, (char *)y};
+        const char *bs[3] = {(const char *)x, (const char *)z, (const char *)dy};
+        size_t bb[3] = {n * es, n * es, n * es / 2};
+        t0 = now();
+        copy_threads(kinds[k], bd, bs, bb, threads);
+        double cb = now() - t0;
+        if (r >= 0) t[(size_t)(2 + 2 * k) * reps + r] = cf, t[(size_t)(3 + 2 * k) * reps + r] = cb;
+      }
+    }
+    double fwd = median(t, reps), bwd = median(t + reps, reps), lf = 1e30, lb = 1e30;
+    const char *nf = "", *nb = "";
+    for (int k = 0; k < nkinds; k++) {
+      double cf = median(t + (size_t)(2 + 2 * k) * reps, reps);
+      double cb = median(t + (size_t)(3 + 2 * k) * reps, reps);
+      if (cf < lf) lf = cf, nf = kinds[k]->name;
+      if (cb < lb) lb = cb, nb = kinds[k]->name;
+    }
+    printf("gated %s %zux%zu group %zu threads=%d, median of %d interleaved rounds: "
+           "forward %.3f ms = %.2f of the copy limit (%s %.3f ms), "
+           "backward %.3f ms = %.2f of the copy limit (%s %.3f ms)\n",
+           norm_first ? "norm-first" : "gate-first", rows, d, g.group ? g.group : d, threads,
+           reps, fwd * 1e3, lf / fwd, nf, lf * 1e3, bwd * 1e3, lb / bwd, nb, lb * 1e3);
+  }
+  free(x), free(z), free(y), free(dy), free(dx), free(dz), free(w), free(dw), free(rstd);
+  free(r1), free(r2), free(t);
+}
+
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "all";
   if (argc > 2) reps = atoi(argv[2]);
@@ -358,6 +478,10 @@ int main(int argc, char **argv) {
       bench_sandwich(ctx, 4096, 4096, bf16);
       bench_sandwich(ctx, 16, 4096, bf16);
     }
+  }
+  if (all || !strcmp(what, "gated")) {
+    bench_gated(ctx, 4096, 4096, 0);
+    bench_gated(ctx, 4096, 4096, 1);
   }
   if (all || !strcmp(what, "linear")) {
     bench_linear(ctx, 2, 4, 3);
