@@ -447,12 +447,13 @@ int main(void) {
                                      {5120, 640}, {8192, 2048}};
   size_t nshapes = sizeof shapes / sizeof shapes[0];
   for (size_t s = 0; s < nshapes; s++) {
-    if (emu && shapes[s][0] > 1024) continue;
+    /* under emulation the long double oracle is software quad precision: small rows */
+    if (emu && shapes[s][0] > 128) continue;
     for (int t = 0; t < 4; t++) {
       int sigmoid = t & 1, norm_first = (t >> 1) & 1;
       for (size_t di = 0; di < 4; di++) {
         size_t d = shapes[s][0];
-        size_t rows = d > 2048 ? 3 : 9;
+        size_t rows = d > 2048 || emu ? 3 : 9;
         tcase c = {dts[di], rows, d, shapes[s][1], 1e-6, sigmoid, norm_first, 0, (int)(s % 5 != 3)};
         check_oracle(&c);
         if (dts[di] == RMSNORM_F16 || dts[di] == RMSNORM_BF16) {
@@ -470,7 +471,7 @@ int main(void) {
   static const size_t set_shapes[][3] = {{1, 0, 5},     {33, 11, 7},  {128, 32, 130},
                                          {4096, 512, 40}, {5120, 0, 9}, {32768, 4096, 3}};
   for (size_t s = 0; s < sizeof set_shapes / sizeof set_shapes[0]; s++) {
-    if (emu && set_shapes[s][0] > 4096) continue;
+    if (emu && set_shapes[s][0] > 128) continue;
     for (size_t di = 0; di < 4; di++)
       for (int t = 0; t < 4; t++) {
         tcase c = {dts[di], set_shapes[s][2], set_shapes[s][0], set_shapes[s][1], 1e-6, t & 1, t >> 1,
