@@ -5,13 +5,6 @@
 #include "numerics/dtype.h"
 #include "numerics/rowmath.h"
 
-/* Rows per block of the fused loops: about 32 KiB of one operand, so a block
- * written by one kernel is still in L1/L2 when the next reads it. */
-static size_t block_rows(size_t d, size_t es) {
-  size_t b = ((size_t)32 << 10) / (d * es);
-  return b < 1 ? 1 : b;
-}
-
 /* ---- forward ------------------------------------------------------------ */
 
 typedef struct add_fwd_job {
@@ -60,7 +53,7 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
   /* streamed, but not as DRAM-sized (2): the add has just brought the
    * block's h into the caches */
   job.fwd.stream = rn_stream_ok(y != u, y, es, rows * d * es) != 0;
-  job.block = block_rows(d, es);
+  job.block = rn_block_rows(d, es);
   rn_run_rows(ctx, rn_split_for(ctx, rows, rows * d * 4 * es, rows), rows, add_fwd_rows, &job);
   return rn_entry_unlock(&e, RMSNORM_OK);
 }
@@ -133,7 +126,7 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
 
   /* scratch: [weight copy][the reduction's sums][each task's block of dx] */
   rn_entry_lock(&e);
-  size_t block = block_rows(d, es);
+  size_t block = rn_block_rows(d, es);
   size_t task_bytes = dres ? rn_align64(block * d * es) : 0;
   rn_grad_plan plan;
   char *sums = rn_entry_grad_scratch(

@@ -108,6 +108,14 @@ rn_split rn_entry_backward_split(const rn_entry *e, size_t rows, size_t bytes);
 char *rn_entry_grad_scratch(rn_entry *e, rn_grad_plan *plan, size_t units, size_t chunk_units,
                             size_t d, void *dweight, void *dbias, rn_split split,
                             size_t task_bytes);
+/* Rows per block of a fused loop (add + norm, norm + add + norm): about
+ * 32 KiB of one operand, so a block written by one kernel is still in L1/L2
+ * when the next reads it. */
+static inline size_t rn_block_rows(size_t d, size_t es) {
+  size_t b = ((size_t)32 << 10) / (d * es);
+  return b < 1 ? 1 : b;
+}
+
 /* Unlocks the context. @return st. */
 rmsnorm_status rn_entry_unlock(rn_entry *e, rmsnorm_status st);
 

@@ -12,14 +12,8 @@
 /* Reads the caller's gate (versioned by size as rmsnorm_config) and checks
  * it against d: the group 0 means the whole row. */
 static rmsnorm_status read_gate(const rmsnorm_gate *user, size_t d, rmsnorm_gate *g) {
-  size_t size;
-  if (!user) return RMSNORM_ERROR_NULL_POINTER;
-  memcpy(&size, user, sizeof size);
-  if (size < RN_GATE_SIZE_V1 || size > RN_CONFIG_MAX) return RMSNORM_ERROR_BAD_CONFIG;
-  memset(g, 0, sizeof *g);
-  memcpy(g, user, size < sizeof *g ? size : sizeof *g);
-  for (size_t i = sizeof *g; i < size; i++)
-    if (((const unsigned char *)user)[i] != 0) return RMSNORM_ERROR_BAD_CONFIG;
+  rmsnorm_status st = rn_read_versioned(user, g, sizeof *g, RN_GATE_SIZE_V1);
+  if (st != RMSNORM_OK) return st;
   if ((g->act != RMSNORM_GATE_SILU && g->act != RMSNORM_GATE_SIGMOID) ||
       (g->flags & ~(unsigned)RMSNORM_GATE_NORM_FIRST))
     return RMSNORM_ERROR_BAD_ARGUMENT;

@@ -21,15 +21,7 @@
 /* The caller's descriptor into *out, as rn_read_config reads a config: a
  * smaller (older) one gets defaults, a larger one only zeros past ours. */
 static rmsnorm_status read_quant(const rmsnorm_quant *q, rmsnorm_quant *out) {
-  size_t size;
-  if (!q) return RMSNORM_ERROR_NULL_POINTER;
-  memcpy(&size, q, sizeof size);
-  if (size < RN_QUANT_SIZE_V1 || size > RN_CONFIG_MAX) return RMSNORM_ERROR_BAD_CONFIG;
-  memset(out, 0, sizeof *out);
-  memcpy(out, q, size < sizeof *out ? size : sizeof *out);
-  for (size_t i = sizeof *out; i < size; i++)
-    if (((const unsigned char *)q)[i] != 0) return RMSNORM_ERROR_BAD_CONFIG;
-  return RMSNORM_OK;
+  return rn_read_versioned(q, out, sizeof *out, RN_QUANT_SIZE_V1);
 }
 
 /* A format's row: codes bytes, scales and the bytes of one scale. */
@@ -81,13 +73,6 @@ rmsnorm_status rmsnorm_quant_row_size(const rmsnorm_quant *q, size_t d, size_t *
 }
 
 /* ---- the run ------------------------------------------------------------- */
-
-/* Rows per block of the add's fused loop: about 32 KiB of h, still in L1/L2
- * when the quantizer reads it back (as api/add.c). */
-static size_t add_block_rows(size_t d, size_t es) {
-  size_t b = ((size_t)32 << 10) / (d * es);
-  return b < 1 ? 1 : b;
-}
 
 typedef struct quant_job {
   rn_quant_fn kernel;
@@ -155,7 +140,7 @@ static rmsnorm_status quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg,
   job.kernel = e.kernels->quant[cfg->dtype];
   job.add_kernel = add ? e.kernels->add[cfg->dtype] : NULL;
   job.add = (rn_add_args){cfg->dtype, d, x, ldx, u, ldu, x, ldx};
-  job.block = add_block_rows(d, es);
+  job.block = rn_block_rows(d, es);
   memset(&job.args, 0, sizeof job.args);
   job.args.f = rn_entry_forward_args(&e, RN_RMSNORM, d, x, ldx, NULL, 0);
   job.args.f.rstd = rstd;

@@ -7,13 +7,6 @@
 #include "api/entry.h"
 #include "numerics/dtype.h"
 
-/* Rows per block of the fused loops: about 32 KiB of one operand, so a block
- * written by one kernel is still in L1/L2 when the next reads it (as add.c). */
-static size_t block_rows(size_t d, size_t es) {
-  size_t b = ((size_t)32 << 10) / (d * es);
-  return b < 1 ? 1 : b;
-}
-
 /* Bytes of the compute-type copy of the second norm's weight w (the entry
  * machinery converts the first; rn_param_as_acc makes this one, 1 + g folded
  * in): 0 when the kernels take w as it is. */
@@ -78,7 +71,7 @@ rmsnorm_status rmsnorm_sandwich_forward(rmsnorm_context *ctx, const rmsnorm_conf
 
   /* scratch: [weight_post copy][weight_pre copy][each task's block of y] */
   rn_entry_lock(&e);
-  size_t block = block_rows(d, es), task_bytes = rn_align64(block * d * es);
+  size_t block = rn_block_rows(d, es), task_bytes = rn_align64(block * d * es);
   size_t wpre_bytes = second_weight_bytes(&e, weight_pre, d);
   rn_split split = rn_split_for(ctx, rows, rows * d * 4 * es, rows);
   char *s = rn_entry_scratch(&e, wpre_bytes + (size_t)split.tasks * task_bytes);
@@ -216,7 +209,7 @@ rmsnorm_status rmsnorm_sandwich_backward(rmsnorm_context *ctx, const rmsnorm_con
    * first output and dweight_post as its second (the bias slot): both are
    * converted and accumulated alike, each as rmsnorm_backward's dweight. */
   rn_entry_lock(&e);
-  size_t block = block_rows(d, es);
+  size_t block = rn_block_rows(d, es);
   size_t task_bytes = dh_out ? rn_align64(block * d * es) : 0;
   size_t wpre_bytes = second_weight_bytes(&e, weight_pre, d);
   rn_grad_plan plan;

@@ -24,6 +24,26 @@
 #define RN_CONFIG_SIZE_V1 (offsetof(rmsnorm_config, flags) + sizeof(unsigned))
 #define RN_CONFIG_MAX ((size_t)1024)
 
+/* Reads a caller's versioned struct (its first field the size_t `size` its
+ * version has; rmsnorm_config, rmsnorm_quant, rmsnorm_gate) into out, a
+ * struct of this library's version of out_size bytes: the fields the
+ * caller's version has, zero (their defaults) for the rest. A size below
+ * size_v1 (the end of the first version's last field) or above RN_CONFIG_MAX,
+ * or a larger struct whose bytes past ours are not all zero, is
+ * RMSNORM_ERROR_BAD_CONFIG. out's size field keeps the caller's value. */
+static inline rmsnorm_status rn_read_versioned(const void *user, void *out, size_t out_size,
+                                               size_t size_v1) {
+  size_t size;
+  if (!user) return RMSNORM_ERROR_NULL_POINTER;
+  memcpy(&size, user, sizeof size);
+  if (size < size_v1 || size > RN_CONFIG_MAX) return RMSNORM_ERROR_BAD_CONFIG;
+  memset(out, 0, out_size);
+  memcpy(out, user, size < out_size ? size : out_size);
+  for (size_t i = out_size; i < size; i++)
+    if (((const unsigned char *)user)[i] != 0) return RMSNORM_ERROR_BAD_CONFIG;
+  return RMSNORM_OK;
+}
+
 /* Reads the caller's config into *out, a full struct of this library's
  * version: the fields the caller's version has, defaults (zero) for the rest.
  * A larger caller struct is accepted when the bytes this library does not know
@@ -36,11 +56,8 @@ static inline rmsnorm_status rn_read_config(const rmsnorm_config *cfg, rmsnorm_c
     memcpy(out, cfg, sizeof *out);
     return RMSNORM_OK;
   }
-  if (size < RN_CONFIG_SIZE_V1 || size > RN_CONFIG_MAX) return RMSNORM_ERROR_BAD_CONFIG;
-  memset(out, 0, sizeof *out);
-  memcpy(out, cfg, size < sizeof *out ? size : sizeof *out);
-  for (size_t i = sizeof *out; i < size; i++)
-    if (((const unsigned char *)cfg)[i] != 0) return RMSNORM_ERROR_BAD_CONFIG;
+  rmsnorm_status st = rn_read_versioned(cfg, out, sizeof *out, RN_CONFIG_SIZE_V1);
+  if (st != RMSNORM_OK) return st;
   out->size = sizeof *out;
   return RMSNORM_OK;
 }
