@@ -709,6 +709,23 @@ template <class A> void layer_norm(A &a) { norm_forward(a, LAYER); }
 template <class A> void rms_norm_backward(A &a) { norm_backward(a, RMS); }
 template <class A> void layer_norm_backward(A &a) { norm_backward(a, LAYER); }
 
+/* The rows of a residual op (fused add + norm, sandwich): h, the residual, and u, the
+ * sub-layer output, with y the normed output. In place, h and u themselves (both writable,
+ * rows at one stride) and y = u; otherwise a new contiguous copy of h (the library updates
+ * it), u as it is, and a new y. */
+template <class B>
+struct ResidualRows {
+  Rows<B> h, u;
+  Array<B> y;
+};
+
+template <class B, class DType, class Shape>
+ResidualRows<B> residual_rows(B &b, const Array<B> &h, const Array<B> &u, std::size_t k,
+                              DType dt, const Shape &shape, bool inplace) {
+  if (inplace) return {as_rows(b, h, k, "residual"), as_rows(b, u, k, "input"), u};
+  return {as_rows(b, b.cast(h, dt), k), as_rows(b, u, k), b.empty(shape, dt)};
+}
+
 /* ---- residual add + RMSNorm ------------------------------------------------------------ */
 
 /* h' = h + u (rounded to the data dtype) and y = RMSNorm(h') in one pass, u the sub-layer
@@ -725,15 +742,7 @@ void fused_add_rms_norm(A &a) {
   auto [dt, shape, p] = norm_in(b, RMS, u, "input", norm, a.in("weight"), a.in("bias"), o,
                                 {{&h, "residual"}});
   std::size_t k = norm.size();
-  Rows<B> hr, ur;
-  if (inplace) {
-    hr = as_rows(b, h, k, "residual");
-    ur = as_rows(b, u, k, "input");
-  } else {
-    hr = as_rows(b, b.cast(h, dt), k);  // a new contiguous copy: the library updates it
-    ur = as_rows(b, u, k);
-  }
-  auto y = inplace ? u : b.empty(shape, dt);
+  auto [hr, ur, y] = residual_rows(b, h, u, k, dt, shape, inplace);
   auto rstd = per_row_out(b, want, shape, k, stats_dtype(dt), NAN);
   if (hr.d)
     run(b, dt, p.param_dtype, o, hr.rows * hr.d, "rmsnorm_add_forward", [&](auto ctx, auto cfg) {
@@ -977,15 +986,7 @@ void sandwich_rms_norm(A &a) {
                                      {{&h, "residual"}});
   PairParams<B> pp = pair_params(a, dt, norm);
   std::size_t k = norm.size();
-  Rows<B> hr, ur;
-  if (inplace) {
-    hr = as_rows(b, h, k, "residual");
-    ur = as_rows(b, u, k, "input");
-  } else {
-    hr = as_rows(b, b.cast(h, dt), k);  // a new contiguous copy: the library updates it
-    ur = as_rows(b, u, k);
-  }
-  auto y = inplace ? u : b.empty(shape, dt);
+  auto [hr, ur, y] = residual_rows(b, h, u, k, dt, shape, inplace);
   auto rpost = per_row_out(b, want, shape, k, stats_dtype(dt), NAN);
   auto rpre = per_row_out(b, want, shape, k, stats_dtype(dt), NAN);
   if (hr.d)
