@@ -9,6 +9,7 @@
 #define RMSNORM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -510,6 +511,114 @@ RMSNORM_API rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx,
                                                     const void *weight, const void *rstd,
                                                     void *dx, size_t lddx_token, size_t lddx_head,
                                                     void *dweight, void *dbias);
+
+/* ---- QK-norm + rotary position embedding (Qwen3, OLMo 2, Gemma 3) --------
+ * Per row of a [tokens, heads, head_dim] Q or K (strided as QK-norm's):
+ *   n = RMSNorm(x) * w              (r = 1/sqrt(mean(x^2) + eps), w of head_dim)
+ *   y = rotate(n, position)         (the first rotary_dim columns; the rest = n)
+ * in the compute type (float; double for fp64 data), rounded once to
+ * cfg->dtype. With half = rotary_dim / 2 and the pair (a, b) of frequency i
+ * (i < half), c = cos(p theta_i), s = sin(p theta_i):
+ *   RMSNORM_ROPE_NEOX (rotate-half, HF apply_rotary_pos_emb): a = n[i], b = n[i + half]
+ *   RMSNORM_ROPE_GPTJ (interleaved):                          a = n[2i], b = n[2i + 1]
+ *   y_a = a c - b s,   y_b = b c + a s
+ * (two products and one sum each, never fused). RMSNORM_FLAG_ROUND_BEFORE_WEIGHT
+ * gives Hugging Face's roundings for fp16/bf16 data: n = RT(RT(x r) w), then
+ * y_a = RT(RT(a c) - RT(b s)) and y_b = RT(RT(b c) + RT(a s)), RT() rounding
+ * to cfg->dtype (HF rotates in the model's dtype; pass its cos/sin, which
+ * it rounds to that dtype, as the table). Bias, RMSNORM_FLAG_EPS_OUTSIDE and
+ * partial != 1 are refused; RMSNORM_FLAG_WEIGHT_OFFSET (Gemma's 1 + w) is
+ * allowed. The formulas and the backward's derivation are in
+ * src/ref/rope_ref.inc. */
+enum {
+  RMSNORM_ROPE_NEOX = 0, /* pairs (i, i + rotary_dim/2) */
+  RMSNORM_ROPE_GPTJ = 1  /* pairs (2i, 2i + 1) */
+};
+
+/* The rotation of rmsnorm_qk_norm_rope_*. Fill it with rmsnorm_rope_init,
+ * then set the table; versioned by `size` as rmsnorm_config. cos_sin: row p
+ * (p < n_positions) holds the cos of the half = rotary_dim/2 frequencies,
+ * then their sin: rotary_dim values of float (double for fp64 data),
+ * contiguous, rows rotary_dim apart (rmsnorm_rope_table fills one from a
+ * theta). Token t uses row positions[t], or row t when positions is NULL. */
+typedef struct rmsnorm_rope {
+  size_t size;              /* set by rmsnorm_rope_init */
+  unsigned style;           /* RMSNORM_ROPE_NEOX or RMSNORM_ROPE_GPTJ */
+  size_t rotary_dim;        /* even, at most head_dim; 0 = head_dim */
+  const void *cos_sin;      /* [n_positions][rotary_dim] */
+  size_t n_positions;
+  const int64_t *positions; /* tokens entries in [0, n_positions), or NULL */
+} rmsnorm_rope;
+
+static inline void rmsnorm_rope_init(rmsnorm_rope *r, unsigned style) {
+  rmsnorm_rope z = {sizeof(rmsnorm_rope), style, 0, NULL, 0, NULL};
+  *r = z;
+}
+
+/* Fills cos_sin ([n_positions][rotary_dim] of dtype FP32 or FP64) for
+ * positions 0..n_positions-1: frequency i has theta_i = theta^(-2i/rotary_dim)
+ * and position p the angle (p / linear_factor) * theta_i, computed in double
+ * and rounded once to dtype (HF computes them in float32, so its tables
+ * differ in the last bits, more so at large positions). linear_factor = 1
+ * is plain RoPE; > 1 is linear position interpolation (HF rope_type
+ * "linear", Gemma 3's global layers use 8).
+ * @return RMSNORM_OK; RMSNORM_ERROR_NULL_POINTER; RMSNORM_ERROR_BAD_DTYPE;
+ * RMSNORM_ERROR_BAD_SIZE (rotary_dim 0 or odd, or the table's size
+ * overflows); RMSNORM_ERROR_BAD_ARGUMENT (theta <= 1, linear_factor <= 0,
+ * or either not finite). */
+RMSNORM_API rmsnorm_status rmsnorm_rope_table(void *cos_sin, rmsnorm_dtype dtype,
+                                              size_t n_positions, size_t rotary_dim,
+                                              double theta, double linear_factor);
+
+/* Where rmsnorm_qk_norm_rope_forward also writes K (and copies V) for the
+ * attention that follows: a paged or flat KV cache of cfg->dtype with rows
+ * of head_dim, head h of slot s at k + s*ld_slot + h*ld_head (elements; the
+ * same for v). slots: tokens entries; a negative slot skips its token
+ * (vLLM's padding), another one must be < n_slots. v (optional, with its
+ * token and head strides): the V heads to copy, bit for bit. */
+typedef struct rmsnorm_kv_cache {
+  size_t size;              /* set by rmsnorm_kv_cache_init */
+  void *k, *v;              /* v NULL: no V copy */
+  size_t n_slots, ld_slot, ld_head;
+  const int64_t *slots;
+  const void *v_src;
+  size_t ldv_token, ldv_head;
+} rmsnorm_kv_cache;
+
+static inline void rmsnorm_kv_cache_init(rmsnorm_kv_cache *c) {
+  rmsnorm_kv_cache z = {sizeof(rmsnorm_kv_cache), NULL, NULL, 0, 0, 0, NULL, NULL, 0, 0};
+  *c = z;
+}
+
+/* QK-norm + RoPE forward, in one pass over each row. Arguments as
+ * rmsnorm_qk_norm_forward (call once for Q and once for K, each with its
+ * head count and weight: MQA/GQA), plus the rotation and an optional cache
+ * (K only): the rotated row is written to y (which may be x, same strides,
+ * or NULL when a cache is given) and to the cache's slot. rstd (optional):
+ * tokens*heads values, index t*heads + h. Errors (nothing written): those of
+ * rmsnorm_qk_norm_forward; a rope or cache not filled by its init
+ * RMSNORM_ERROR_BAD_CONFIG; an unknown style, odd rotary_dim or one above
+ * head_dim, a NULL table or a position/slot out of range
+ * RMSNORM_ERROR_BAD_ARGUMENT; cache rows that overlap each other or an
+ * input RMSNORM_ERROR_OVERLAP (two tokens with the same slot included). */
+RMSNORM_API rmsnorm_status rmsnorm_qk_norm_rope_forward(
+    rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t tokens, size_t heads,
+    size_t head_dim, const void *x, size_t ldx_token, size_t ldx_head, const void *weight,
+    const rmsnorm_rope *rope, const rmsnorm_kv_cache *cache, void *y, size_t ldy_token,
+    size_t ldy_head, void *rstd);
+
+/* QK-norm + RoPE backward: dx through the rotation's transpose and the norm
+ * (dn = R^T dy, then rmsnorm_backward's formula with dn for dy), and
+ * (optional) dweight summed over tokens and heads in a fixed order (the same
+ * bits for any thread count and kernel set; added to with
+ * RMSNORM_FLAG_ACCUMULATE). rstd: the forward's or NULL (recomputed). The
+ * rounding flag is taken as the identity. dx may be x or dy (same strides).
+ * @return RMSNORM_OK or an error status (nothing written). */
+RMSNORM_API rmsnorm_status rmsnorm_qk_norm_rope_backward(
+    rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t tokens, size_t heads,
+    size_t head_dim, const void *x, size_t ldx_token, size_t ldx_head, const void *dy,
+    size_t lddy_token, size_t lddy_head, const void *weight, const rmsnorm_rope *rope,
+    const void *rstd, void *dx, size_t lddx_token, size_t lddx_head, void *dweight);
 
 /* ---- Gated RMSNorm (Mamba2, Bamba, NemotronH, Qwen3-Next) ---------------
  * Two orders, a = act(z) with act SiLU (z * sigmoid(z)) or sigmoid, computed
