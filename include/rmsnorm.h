@@ -529,7 +529,7 @@ RMSNORM_API rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx,
  * it rounds to that dtype, as the table). Bias, RMSNORM_FLAG_EPS_OUTSIDE and
  * partial != 1 are refused; RMSNORM_FLAG_WEIGHT_OFFSET (Gemma's 1 + w) is
  * allowed. The formulas and the backward's derivation are in
- * src/ref/rope_ref.inc. */
+ * src/ref/rope_ref.inc; docs/rope.md has the overview. */
 enum {
   RMSNORM_ROPE_NEOX = 0, /* pairs (i, i + rotary_dim/2) */
   RMSNORM_ROPE_GPTJ = 1  /* pairs (2i, 2i + 1) */
@@ -562,6 +562,7 @@ static inline void rmsnorm_rope_init(rmsnorm_rope *r, unsigned style) {
  * differ in the last bits, more so at large positions). linear_factor = 1
  * is plain RoPE; > 1 is linear position interpolation (HF rope_type
  * "linear", Gemma 3's global layers use 8).
+ * n_positions = 0 writes nothing (cos_sin may then be NULL).
  * @return RMSNORM_OK; RMSNORM_ERROR_NULL_POINTER; RMSNORM_ERROR_BAD_DTYPE;
  * RMSNORM_ERROR_BAD_SIZE (rotary_dim 0 or odd, or the table's size
  * overflows); RMSNORM_ERROR_BAD_ARGUMENT (theta <= 1, linear_factor <= 0,
@@ -574,8 +575,9 @@ RMSNORM_API rmsnorm_status rmsnorm_rope_table(void *cos_sin, rmsnorm_dtype dtype
  * attention that follows: a paged or flat KV cache of cfg->dtype with rows
  * of head_dim, head h of slot s at k + s*ld_slot + h*ld_head (elements; the
  * same for v). slots: tokens entries; a negative slot skips its token
- * (vLLM's padding), another one must be < n_slots. v (optional, with its
- * token and head strides): the V heads to copy, bit for bit. */
+ * (vLLM's padding), another one must be < n_slots. v (optional; NULL: no V
+ * copy, v_src unused): where v_src's V heads (row (t, h) at v_src +
+ * t*ldv_token + h*ldv_head) are copied, bit for bit. */
 typedef struct rmsnorm_kv_cache {
   size_t size;              /* set by rmsnorm_kv_cache_init */
   void *k, *v;              /* v NULL: no V copy */
@@ -595,12 +597,16 @@ static inline void rmsnorm_kv_cache_init(rmsnorm_kv_cache *c) {
  * head count and weight: MQA/GQA), plus the rotation and an optional cache
  * (K only): the rotated row is written to y (which may be x, same strides,
  * or NULL when a cache is given) and to the cache's slot. rstd (optional):
- * tokens*heads values, index t*heads + h. Errors (nothing written): those of
- * rmsnorm_qk_norm_forward; a rope or cache not filled by its init
- * RMSNORM_ERROR_BAD_CONFIG; an unknown style, odd rotary_dim or one above
- * head_dim, a NULL table or a position/slot out of range
- * RMSNORM_ERROR_BAD_ARGUMENT; cache rows that overlap each other or an
- * input RMSNORM_ERROR_OVERLAP (two tokens with the same slot included). */
+ * tokens*heads values, index t*heads + h. Errors (nothing written, the
+ * cache included): those of rmsnorm_qk_norm_forward; a rope or cache not
+ * filled by its init RMSNORM_ERROR_BAD_CONFIG; an unknown style, odd
+ * rotary_dim or one above head_dim, a NULL table or a position/slot out of
+ * range (NULL positions: more tokens than n_positions)
+ * RMSNORM_ERROR_BAD_ARGUMENT; cache (or V source) strides whose rows
+ * overlap RMSNORM_ERROR_BAD_STRIDE; two tokens with the same slot, or cache
+ * rows that meet each other (K and V), an input or y
+ * RMSNORM_ERROR_OVERLAP; a NULL cache k or slots, v without v_src, or y
+ * NULL without a cache RMSNORM_ERROR_NULL_POINTER. */
 RMSNORM_API rmsnorm_status rmsnorm_qk_norm_rope_forward(
     rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t tokens, size_t heads,
     size_t head_dim, const void *x, size_t ldx_token, size_t ldx_head, const void *weight,
@@ -613,6 +619,7 @@ RMSNORM_API rmsnorm_status rmsnorm_qk_norm_rope_forward(
  * bits for any thread count and kernel set; added to with
  * RMSNORM_FLAG_ACCUMULATE). rstd: the forward's or NULL (recomputed). The
  * rounding flag is taken as the identity. dx may be x or dy (same strides).
+ * dweight with a NULL weight is RMSNORM_ERROR_BAD_ARGUMENT.
  * @return RMSNORM_OK or an error status (nothing written). */
 RMSNORM_API rmsnorm_status rmsnorm_qk_norm_rope_backward(
     rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t tokens, size_t heads,

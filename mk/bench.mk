@@ -2,8 +2,9 @@
 # and dtypes, keeps the CSV and the table, and plots % of the copy limit
 # per shape (gnuplot, installed from Debian when missing); then the quantized
 # outputs against the fp32 forward (bench_fused quant) and Gemma's sandwich
-# norms against their three separate calls (bench_fused sandwich), and gated
-# RMSNorm against the copy limit of its own bytes (bench_fused gated).
+# norms against their three separate calls (bench_fused sandwich), gated
+# RMSNorm against the copy limit of its own bytes (bench_fused gated), and
+# QK-norm + RoPE against QK-norm then a rotation pass (bench_fused rope).
 # The command's measuring code and the plot script are in bench/c/; the CSV and
 # the plot are written to BENCH_DIR.
 BENCH_DIR ?= bench
@@ -28,3 +29,5 @@ bench: build gnuplot
 	./$(BUILD)/bench_fused sandwich 11
 	@echo "gated RMSNorm against the copy limit of its bytes (docs/gated.md):"
 	./$(BUILD)/bench_fused gated 11
+	@echo "QK-norm + RoPE against QK-norm then a rotation pass (docs/rope.md):"
+	./$(BUILD)/bench_fused rope 11

@@ -13,6 +13,9 @@
  *   the shard steps on two shards cut off the block grid (each shard's
  *     statistic and dot partials, y, rstd, dx);
  *   gated RMSNorm, gate first per row and norm first per group (y, rstd, dx, dz);
+ *   QK-norm + RoPE, a row being one token's heads at its own position: NeoX
+ *     token-major with the KV cache (y, rstd, the cache's K and V rows, dx)
+ *     and GPT-J over half the head, head-major (y, rstd, dx);
  *   the sandwich norms (h', x', both rstd, da, dh; with and without dh_out);
  *   RMSNorm + linear: rstd of any row; Z and dX where the GEMMs are exact.
  *
@@ -505,6 +508,66 @@ static void ops_gated(batch *B) {
   }
 }
 
+/* QK-norm + RoPE: a pool row is one token's d / HEAD_DIM heads at position
+ * (and cache slot) its pool index, so a row's rotation never depends on its
+ * batch. NeoX over the whole head, token-major, with a KV cache of POOL
+ * slots (V from u; r saved in the backward); GPT-J over half the head,
+ * head-major (r recomputed). */
+static void ops_rope(batch *B) {
+  size_t n = B->n, d = B->d, rb = B->rb, ss = B->ss, es = B->es, heads = d / HEAD_DIM;
+  size_t as = rn_acc_size(B->cfg.dtype);
+  const float *w = B->P->w;
+  rmsnorm_dtype tdt = as == 8 ? RMSNORM_F64 : RMSNORM_F32;
+  int64_t *pos = take(B, n * sizeof(int64_t));
+  for (size_t i = 0; i < n; i++) pos[i] = (int64_t)B->R->idx[i];
+  void *table = take(B, POOL * HEAD_DIM * as), *half_table = take(B, POOL * HEAD_DIM / 2 * as);
+  TU_OK(rmsnorm_rope_table(table, tdt, POOL, HEAD_DIM, 1e6, 1));
+  TU_OK(rmsnorm_rope_table(half_table, tdt, POOL, HEAD_DIM / 2, 1e4, 8));
+  void *y = take(B, n * rb), *dx = take(B, n * rb), *r = take(B, n * heads * ss);
+  unsigned char *kc = take(B, POOL * rb), *vc = take(B, POOL * rb), *rows = take(B, n * rb);
+  float *dw = take(B, HEAD_DIM * 4);
+  rmsnorm_rope rope;
+  rmsnorm_rope_init(&rope, RMSNORM_ROPE_NEOX);
+  rope.cos_sin = table, rope.n_positions = POOL, rope.positions = pos;
+  rmsnorm_kv_cache kv;
+  rmsnorm_kv_cache_init(&kv);
+  kv.k = kc, kv.v = vc, kv.n_slots = POOL, kv.ld_slot = d, kv.ld_head = HEAD_DIM;
+  kv.slots = pos, kv.v_src = B->u, kv.ldv_token = d, kv.ldv_head = HEAD_DIM;
+  TU_OK(rmsnorm_qk_norm_rope_forward(B->c, &B->cfg, n, heads, HEAD_DIM, B->x, d, HEAD_DIM, w,
+                                     &rope, &kv, y, d, HEAD_DIM, r));
+  keep_rows(B->R, "qk_norm_rope_forward neox y", y, rb, rb);
+  keep_rows(B->R, "qk_norm_rope_forward neox rstd", r, heads * ss, heads * ss);
+  for (int c = 0; c < 2; c++) { /* the cache's rows of the batch's slots, in batch order */
+    for (size_t i = 0; i < n; i++) memcpy(rows + i * rb, (c ? vc : kc) + B->R->idx[i] * rb, rb);
+    keep_rows(B->R, c ? "qk_norm_rope_forward neox V cache" : "qk_norm_rope_forward neox K cache",
+              rows, rb, rb);
+  }
+  TU_OK(rmsnorm_qk_norm_rope_backward(B->c, &B->cfg, n, heads, HEAD_DIM, B->x, d, HEAD_DIM, B->dy,
+                                      d, HEAD_DIM, w, &rope, r, dx, d, HEAD_DIM, dw));
+  keep_rows(B->R, "qk_norm_rope_backward neox dx", dx, rb, rb);
+  keep_sum(B->R, "qk_norm_rope_backward neox dweight", dw, HEAD_DIM * 4);
+
+  /* GPT-J on half the head, head-major */
+  unsigned char *xh = take(B, n * rb), *dyh = take(B, n * rb), *oh = take(B, n * rb);
+  size_t ld_head = n * HEAD_DIM;
+  heads_swap(B->x, xh, n, heads, HEAD_DIM, es, 1);
+  heads_swap(B->dy, dyh, n, heads, HEAD_DIM, es, 1);
+  rmsnorm_rope_init(&rope, RMSNORM_ROPE_GPTJ);
+  rope.rotary_dim = HEAD_DIM / 2;
+  rope.cos_sin = half_table, rope.n_positions = POOL, rope.positions = pos;
+  TU_OK(rmsnorm_qk_norm_rope_forward(B->c, &B->cfg, n, heads, HEAD_DIM, xh, HEAD_DIM, ld_head, w,
+                                     &rope, NULL, oh, HEAD_DIM, ld_head, r));
+  heads_swap(oh, y, n, heads, HEAD_DIM, es, 0);
+  keep_rows(B->R, "qk_norm_rope_forward gptj half y", y, rb, rb);
+  keep_rows(B->R, "qk_norm_rope_forward gptj half rstd", r, heads * ss, heads * ss);
+  TU_OK(rmsnorm_qk_norm_rope_backward(B->c, &B->cfg, n, heads, HEAD_DIM, xh, HEAD_DIM, ld_head,
+                                      dyh, HEAD_DIM, ld_head, w, &rope, NULL, oh, HEAD_DIM,
+                                      ld_head, dw));
+  heads_swap(oh, dx, n, heads, HEAD_DIM, es, 0);
+  keep_rows(B->R, "qk_norm_rope_backward gptj half dx", dx, rb, rb);
+  keep_sum(B->R, "qk_norm_rope_backward gptj half dweight", dw, HEAD_DIM * 4);
+}
+
 /* Gemma's sandwich norms (weight offset): a = u, h = x; the backward with
  * dh_out = v and r saved, then without dh_out and r recomputed. */
 static void ops_sandwich(batch *B) {
@@ -543,7 +606,8 @@ static void run_batch(rmsnorm_context *c, const pool *P, const size_t *idx, size
     void (*run)(batch *);
     int streams;
   } families[] = {{ops_norm, 1},   {ops_add, 1},   {ops_quant, 1}, {ops_qk, 1},
-                  {ops_linear, 0}, {ops_shard, 1}, {ops_gated, 0}, {ops_sandwich, 1}};
+                  {ops_linear, 0}, {ops_shard, 1}, {ops_gated, 0}, {ops_sandwich, 1},
+                  {ops_rope, 0}};
   batch B = {.c = c, .P = P, .R = R, .A = A, .n = n, .d = P->d, .es = P->es, .rb = P->rb,
              .ss = P->ss};
   A->pattern++;
@@ -596,7 +660,7 @@ static void pool_free(pool *P) {
 
 /* streaming: the largest shape, there for the sizes of its batches'
  * outputs (cached, streamed, streamed from DRAM: runtime/work.h). It runs
- * the families with streaming stores only (not linear, gated), leaves out
+ * the families with streaming stores only (not linear, gated, rope), leaves out
  * the pool reversed (the same sizes as the pool), and runs the scalar set on
  * one thread only: its kernels have no streaming stores, and the split
  * across threads is the same code for every set (the SIMD sets run it on

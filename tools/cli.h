@@ -21,8 +21,8 @@ void rn_cli_error(const char *fmt, ...);
 /* @return 1 if arg is -h or --help. */
 int rn_cli_is_help(const char *arg);
 
-/* forward, backward, layernorm, layernorm-backward, add-forward, linear
- * (chosen by argv[0]). */
+/* forward, backward, layernorm, layernorm-backward, add-forward, sandwich,
+ * gated, qk-rope, linear (chosen by argv[0]). */
 int rn_cli_norm(int argc, char **argv);
 /* demo: the worked example. */
 int rn_cli_demo(int argc, char **argv);

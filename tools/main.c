@@ -23,6 +23,7 @@ static const command commands[] = {
   {"add-forward", "residual add + RMSNorm: H' = H + U and Y from H and U", rn_cli_norm},
   {"sandwich", "Gemma's sandwich norms: H' = H + RMSNorm(A), Y = RMSNorm(H')", rn_cli_norm},
   {"gated", "gated RMSNorm: Y from X and the gate Z (Mamba2, Qwen3-Next)", rn_cli_norm},
+  {"qk-rope", "QK-norm + RoPE: each head normalized, then rotated by its position", rn_cli_norm},
   {"linear", "RMSNorm + linear layer, gain folded: Z = RMSNorm(X) W", rn_cli_norm},
   {"demo", "the worked example, step by step", rn_cli_demo},
   {"info", "version, CPU features, kernel set, threads", rn_cli_info},

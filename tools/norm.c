@@ -1,5 +1,6 @@
 /* norm.c - the norm subcommands (forward, backward, layernorm,
- * layernorm-backward, the fused add-forward, sandwich and linear, and gated):
+ * layernorm-backward, the fused add-forward, sandwich and linear, gated, and
+ * qk-rope):
  * one option parser, parameterized by a table of what each command takes, and
  * two runners (row-wise norms; the norm followed by a matrix product). Inputs are
  * mapped, checked against each other, handed to the library, and the outputs
@@ -27,6 +28,7 @@ typedef enum op_kind {
   OP_ADD_FORWARD, /* h' = h + u, y = RMSNorm(h') */
   OP_SANDWICH,    /* h' = h + post_norm(a), y = pre_norm(h') (Gemma 2/3) */
   OP_GATED,       /* y = RMSNorm(x act(z)) g, or RMSNorm(x) g act(z) */
+  OP_QK_ROPE,     /* per head: y = rotate(RMSNorm(x) g, position) */
   OP_LINEAR       /* Z = RMSNorm(X) W + bias, the gain folded into W */
 } op_kind;
 
@@ -57,8 +59,14 @@ enum {
   O_POST_RSTD = 1u << 22,
   O_ACT = 1u << 23,
   O_NORM_FIRST = 1u << 24,
-  O_GATE_GROUP = 1u << 25
+  O_GATE_GROUP = 1u << 25,
+  O_THETA = 1u << 26,
+  O_LINEAR_FACTOR = 1u << 27,
+  O_ROTARY_DIM = 1u << 28,
+  O_STYLE = 1u << 29,
+  O_START = 1u << 30
 };
+#define O_COS_SIN (1u << 31) /* beyond int's range, so not an enumerator */
 
 /* The quantized formats by their names on the command line, in the order
  * --help lists them. */
@@ -115,6 +123,12 @@ static const option_def option_defs[] = {
   {"act", O_ACT, "A", "the gate's activation act(z): silu (default) or sigmoid"},
   {"group", O_GATE_GROUP, "G", "one r per G columns, G dividing the row (default: the row)"},
   {"norm-first", O_NORM_FIRST, NULL, "y = RMSNorm(x) g act(z) (Qwen3-Next): the gate after"},
+  {"style", O_STYLE, "S", "neox (rotate-half, the default) or gptj (interleaved pairs)"},
+  {"rotary-dim", O_ROTARY_DIM, "R", "rotate the first R columns (even; default head_dim)"},
+  {"theta", O_THETA, "T", "the base of the frequencies (default 10000)"},
+  {"linear-factor", O_LINEAR_FACTOR, "F", "positions divided by F (linear scaling; default 1)"},
+  {"start", O_START, "P", "the first token's position (default 0)"},
+  {"cos-sin", O_COS_SIN, "FILE", "a table (positions, R): cos then sin ('<f4'; '<f8' data: '<f8')"},
   {"eps", O_EPS, "E", "finite, >= 0 (default: 2^-23; 2^-52 for '<f8' data)"},
   {"eps-outside", O_EPS_OUTSIDE, NULL, "r = 1/(sqrt(mean(x^2)) + eps), the paper's code"},
   {"offset", O_OFFSET, NULL, "multiply by (1 + g) instead of g (Gemma)"},
@@ -205,6 +219,20 @@ static const op_spec op_specs[] = {
    "  --norm-first:          y = RMSNorm(x) * g * a\n"
    "with one r = 1/sqrt(mean(v^2) + eps) per group of G columns (--group G, a\n"
    "divisor of the row; default the whole row)."},
+  {"qk-rope", OP_QK_ROPE, 1, "X.npy", "Y.npy",
+   O_OUT | O_EPS | O_OFFSET | O_WEIGHT | O_BF16 | O_RSTD | O_STYLE | O_ROTARY_DIM | O_THETA |
+       O_LINEAR_FACTOR | O_START | O_COS_SIN,
+   "X.npy -o Y.npy [--weight G.npy] [--style neox|gptj] [--rotary-dim R]\n"
+   "               [--theta T] [--linear-factor F | --cos-sin TABLE.npy]\n"
+   "               [--start P] [--rstd R.npy] [options]",
+   "QK-norm + RoPE (Qwen3, OLMo 2, Gemma 3) of Q or K, X of shape\n"
+   "(..., seq, heads, head_dim): each head's row is normalized over head_dim\n"
+   "with the gain g (head_dim,), then its first R columns are rotated by the\n"
+   "angle of its position, start + its index along the seq axis:\n"
+   "  n = x * r * g,  (a, b) -> (a cos - b sin, b cos + a sin)\n"
+   "over the pairs (i, i + R/2) (neox) or (2i, 2i + 1) (gptj), frequency i at\n"
+   "theta^(-2i/R) / F. --cos-sin gives the table instead: row p holds the cos of\n"
+   "the R/2 frequencies at position p, then their sin."},
   {"linear", OP_LINEAR, 2, "X.npy W.npy", "Z.npy",
    O_OUT | O_RSTD | O_WEIGHT | O_LINEAR_BIAS | O_EPS | O_EPS_OUTSIDE | O_OFFSET | O_PARTIAL |
        O_BF16,
@@ -237,7 +265,7 @@ static void print_help(const op_spec *op) {
       help = "Y: X's shape and dtype (with --quant: the codes)";
     else if (o->bit == O_OUT && op->kind == OP_SANDWICH)
       help = "y = pre_norm(h'): H's shape and dtype";
-    else if (o->bit == O_OUT && op->kind == OP_GATED)
+    else if (o->bit == O_OUT && (op->kind == OP_GATED || op->kind == OP_QK_ROPE))
       help = "the result Y: X's shape and dtype";
     else if (o->bit == O_RSTD && op->kind == OP_SANDWICH)
       help = "pre_norm's r of each row of h': float32, the row shape";
@@ -245,6 +273,10 @@ static void print_help(const op_spec *op) {
       help = "h' = h + post_norm(a): H's shape and dtype (H is not changed)";
     else if (o->bit == O_RSTD && op->kind == OP_GATED)
       help = "each group's r: float32, X's row shape (and d/G with --group G)";
+    else if (o->bit == O_RSTD && op->kind == OP_QK_ROPE)
+      help = "each head's r: float32, X's shape without head_dim";
+    else if (o->bit == O_WEIGHT && op->kind == OP_QK_ROPE)
+      help = "the gain g: (head_dim,); '<f4' or X's dtype";
     printf("  %-22s %s\n", left, help);
   }
   printf("  %-22s %s\n", "-h, --help", "this help");
@@ -261,6 +293,11 @@ typedef struct norm_args {
   rmsnorm_gate_act act;                             /* gated: --act, --norm-first, --group */
   int norm_first;
   size_t gate_group;
+  unsigned style;                                   /* qk-rope */
+  size_t rotary_dim, start;
+  double theta, linear_factor;
+  int have_theta, have_factor;
+  const char *cos_sin;
   int have_eps;
   double eps;
   int eps_outside, offset, bf16;
@@ -322,6 +359,39 @@ static int set_option(const op_spec *op, norm_args *a, const option_def *o, cons
       a->gate_group = (size_t)g;
       break;
     }
+    case O_STYLE:
+      if (!strcmp(v, "neox"))
+        a->style = RMSNORM_ROPE_NEOX;
+      else if (!strcmp(v, "gptj"))
+        a->style = RMSNORM_ROPE_GPTJ;
+      else
+        return usage_error(op, "--style must be neox or gptj, not '%s'", v);
+      break;
+    case O_ROTARY_DIM:
+    case O_START: {
+      char *end;
+      errno = 0;
+      unsigned long long n = strtoull(v, &end, 10);
+      if (*v < '0' || *v > '9' || *end != '\0' || errno || n > SIZE_MAX ||
+          (o->bit == O_ROTARY_DIM && (n == 0 || n % 2)))
+        return usage_error(op, o->bit == O_START ? "--start must be a whole number, not '%s'"
+                                                 : "--rotary-dim must be even and > 0, not '%s'",
+                           v);
+      *(o->bit == O_START ? &a->start : &a->rotary_dim) = (size_t)n;
+      break;
+    }
+    case O_THETA:
+      if (!parse_double(v, &a->theta) || !(a->theta > 1) || !isfinite(a->theta))
+        return usage_error(op, "--theta must be a finite number > 1, not '%s'", v);
+      a->have_theta = 1;
+      break;
+    case O_LINEAR_FACTOR:
+      if (!parse_double(v, &a->linear_factor) || !(a->linear_factor > 0) ||
+          !isfinite(a->linear_factor))
+        return usage_error(op, "--linear-factor must be a finite number > 0, not '%s'", v);
+      a->have_factor = 1;
+      break;
+    case O_COS_SIN: a->cos_sin = v; break;
     case O_EPS_OUTSIDE: a->eps_outside = 1; break;
     case O_OFFSET: a->offset = 1; break;
     case O_BF16: a->bf16 = 1; break;
@@ -384,6 +454,9 @@ static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
   memset(a, 0, sizeof *a);
   a->partial = 1.0;
   a->act = RMSNORM_GATE_SILU;
+  a->style = RMSNORM_ROPE_NEOX;
+  a->theta = 10000.0;
+  a->linear_factor = 1.0;
   int options_done = 0;
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
@@ -436,6 +509,9 @@ static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
                      : a->static_scale ? "--static-scale"
                                        : NULL;
   if (qopt && !a->quant) return usage_error(op, "%s needs --quant", qopt);
+  if (a->cos_sin && (a->have_theta || a->have_factor))
+    return usage_error(op, "%s: the table fixes the angles (no --cos-sin with it)",
+                       a->have_theta ? "--theta" : "--linear-factor");
   if (a->quant) {
     const char *name = a->quant->name;
     char msg[160];
@@ -847,7 +923,8 @@ static int run(const op_spec *op, const norm_args *a) {
                                    rstd);
         break;
       }
-      case OP_LINEAR: st = RMSNORM_ERROR_BAD_ARGUMENT; break; /* run_linear's */
+      case OP_LINEAR:
+      case OP_QK_ROPE: st = RMSNORM_ERROR_BAD_ARGUMENT; break; /* run_linear's, run_rope's */
     }
   }
   if (st != RMSNORM_OK) {
@@ -1008,6 +1085,134 @@ done:
   return rc;
 }
 
+/* `qk-rope`: X (..., seq, heads, head_dim), one library call over all
+ * tokens (the leading axes flattened), token t at position start + t % seq.
+ * The table is the caller's (--cos-sin) or built for positions
+ * 0..start+seq-1 from --theta and --linear-factor. */
+static int run_rope(const op_spec *op, const norm_args *a) {
+  int rc = RN_EXIT_FAILURE;
+  char err[512];
+  npy_file x = {0}, w = {0}, t = {0};
+  npy_file *files[3] = {&x, &w, &t};
+  out_set *outs = out_begin();
+  void *y = NULL, *rstd = NULL, *table = NULL;
+  int64_t *pos = NULL;
+  rmsnorm_context *ctx = NULL;
+
+  const char *paths[3] = {a->in[0], a->weight, a->cos_sin};
+  for (int i = 0; i < 3; i++) {
+    if (paths[i] && npy_open(files[i], paths[i], err, sizeof err) != 0) {
+      rn_cli_error("%s: %s", paths[i], err);
+      goto done;
+    }
+  }
+  if (check_data_dtype(&x, a->bf16)) goto done;
+  const npy_info *xi = &x.info;
+  if (xi->ndim < 2) {
+    rn_cli_error("%s: qk-rope needs (..., heads, head_dim), got %d axes", x.path, xi->ndim);
+    goto done;
+  }
+  int lead = xi->ndim - 1; /* head_dim is the normalized axis */
+  size_t hd = xi->shape[lead], heads = xi->shape[lead - 1], tokens, rows;
+  size_t seq = xi->ndim >= 3 ? xi->shape[xi->ndim - 3] : 1;
+  if (!shape_product(xi->shape, 0, lead - 1, &tokens) || !shape_product(xi->shape, 0, lead, &rows)) {
+    rn_cli_error("%s: shape too large", x.path);
+    goto done;
+  }
+  if (hd == 0) {
+    rn_cli_error("%s: head_dim (the last axis) is 0", x.path);
+    goto done;
+  }
+  size_t rot = a->rotary_dim ? a->rotary_dim : hd;
+  if (rot > hd || rot % 2) {
+    rn_cli_error("%s: --rotary-dim %zu must be even and at most head_dim %zu", x.path, rot, hd);
+    goto done;
+  }
+  if (a->weight && check_param(&w, "weight", &x, lead)) goto done;
+  npy_dtype param = a->weight ? w.info.dtype : xi->dtype;
+  rmsnorm_dtype dt = dtype_of(xi->dtype);
+  npy_dtype tdt = dt == RMSNORM_F64 ? NPY_F64 : NPY_F32;
+  size_t tsize = npy_dtype_size(tdt), n_pos;
+  if (seq && a->start > SIZE_MAX - seq) {
+    rn_cli_error("%s: --start %zu is too large", x.path, a->start);
+    goto done;
+  }
+  if (a->cos_sin) {
+    const npy_info *ti = &t.info;
+    char got[128];
+    npy_format_shape(got, sizeof got, ti->ndim, ti->shape);
+    if (ti->ndim != 2 || ti->shape[1] != rot) {
+      rn_cli_error("%s: table shape %s must be (positions, %zu): the rotary dim", t.path, got, rot);
+      goto done;
+    }
+    if (ti->dtype != tdt) {
+      rn_cli_error("%s: table dtype '%s' must be '%s' for '%s' data", t.path, ti->descr,
+                   npy_descr(tdt), xi->descr);
+      goto done;
+    }
+    n_pos = ti->shape[0];
+    if (tokens && a->start + seq > n_pos) {
+      rn_cli_error("%s: positions up to %zu need %zu rows; the table has %zu", t.path,
+                   a->start + seq - 1, a->start + seq, n_pos);
+      goto done;
+    }
+  } else {
+    n_pos = a->start + seq;
+    if (n_pos > SIZE_MAX / rot / tsize || !(table = alloc_bytes(n_pos * rot * tsize, 0))) {
+      rn_cli_error("%s: out of memory for the table of %zu positions", op->name, n_pos);
+      goto done;
+    }
+  }
+  size_t stat_size = dt == RMSNORM_F64 ? sizeof(double) : sizeof(float);
+  y = alloc_bytes(xi->data_bytes, 0);
+  pos = alloc_bytes(tokens * sizeof *pos, 0);
+  if (a->rstd) rstd = alloc_bytes(rows * stat_size, 0);
+  if (!y || !pos || (a->rstd && !rstd)) {
+    rn_cli_error("%s: out of memory", op->name);
+    goto done;
+  }
+  for (size_t i = 0; i < tokens; i++) pos[i] = (int64_t)(a->start + i % seq);
+  output outv[] = {
+    {a->out, -1, xi->dtype, xi->ndim, xi->shape, y, xi->data_bytes, 0},
+    {a->rstd, -1, NPY_F32, lead, xi->shape, rstd, rows * sizeof(float), 1},
+  };
+  size_t n_out = sizeof outv / sizeof outv[0];
+  if (register_outputs(outs, outv, n_out) != 0) goto done;
+
+  rmsnorm_config cfg;
+  rmsnorm_status st = start_library(a, dt, param, &ctx, &cfg);
+  if (st == RMSNORM_OK && table)
+    st = rmsnorm_rope_table(table, dt == RMSNORM_F64 ? RMSNORM_F64 : RMSNORM_F32, n_pos, rot,
+                            a->theta, a->linear_factor);
+  if (st == RMSNORM_OK) {
+    rmsnorm_rope rope;
+    rmsnorm_rope_init(&rope, a->style);
+    rope.rotary_dim = rot;
+    rope.cos_sin = table ? table : t.data;
+    rope.n_positions = n_pos;
+    rope.positions = pos;
+    st = rmsnorm_qk_norm_rope_forward(ctx, &cfg, tokens, heads, hd, x.data, heads * hd, hd,
+                                      a->weight ? w.data : NULL, &rope, NULL, y, heads * hd, hd,
+                                      rstd);
+  }
+  if (st != RMSNORM_OK) {
+    rn_cli_error("%s: %s: %s (%s)", op->name, x.path, rmsnorm_status_message(st),
+                 rmsnorm_status_name(st));
+    goto done;
+  }
+  if (write_outputs(outs, outv, n_out, dt) == 0) rc = RN_EXIT_OK;
+
+done:
+  out_abort(outs);
+  rmsnorm_context_free(ctx);
+  free(y);
+  free(rstd);
+  free(table);
+  free(pos);
+  for (int i = 0; i < 3; i++) npy_close(files[i]);
+  return rc;
+}
+
 int rn_cli_norm(int argc, char **argv) {
   const op_spec *op = find_op(argv[0]);
   if (!op) {
@@ -1017,5 +1222,6 @@ int rn_cli_norm(int argc, char **argv) {
   norm_args a;
   int rc = parse_args(op, argc, argv, &a);
   if (rc) return rc < 0 ? RN_EXIT_OK : rc;
+  if (op->kind == OP_QK_ROPE) return run_rope(op, &a);
   return op->kind == OP_LINEAR ? run_linear(op, &a) : run(op, &a);
 }

@@ -21,7 +21,17 @@
  *           (bench_copy.c) moving the same byte total between the op's own
  *           buffers on as many threads; fp32 4096x4096; interleaved rounds,
  *           medians
- * usage: bench_fused [add|qk|quant|linear|sandwich|gated|all] [reps] */
+ *   rope:   rmsnorm_qk_norm_rope_forward on Q (32 heads) and K (8 heads) in
+ *           place in a [T, 32 + 8 + 8, 128] QKV buffer (one call each) vs
+ *           the unfused composition: rmsnorm_qk_norm_forward on Q and K, then
+ *           a separate NeoX rotation pass over the same rows (a plain C loop,
+ *           compiled for AVX-512/AVX2 where the CPU has them, as the
+ *           library's kernels are; threads as many from 1M elements);
+ *           fp32 and bf16, decode (T = 1) and prefill (T = 512), 1 and 2
+ *           threads; then the fused op against the copy limit of its own
+ *           bytes at 65536 x 128 (one head per token: x read, y written,
+ *           the table's row of each token read); interleaved rounds, medians
+ * usage: bench_fused [add|qk|quant|linear|sandwich|gated|rope|all] [reps] */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdint.h>
@@ -455,6 +465,216 @@ static void bench_gated(rmsnorm_context *ctx, size_t rows, size_t d, int norm_fi
   free(r1), free(r2), free(t);
 }
 
+/* ---- QK-norm + RoPE ------------------------------------------------------ */
+
+#define ROPE_HQ 32 /* Q heads */
+#define ROPE_HK 8  /* K (and V) heads */
+#define ROPE_HD 128
+
+/* The unfused rotation: NeoX pairs (i, i + 64) of every head of tokens
+ * [t0, t1) of a [T, heads] grid in place (row (t, h) at x + t*ld_t + h*HD),
+ * in float: bf16 rows through float and back, rounded to nearest even.
+ * Compiled for the best of AVX-512 and AVX2 the CPU has (x86-64 GCC and
+ * clang), as the library's kernels are. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define BENCH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BENCH_CLONES
+#endif
+BENCH_CLONES
+static void rope_pass_f32(float *restrict x, size_t t0, size_t t1, size_t heads, size_t ld_t,
+                          const float *restrict table, const int64_t *pos) {
+  enum { half = ROPE_HD / 2 };
+  for (size_t t = t0; t < t1; t++) {
+    const float *restrict c = table + (size_t)pos[t] * ROPE_HD, *restrict s = c + half;
+    for (size_t h = 0; h < heads; h++) {
+      float *restrict a = x + t * ld_t + h * ROPE_HD, *restrict b = a + half;
+      for (size_t i = 0; i < half; i++) {
+        float ai = a[i], bi = b[i];
+        a[i] = ai * c[i] - bi * s[i];
+        b[i] = bi * c[i] + ai * s[i];
+      }
+    }
+  }
+}
+
+BENCH_CLONES
+static void rope_pass_bf16(uint16_t *restrict x, size_t t0, size_t t1, size_t heads, size_t ld_t,
+                           const float *restrict table, const int64_t *pos) {
+  enum { half = ROPE_HD / 2 };
+  for (size_t t = t0; t < t1; t++) {
+    const float *restrict c = table + (size_t)pos[t] * ROPE_HD, *restrict s = c + half;
+    for (size_t h = 0; h < heads; h++) {
+      uint16_t *restrict a = x + t * ld_t + h * ROPE_HD, *restrict b = a + half;
+      for (size_t i = 0; i < half; i++) {
+        uint32_t ua = (uint32_t)a[i] << 16, ub = (uint32_t)b[i] << 16;
+        float ai, bi;
+        memcpy(&ai, &ua, 4), memcpy(&bi, &ub, 4);
+        float ya = ai * c[i] - bi * s[i], yb = bi * c[i] + ai * s[i];
+        uint32_t va, vb;
+        memcpy(&va, &ya, 4), memcpy(&vb, &yb, 4);
+        a[i] = (uint16_t)((va + 0x7fffu + ((va >> 16) & 1u)) >> 16);
+        b[i] = (uint16_t)((vb + 0x7fffu + ((vb >> 16) & 1u)) >> 16);
+      }
+    }
+  }
+}
+
+typedef struct rope_part {
+  void *x;
+  size_t t0, t1, heads, ld_t;
+  const float *table;
+  const int64_t *pos;
+  int bf16;
+} rope_part;
+
+static void *rope_run(void *p) {
+  rope_part *r = p;
+  if (r->bf16)
+    rope_pass_bf16(r->x, r->t0, r->t1, r->heads, r->ld_t, r->table, r->pos);
+  else
+    rope_pass_f32(r->x, r->t0, r->t1, r->heads, r->ld_t, r->table, r->pos);
+  return NULL;
+}
+
+/* the rotation pass over `threads` threads, tokens split evenly */
+static void rope_threads(void *x, size_t tokens, size_t heads, size_t ld_t, const float *table,
+                         const int64_t *pos, int bf16, int threads) {
+  pthread_t th[64];
+  rope_part parts[64];
+  for (int t = 0; t < threads; t++) {
+    parts[t] = (rope_part){x, tokens * (size_t)t / (size_t)threads,
+                           tokens * (size_t)(t + 1) / (size_t)threads, heads, ld_t, table, pos,
+                           bf16};
+    if (t) pthread_create(&th[t], NULL, rope_run, &parts[t]);
+  }
+  rope_run(&parts[0]);
+  for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
+}
+
+/* Fused Q and K calls against QK-norm then the rotation pass, in place in a
+ * QKV buffer, at positions 4096 - T .. 4095 of a 4096-row table. */
+static void bench_rope(rmsnorm_context *ctx, size_t tokens, int bf16) {
+  size_t W = ROPE_HQ + 2 * ROPE_HK, es = bf16 ? 2 : 4, n = tokens * W * ROPE_HD;
+  size_t npos = 4096;
+  float *v = randf(n), *wq = randf(ROPE_HD), *wk = randf(ROPE_HD);
+  float *table = xmalloc(npos * ROPE_HD * sizeof(float));
+  void *qkv = xalloc64(n * es);
+  int64_t *pos = xmalloc(tokens * sizeof *pos);
+  for (size_t i = 0; i < n; i++) {
+    if (bf16)
+      ((uint16_t *)qkv)[i] = f32_to_bf16(4 * v[i]);
+    else
+      ((float *)qkv)[i] = 4 * v[i];
+  }
+  for (size_t j = 0; j < ROPE_HD; j++) wq[j] += 1, wk[j] += 1;
+  for (size_t t = 0; t < tokens; t++) pos[t] = (int64_t)(npos - tokens + t);
+  rmsnorm_rope_table(table, RMSNORM_F32, npos, ROPE_HD, 1e6, 1);
+  rmsnorm_config cfg;
+  rmsnorm_config_init(&cfg, bf16 ? RMSNORM_BF16 : RMSNORM_F32);
+  cfg.param_dtype = RMSNORM_F32;
+  cfg.eps = 1e-6;
+  rmsnorm_rope rope;
+  rmsnorm_rope_init(&rope, RMSNORM_ROPE_NEOX);
+  rope.cos_sin = table, rope.n_positions = npos, rope.positions = pos;
+  size_t ld_t = W * ROPE_HD, koff = ROPE_HQ * ROPE_HD * es;
+  char *k = (char *)qkv + koff;
+  int small = tokens * (ROPE_HQ + ROPE_HK) * ROPE_HD < ((size_t)1 << 20), inner = small ? 500 : 2;
+  double *t = xmalloc(2 * (size_t)reps * sizeof(double));
+  double *ratio = xmalloc((size_t)reps * sizeof(double));
+  for (int threads = 1; threads <= 2; threads++) {
+    rmsnorm_context_set_threads(ctx, threads);
+    for (int r = -1; r < reps; r++) { /* round -1 warms up */
+      for (int m = 0; m < 2; m++) {
+        double t0 = now();
+        for (int i = 0; i < inner; i++) {
+          if (m == 0) {
+            rmsnorm_qk_norm_rope_forward(ctx, &cfg, tokens, ROPE_HQ, ROPE_HD, qkv, ld_t, ROPE_HD,
+                                         wq, &rope, NULL, qkv, ld_t, ROPE_HD, NULL);
+            rmsnorm_qk_norm_rope_forward(ctx, &cfg, tokens, ROPE_HK, ROPE_HD, k, ld_t, ROPE_HD,
+                                         wk, &rope, NULL, k, ld_t, ROPE_HD, NULL);
+          } else {
+            rmsnorm_qk_norm_forward(ctx, &cfg, tokens, ROPE_HQ, ROPE_HD, qkv, ld_t, ROPE_HD, wq,
+                                    NULL, qkv, ld_t, ROPE_HD, NULL);
+            rmsnorm_qk_norm_forward(ctx, &cfg, tokens, ROPE_HK, ROPE_HD, k, ld_t, ROPE_HD, wk,
+                                    NULL, k, ld_t, ROPE_HD, NULL);
+            rope_threads(qkv, tokens, ROPE_HQ, ld_t, table, pos, bf16, small ? 1 : threads);
+            rope_threads(k, tokens, ROPE_HK, ld_t, table, pos, bf16, small ? 1 : threads);
+          }
+        }
+        if (r >= 0) t[(size_t)m * (size_t)reps + (size_t)r] = (now() - t0) / inner;
+      }
+    }
+    for (int r = 0; r < reps; r++) ratio[r] = t[r] / t[(size_t)reps + (size_t)r];
+    double fused = median(t, reps), unfused = median(t + reps, reps);
+    printf("rope %s %s (%zu tokens x (%d Q + %d K heads) x %d) threads=%d, median of %d "
+           "interleaved rounds: fused %.3f us, qk-norm + rope pass %.3f us, fused/unfused %.2f\n",
+           bf16 ? "bf16" : "f32", tokens == 1 ? "decode" : "prefill", tokens, ROPE_HQ, ROPE_HK,
+           ROPE_HD, threads, reps, fused * 1e6, unfused * 1e6, median(ratio, reps));
+  }
+  free(v), free(wq), free(wk), free(table), free(qkv), free(pos), free(t), free(ratio);
+}
+
+/* The fused op at rows x 128 (one head per token, positions 0..rows-1, y
+ * apart from x) against the copy limit of its own bytes: per round the op,
+ * then each copy kind moving the same byte total between the op's buffers
+ * (x -> y, and half of the table into a buffer of its size: 2N elements of
+ * data and the table's bytes, as the op reads and writes). */
+static void bench_rope_limit(rmsnorm_context *ctx, size_t rows, int bf16) {
+  size_t es = bf16 ? 2 : 4, n = rows * ROPE_HD, tb = rows * ROPE_HD * sizeof(float);
+  float *v = randf(n), *w = randf(ROPE_HD);
+  void *x = xalloc64(n * es), *y = xalloc64(n * es);
+  float *table = xalloc64(tb), *tcopy = xalloc64(tb);
+  for (size_t i = 0; i < n; i++) {
+    if (bf16)
+      ((uint16_t *)x)[i] = f32_to_bf16(4 * v[i]);
+    else
+      ((float *)x)[i] = 4 * v[i];
+  }
+  memset(y, 0, n * es), memset(tcopy, 0, tb);
+  for (size_t j = 0; j < ROPE_HD; j++) w[j] += 1;
+  rmsnorm_rope_table(table, RMSNORM_F32, rows, ROPE_HD, 1e6, 1);
+  rmsnorm_config cfg;
+  rmsnorm_config_init(&cfg, bf16 ? RMSNORM_BF16 : RMSNORM_F32);
+  cfg.param_dtype = RMSNORM_F32;
+  cfg.eps = 1e-6;
+  rmsnorm_rope rope;
+  rmsnorm_rope_init(&rope, RMSNORM_ROPE_NEOX);
+  rope.cos_sin = table, rope.n_positions = rows;
+  const rn_copy_kind *kinds[4];
+  int nkinds = rn_copy_kinds(kinds, 4);
+  double *t = xmalloc((size_t)(1 + nkinds) * (size_t)reps * sizeof(double));
+  for (int threads = 1; threads <= 2; threads++) {
+    rmsnorm_context_set_threads(ctx, threads);
+    for (int r = -1; r < reps; r++) {
+      double t0 = now();
+      rmsnorm_qk_norm_rope_forward(ctx, &cfg, rows, 1, ROPE_HD, x, ROPE_HD, ROPE_HD, w, &rope,
+                                   NULL, y, ROPE_HD, ROPE_HD, NULL);
+      if (r >= 0) t[r] = now() - t0;
+      for (int k = 0; k < nkinds; k++) {
+        char *dst[3] = {(char *)y, (char *)tcopy, NULL};
+        const char *src[3] = {(const char *)x, (const char *)table, NULL};
+        size_t bytes[3] = {n * es, tb / 2, 0};
+        t0 = now();
+        copy_threads(kinds[k], dst, src, bytes, threads);
+        if (r >= 0) t[(size_t)(1 + k) * reps + r] = now() - t0;
+      }
+    }
+    double op = median(t, reps), lim = 1e30;
+    const char *name = "";
+    for (int k = 0; k < nkinds; k++) {
+      double c = median(t + (size_t)(1 + k) * reps, reps);
+      if (c < lim) lim = c, name = kinds[k]->name;
+    }
+    printf("rope %s %zux%d (one head per token) threads=%d, median of %d interleaved rounds: "
+           "%.3f ms (x %.1f MB + y %.1f MB + table %.1f MB) = %.2f of the copy limit "
+           "(%s %.3f ms)\n",
+           bf16 ? "bf16" : "f32", rows, ROPE_HD, threads, reps, op * 1e3, n * es / 1e6,
+           n * es / 1e6, tb / 1e6, lim / op, name, lim * 1e3);
+  }
+  free(v), free(w), free(x), free(y), free(table), free(tcopy), free(t);
+}
+
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "all";
   if (argc > 2) reps = atoi(argv[2]);
@@ -482,6 +702,13 @@ int main(int argc, char **argv) {
   if (all || !strcmp(what, "gated")) {
     bench_gated(ctx, 4096, 4096, 0);
     bench_gated(ctx, 4096, 4096, 1);
+  }
+  if (all || !strcmp(what, "rope")) {
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+      bench_rope(ctx, 1, bf16);
+      bench_rope(ctx, 512, bf16);
+    }
+    for (int bf16 = 0; bf16 < 2; bf16++) bench_rope_limit(ctx, 65536, bf16);
   }
   if (all || !strcmp(what, "linear")) {
     bench_linear(ctx, 2, 4, 3);

@@ -6,6 +6,7 @@ arrays here and for CPU torch tensors in rmsnorm.torch (imported on first use).
     dx, dw, _ = rmsnorm.rms_norm_backward(dy, x, x.shape[-1:], weight, rstd=rstd)
     y, h = rmsnorm.fused_add_rms_norm(u, h, h.shape[-1:], weight)   # h + u, then RMSNorm
     q = rmsnorm.qk_norm(qkv[:, 0], q_weight)                        # every head of Q
+    q = rmsnorm.qk_norm_rope(q, q_weight, rmsnorm.rope_table(n, 128))  # QK-norm + RoPE
     z = rmsnorm.rms_norm_linear(x, w_matrix, weight)                # RMSNorm(x) @ w_matrix
     q, scale = rmsnorm.rms_norm_int8(x, x.shape[-1:], weight)      # int8, per-row scale
     codes, _ = rmsnorm.rms_norm_quant(x, x.shape[-1:], weight, format="q8_0")  # ggml blocks

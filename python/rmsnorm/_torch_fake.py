@@ -16,6 +16,7 @@ from . import _ops, _quant
 _C = sys.modules["rmsnorm._torch"]
 FLOATS = tuple(getattr(torch, name) for name in _C.dtypes())  # by rmsnorm_dtype code
 _MSG = _C.messages()
+_INDEX_ARGS = ("positions",)  # tensors of integers (rmsnorm_rope's positions)
 
 
 def _text(op: str, key: str, **fields) -> str:
@@ -71,6 +72,8 @@ def _checks(op: str, a: dict, x, what: str):
                     op, "row_sums", what=name, dtype=str(a[name].dtype)[6:]))
     else:  # (*, heads, head_dim)
         _check(op, x.dim() >= 2, "heads", what=what, shape=list(x.shape))
+        if "cos_sin" in a:
+            _rope_checks(op, a, x)
     for name, shape in shapes.items():
         if (p := a.get(name)) is not None:
             _check(op, _same(p, shape), "param_shape", what=name, shape=list(p.shape),
@@ -81,6 +84,25 @@ def _checks(op: str, a: dict, x, what: str):
         torch._check_type(out.dtype == x.dtype, lambda: _text(
             op, "same_dtype", what="out", dtype=str(out.dtype)[6:], ref=what,
             ref_dtype=str(x.dtype)[6:]))
+
+
+def _rope_checks(op: str, a: dict, x):
+    """The rotation's arguments of QK-norm + RoPE (core.hpp's rope_of)."""
+    style, rot, cs, pos = a["style"], a["rotary_dim"], a["cos_sin"], a.get("positions")
+    _check(op, style in ("neox", "gptj"), "rope_style", style=repr(style))
+    d = x.shape[-1]
+    _check(op, rot >= 0 and rot % 2 == 0 and rot <= d, "rope_dim", head_dim=d, rotary_dim=rot)
+    rd = rot or d
+    _check(op, cs.dim() == 2 and cs.shape[-1] == rd, "rope_table", shape=list(cs.shape),
+           rotary_dim=rd)
+    tokens = 1
+    for n in x.shape[:-2]:
+        tokens = tokens * n
+    if pos is not None:
+        _check(op, pos.numel() == tokens, "rope_positions", n=pos.numel(),
+               shape=list(pos.shape), tokens=tokens)
+    else:
+        _check(op, cs.shape[0] >= tokens, "rope_rows", n=cs.shape[0], tokens=tokens)
 
 
 def _stats(x, k, dtype=None):
@@ -162,7 +184,11 @@ def _register(op: _ops.Op) -> None:
             t = a.get(arg.name)
             if isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "meta"):
                 raise TypeError(_text(op.name, "device", what=arg.name, device=t.device))
-            if isinstance(t, torch.Tensor) and t.dtype not in FLOATS:
+            if isinstance(t, torch.Tensor) and arg.name in _INDEX_ARGS:
+                if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+                    raise TypeError(_text(op.name, "index_dtype", what=arg.name,
+                                          dtype=str(t.dtype)[6:]))
+            elif isinstance(t, torch.Tensor) and t.dtype not in FLOATS:
                 raise TypeError(_text(op.name, "dtype", what=arg.name, dtype=str(t.dtype)[6:]))
         what = "new_residual" if "new_residual" in a else "input"
         x = a[what]

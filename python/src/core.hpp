@@ -22,6 +22,9 @@
  *   Array scalar_f32(float);                a 0-d float32 array
  *   void writable(const Array&, const char *what);  refuse an output that
  *                                           cannot be written where it is
+ *   Array index(const Array&, const char *what);  an array of integers as a
+ *                                           C-contiguous int64 one (or itself);
+ *                                           others refused (message "index_dtype")
  *   rmsnorm_context *context();             the calling thread's context
  *   Unlock unlocked(std::size_t elements);  a guard held around library
  *                                           calls (the GIL for numpy)
@@ -115,6 +118,17 @@ inline constexpr std::pair<const char *, const char *> kMessages[] = {
                         "got {activation}"},
     {"gate_group", "group_size must be 0 (one statistic per row) or a positive divisor of the "
                    "last dim, {d}; got {group}"},
+    {"index_dtype", "{what} has dtype {dtype}; it must hold integers (int64)"},
+    {"rope_style", "style must be 'neox' (pairs i, i + rotary_dim/2: rotate-half) or 'gptj' "
+                   "(pairs 2i, 2i + 1: interleaved), got {style}"},
+    {"rope_dim", "rotary_dim must be 0 (head_dim) or an even number of at most head_dim, "
+                 "{head_dim}; got {rotary_dim}"},
+    {"rope_table", "cos_sin has shape {shape}; expected (n_positions, {rotary_dim}): per position "
+                   "the cos of the rotary_dim/2 frequencies, then their sin"},
+    {"rope_positions", "positions has {n} values (shape {shape}); expected one per token, "
+                       "{tokens}"},
+    {"rope_rows", "cos_sin has {n} rows; without positions token t takes row t, so it needs one "
+                  "per token, {tokens}"},
 };
 
 /* The message `key` with its {name} fields replaced. */
@@ -618,6 +632,8 @@ inline void require_linear(const char *what) {
  *   Dims norm()             normalized_shape
  *   bool flag(name); std::optional<double> real(name); int64_t integer(name)
  *   std::string text(name)  a str argument
+ *   int dtype_arg(name)     a dtype argument as an rmsnorm_dtype code, -1 for others (numpy
+ *                           only: the functions without a torch op)
  *   bool mask(k)            the k-th gradient is asked for
  *   void ret({...})         the outputs in the op's order: the front end returns those its
  *                           function or op has (none for a torch op that writes in place) */
@@ -834,6 +850,206 @@ void qk_norm_backward(A &a) {
     });
   }
   ret_grads(a, b, g, p);
+}
+
+/* ---- QK-norm + RoPE: RMSNorm of every head, then its rotation -------------------------
+ * input (*, heads, head_dim) as QK-norm's, one weight (head_dim,); the rotation's table
+ * cos_sin (n_positions, rotary_dim) (a position's cos of the rotary_dim/2 frequencies, then
+ * their sin; any float dtype, used in the compute type), token t at row positions[t] (any
+ * integers, as int64) or t. See rmsnorm.h for the formulas. */
+
+template <class B>
+struct RopeIn {
+  rmsnorm_rope rope;
+  Array<B> table, positions;  // what rope points into
+};
+
+/* The rotation of the arguments style, rotary_dim, cos_sin and positions for rows laid out
+ * as l, checked (the messages the fake kernels give too). */
+template <class A, class B = typename A::B>
+RopeIn<B> rope_of(A &a, int dt, const HeadLayout &l) {
+  B &b = a.backend();
+  RopeIn<B> r;
+  std::string style = a.text("style");
+  if (style != "neox" && style != "gptj")
+    value_error(message("rope_style", {{"style", "'" + style + "'"}}));
+  rmsnorm_rope_init(&r.rope, style == "neox" ? RMSNORM_ROPE_NEOX : RMSNORM_ROPE_GPTJ);
+  int64_t rot = a.integer("rotary_dim");
+  if (rot < 0 || rot % 2 || rot > l.head_dim)
+    value_error(message("rope_dim", {{"head_dim", std::to_string(l.head_dim)},
+                                     {"rotary_dim", std::to_string(rot)}}));
+  int64_t rd = rot ? rot : l.head_dim;
+  auto cs = a.in("cos_sin");
+  int cs_dtype = data_dtype<B>(cs, "cos_sin");
+  Dims cshape = B::shape(cs);
+  if (cshape.size() != 2 || cshape[1] != rd)
+    value_error(message("rope_table", {{"shape", list(cshape)},
+                                       {"rotary_dim", std::to_string(rd)}}));
+  r.table = cs_dtype != stats_dtype(dt) ? b.cast(cs, stats_dtype(dt)) : dense(b, cs);
+  r.rope.rotary_dim = static_cast<size_t>(rd);
+  r.rope.cos_sin = B::ptr(r.table);
+  r.rope.n_positions = static_cast<size_t>(cshape[0]);
+  auto pos = a.in("positions");
+  if (B::defined(pos)) {
+    r.positions = b.index(pos, "positions");
+    int64_t n = prod(B::shape(pos));
+    if (n != l.tokens)
+      value_error(message("rope_positions", {{"n", std::to_string(n)},
+                                             {"shape", list(B::shape(pos))},
+                                             {"tokens", std::to_string(l.tokens)}}));
+    r.rope.positions = static_cast<const int64_t *>(B::ptr(r.positions));
+  } else if (cshape[0] < l.tokens) {
+    value_error(message("rope_rows", {{"n", std::to_string(cshape[0])},
+                                      {"tokens", std::to_string(l.tokens)}}));
+  }
+  return r;
+}
+
+/* A KV cache of the arguments k_cache, slots, v and v_cache (rmsnorm_kv_cache): caches of
+ * shape (*, heads, head_dim) and the data's dtype, written where they are (their leading
+ * dims, the slots, at one stride; v_cache laid out as k_cache), v of input's shape. */
+template <class B>
+struct CacheIn {
+  rmsnorm_kv_cache c;
+  Array<B> k, v, v_src, slots;
+};
+
+template <class B>
+HeadLayout cache_layout(B &b, const Array<B> &c, const char *what, int dt, const HeadLayout &l) {
+  b.writable(c, what);
+  if (data_dtype<B>(c, what) != dt)
+    type_error(message("same_dtype", {{"what", what}, {"dtype", B::dtype_name(c)},
+                                      {"ref", "input"}, {"ref_dtype", dtype_name(dt)}}));
+  Dims s = B::shape(c);
+  if (s.size() < 2 || s[s.size() - 2] != l.heads || s.back() != l.head_dim)
+    value_error(std::string(what) + " has shape " + list(s) + "; expected (*, " +
+                std::to_string(l.heads) + ", " + std::to_string(l.head_dim) +
+                "): slots of input's heads and head_dim");
+  auto cl = head_layout(b, c);
+  if (!cl)
+    value_error(std::string(what) + " must hold head_dim contiguously, its heads at one stride "
+                "and its slots at one stride, without overlapping rows, to be written in place");
+  return *cl;
+}
+
+template <class A, class B = typename A::B>
+CacheIn<B> cache_of(A &a, int dt, Dims shape, const HeadLayout &l) {
+  B &b = a.backend();
+  CacheIn<B> k;
+  k.k = a.target("k_cache");
+  k.v = a.target("v_cache");
+  auto v = a.in("v");
+  HeadLayout kl = cache_layout(b, k.k, "k_cache", dt, l);
+  if (B::defined(v) != B::defined(k.v))
+    value_error("v and v_cache come together (the V heads to copy and where to)");
+  rmsnorm_kv_cache_init(&k.c);
+  if (B::defined(v)) {
+    check_same<B>(v, shape, dt, "v", "input");
+    HeadLayout vl = cache_layout(b, k.v, "v_cache", dt, l);
+    if (vl.tokens != kl.tokens || vl.ld_token != kl.ld_token || vl.ld_head != kl.ld_head)
+      value_error("v_cache must have k_cache's shape and strides");
+    HeadRows<B> vr = as_heads(b, v);
+    k.v_src = vr.array;
+    k.c.v = B::ptr(k.v);
+    k.c.v_src = B::ptr(vr.array);
+    k.c.ldv_token = static_cast<size_t>(vr.l.ld_token);
+    k.c.ldv_head = static_cast<size_t>(vr.l.ld_head);
+  }
+  auto slots = a.in("slots");
+  k.slots = b.index(slots, "slots");
+  int64_t n = prod(B::shape(slots));
+  if (n != l.tokens)
+    value_error("slots has " + std::to_string(n) + " values (shape " + list(B::shape(slots)) +
+                "); expected one per token, " + std::to_string(l.tokens));
+  k.c.k = B::ptr(k.k);
+  k.c.n_slots = static_cast<size_t>(kl.tokens);
+  k.c.ld_slot = static_cast<size_t>(kl.ld_token);
+  k.c.ld_head = static_cast<size_t>(kl.ld_head);
+  k.c.slots = static_cast<const int64_t *>(B::ptr(k.slots));
+  return k;
+}
+
+/* y (new, contiguous; rstd (*, heads, 1) with the statistics), or with `cache` only the
+ * cache's slots (k_cache, and v copied into v_cache), returned as (k_cache, v_cache). */
+template <class A, class B = typename A::B>
+void rope_forward(A &a, bool cache) {
+  B &b = a.backend();
+  bool want = a.want_stats();
+  auto x = a.in("input");
+  Options o = options(a);
+  auto [dt, shape, p] = norm_in(b, QK, x, "input", {}, a.in("weight", true), Array<B>(), o);
+  HeadRows<B> xr = as_heads(b, x);
+  const HeadLayout &l = xr.l;
+  RopeIn<B> r = rope_of(a, dt, l);
+  CacheIn<B> c;
+  if (cache) c = cache_of(a, dt, shape, l);
+  auto y = cache ? Array<B>() : b.empty(shape, dt);
+  auto rstd = per_row_out(b, want, shape, 1, stats_dtype(dt), NAN);
+  if (l.head_dim)
+    run(b, dt, p.param_dtype, o, l.tokens * l.heads * l.head_dim,
+        "rmsnorm_qk_norm_rope_forward", [&](auto ctx, auto cfg) {
+      return rmsnorm_qk_norm_rope_forward(ctx, cfg, l.tokens, l.heads, l.head_dim,
+                                          B::ptr(xr.array), l.ld_token, l.ld_head,
+                                          ptr_or_null<B>(p.weight), &r.rope,
+                                          cache ? &c.c : nullptr, ptr_or_null<B>(y),
+                                          l.heads * l.head_dim, l.head_dim,
+                                          ptr_or_null<B>(rstd));
+    });
+  if (cache) a.ret({c.k, c.v});
+  else if (want) a.ret({y, rstd});
+  else a.ret({y});
+}
+
+template <class A> void qk_norm_rope(A &a) { rope_forward(a, false); }
+template <class A> void qk_norm_rope_cache(A &a) { rope_forward(a, true); }
+
+/* (dx, dweight): dweight summed over tokens and heads, only when asked for and weight is
+ * given. rstd none: recomputed. */
+template <class A, class B = typename A::B>
+void qk_norm_rope_backward(A &a) {
+  B &b = a.backend();
+  auto dy = a.in("grad_output"), x = a.in("input"), rstd = a.in("rstd");
+  Options o = options(a);
+  auto [dt, shape, p] = norm_in(b, QK, x, "input", {}, a.in("weight", true), Array<B>(), o,
+                                {{&dy, "grad_output"}});
+  HeadRows<B> xr = as_heads(b, x), dyr = as_heads(b, dy);
+  const HeadLayout &l = xr.l;
+  RopeIn<B> r = rope_of(a, dt, l);
+  int64_t rows = l.tokens * l.heads;
+  auto dx = b.empty(shape, dt);
+  auto dw = new_grad(b, a.mask(1) && B::defined(p.weight), shape.last(1), p.param_dtype, rows);
+  if (l.head_dim) {
+    auto rs = per_row_arg(b, rstd, "rstd", dt, rows);
+    run(b, dt, p.param_dtype, o, rows * l.head_dim, "rmsnorm_qk_norm_rope_backward",
+        [&](auto ctx, auto cfg) {
+      return rmsnorm_qk_norm_rope_backward(
+          ctx, cfg, l.tokens, l.heads, l.head_dim, B::ptr(xr.array), l.ld_token, l.ld_head,
+          B::ptr(dyr.array), dyr.l.ld_token, dyr.l.ld_head, ptr_or_null<B>(p.weight), &r.rope,
+          ptr_or_null<B>(rs), B::ptr(dx), l.heads * l.head_dim, l.head_dim,
+          ptr_or_null<B>(dw));
+    });
+  }
+  a.ret({a.mask(0) ? dx : Array<B>(), in_dtype(b, dw, p.param_dtype, p.weight_dtype)});
+}
+
+/* A table for rmsnorm_rope (rmsnorm_rope_table): (n_positions, rotary_dim) of dtype
+ * float32 or float64. */
+template <class A, class B = typename A::B>
+void rope_table(A &a) {
+  B &b = a.backend();
+  int64_t n = a.integer("n_positions"), rot = a.integer("rotary_dim");
+  int dt = a.dtype_arg("dtype");
+  if (dt != RMSNORM_F32 && dt != RMSNORM_F64)
+    type_error(std::string("rope_table: dtype must be float32 or float64, got ") +
+               (dt < 0 ? "another dtype" : dtype_name(dt)));
+  if (n < 0) value_error("rope_table: n_positions must be >= 0, got " + std::to_string(n));
+  if (rot < 0) value_error("rope_table: rotary_dim must be > 0, got " + std::to_string(rot));
+  int64_t s[2] = {n, rot};
+  auto t = b.empty(Dims(s, 2), dt);
+  check(rmsnorm_rope_table(B::ptr(t), static_cast<rmsnorm_dtype>(dt), static_cast<size_t>(n),
+                           static_cast<size_t>(rot), *a.real("theta"), *a.real("linear_factor")),
+        "rmsnorm_rope_table");
+  a.ret({t});
 }
 
 /* ---- gated RMSNorm ---------------------------------------------------------------------

@@ -207,6 +207,12 @@ struct NumpyBackend {
       rncore::value_error(std::string(what) + " has a non-native byte order (" + dtype_name(a) +
                           "); rmsnorm writes it in place and cannot: pass a native-order array");
   }
+  Ref index(const Ref &a, const char *what) {
+    if (!PyArray_ISINTEGER(a.arr()))
+      rncore::type_error(rncore::message("index_dtype", {{"what", what}, {"dtype", dtype_name(a)}}));
+    return checked(PyArray_FromArray(a.arr(), PyArray_DescrFromType(NPY_INT64),
+                                     NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST));
+  }
   rmsnorm_context *context() {
     rmsnorm_context *ctx = nullptr;
     rncore::check(rnpy::thread_context(g_threads.load(std::memory_order_relaxed), &ctx),
@@ -488,6 +494,15 @@ class Args {
     const char *c = PyUnicode_AsUTF8(v_[i]);
     if (!c) throw PyErrorSet{};
     return c;
+  }
+  int dtype_arg(std::string_view n) {
+    int i = find(n);
+    PyArray_Descr *d = nullptr;
+    if (!PyArray_DescrConverter(v_[i], &d)) throw PyErrorSet{};
+    Ref hold(reinterpret_cast<PyObject *>(d));
+    for (int code = 0; code < 4; code++)
+      if (d->type_num == g_type_num[code]) return code;
+    return -1;
   }
   Dims norm() {
     shape_ = normalized_shape(v_[find("normalized_shape")]);

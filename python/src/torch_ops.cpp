@@ -25,8 +25,10 @@
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones_like.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros_like.h>
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -153,6 +155,11 @@ struct TorchBackend {
     return t;
   }
   void writable(const Tensor &, const char *) {}  // tensors are written where they are
+  Tensor index(const Tensor &t, const char *what) {
+    if (!at::isIntegralType(t.scalar_type(), /*includeBool=*/false))
+      rncore::type_error(rncore::message("index_dtype", {{"what", what}, {"dtype", dtype_name(t)}}));
+    return t.scalar_type() == at::kLong && t.is_contiguous() ? t : t.to(at::kLong).contiguous();
+  }
   rmsnorm_context *context() {
     rmsnorm_context *ctx = nullptr;
     rncore::check(rnpy::thread_context(at::get_num_threads(), &ctx), "rmsnorm_context_create");
@@ -696,6 +703,72 @@ void sandwich_rms_norm_jvp(const Args &a, const Outs &o) {
   if (th.defined()) hn._set_fw_grad(th, 0, false);
 }
 
+/* ---- QK-norm + RoPE in aten ops ------------------------------------------------------------
+ * Row (t, h) of head_dim D: n = xhat W (RMSNorm with its gain), y = R_t n, where R_t rotates
+ * each pair (a, b) of the first rotary_dim columns by the angle of token t's table row
+ * (c, s its cos and sin) and passes the rest:
+ *   y_a = a c - b s,   y_b = b c + a s.
+ * R_t does not depend on x and is orthogonal, so the backward is RMSNorm's with
+ * dn = R_t^T dy (the rotation by -angle) for dy, and dW = sum over rows of dn xhat; the
+ * forward-mode tangent is R_t dn, dn the norm's tangent. The table is a constant. Rounding
+ * is taken as the identity, as in the library's backward. */
+
+/* x (*, heads, D) as (tokens, heads, D). */
+Tensor token_rows(const Tensor &x) {
+  return x.dim() == 2 ? x.unsqueeze(0) : x.flatten(0, x.dim() - 3);
+}
+
+/* The rotation of the rows of v (tokens, heads, D): each token's cos and sin as
+ * (tokens, 1, rotary_dim/2), in v's compute type. */
+struct Rotation {
+  Tensor cos, sin;
+  int64_t rot = 0, half = 0;
+  bool gptj = false;
+};
+
+Rotation rotation_of(const Args &a, const Tensor &v) {
+  Rotation r;
+  int64_t d = v.size(-1), rot = a.integer("rotary_dim");
+  r.rot = rot ? rot : d;
+  r.half = r.rot / 2;
+  r.gptj = a.text("style") == "gptj";
+  Tensor table = primal(a.raw("cos_sin")), pos = a.raw("positions");
+  Tensor cs = pos.defined() ? table.index_select(0, pos.reshape(-1))
+                            : table.narrow_symint(0, 0, v.sym_size(0));
+  cs = cs.to(opmath(v)).unsqueeze(1);
+  r.cos = cs.narrow(-1, 0, r.half);
+  r.sin = cs.narrow(-1, r.half, r.half);
+  return r;
+}
+
+/* R_t v, or R_t^T v (`transpose`), for v (tokens, heads, D). */
+Tensor rotate(const Rotation &r, const Tensor &v, bool transpose) {
+  Tensor s = transpose ? -r.sin : r.sin, a, b;
+  if (r.gptj) {
+    Tensor pairs = v.narrow(-1, 0, r.rot).unflatten(-1, {r.half, 2});
+    a = pairs.select(-1, 0);
+    b = pairs.select(-1, 1);
+  } else {
+    a = v.narrow(-1, 0, r.half);
+    b = v.narrow(-1, r.half, r.half);
+  }
+  Tensor ya = a * r.cos - b * s, yb = b * r.cos + a * s;
+  Tensor y = r.gptj ? at::stack({ya, yb}, -1).flatten(-2) : at::cat({ya, yb}, -1);
+  int64_t d = v.size(-1);
+  return r.rot == d ? y : at::cat({y, v.narrow(-1, r.rot, d - r.rot)}, -1);
+}
+
+void qk_norm_rope_jvp(const Args &a, const Outs &o) {
+  Tensor x = a.raw("input"), w = a.raw("weight");
+  if (!any_tangent({&x, &w})) return;
+  Tensor xp = primal(x);
+  auto [xhat, dxhat] = xhat_tangent(rncore::RMS, xp, tangent(x), 1, eps_value(a.eps(), xp),
+                                    false, 1.0);
+  Tensor dn = affine_tangent(xhat, dxhat, primal(w), tangent(w), Tensor(), a.flag("offset"));
+  Tensor rows = token_rows(dn);
+  set_tangent(o[0], rotate(rotation_of(a, rows), rows, false));
+}
+
 /* ---- autograd: reverse mode of the differentiable ops --------------------------------------
  * Each records a Node of its own, as torch's generated kernels do (not a
  * torch::autograd::Function, which functorch transforms refuse). Its next edges are the op's
@@ -745,6 +818,7 @@ struct DiffKernel final : c10::OperatorKernel {
   std::size_t ngrad = 0;      // the leading grad_* arguments of bwd: the differentiable outputs
   std::vector<Source> src;    // by argument of bwd
   std::vector<std::vector<std::size_t>> edges;  // by output of bwd: the edges it is the gradient of
+  std::vector<std::size_t> constants;  // the tensor arguments no output of bwd is the gradient of
 };
 
 template <class V>
@@ -788,9 +862,12 @@ void DiffKernel::resolve(const c10::OperatorHandle &op) {
     if (i >= 0) edges.back().push_back(std::size_t(edge_of[std::size_t(i)]));
     if (i >= 0) named[std::size_t(edge_of[std::size_t(i)])] = true;
   }
+  bool grad_rest = false;
   for (std::size_t r = 0; r < edges.size(); r++)
     for (std::size_t e = 0; bwd->schema().returns()[r].name() == "grad" && e < named.size(); e++)
-      if (!named[e]) edges[r].push_back(e);
+      if (!named[e]) edges[r].push_back(e), grad_rest = true;
+  for (std::size_t i = 0; i < args.size() && !grad_rest; i++)
+    if (edge_of[i] >= 0 && !named[std::size_t(edge_of[i])]) constants.push_back(i);
 }
 
 void DiffKernel::operator()(const c10::OperatorHandle &op, c10::DispatchKeySet,
@@ -804,6 +881,14 @@ void DiffKernel::operator()(const c10::OperatorHandle &op, c10::DispatchKeySet,
   const auto n = std::ptrdiff_t(op.schema().arguments().size());
   const auto m = std::ptrdiff_t(record->schema().returns().size());
   torch::jit::Stack args(s->end() - n, s->end());
+  for (std::size_t i : constants) {  // (qk_norm_rope's cos_sin): refused rather than ignored
+    const c10::IValue &v = args[i];
+    bool needs = v.isTensor() && ((c10::GradMode::is_enabled() && v.toTensor().requires_grad()) ||
+                                  has_tangent(v.toTensor()));
+    TORCH_CHECK_VALUE(!needs, "rmsnorm::", name, ": no gradient flows to ",
+                      op.schema().arguments()[i].name(), ", which the op takes as a constant; "
+                      "pass it detached (.detach()) and without a forward-mode tangent");
+  }
   auto tensor = [&](std::size_t i) { return args[i].isTensor() ? args[i].toTensor() : Tensor(); };
   std::vector<Tensor> ins;  // the tensor arguments: the node's next edges
   torch::autograd::edge_list next;
@@ -975,6 +1060,16 @@ void sandwich_rms_norm_backward_composite(Args &a) {
         rncore::RMS, dt, u, a.k(), a.raw("post_weight"), Tensor(), eps, offset, eps_outside,
         a.partial(), {a.mask(0), a.mask(2), false});
   a.ret({da, a.mask(1) ? dt : Tensor(), dwpost, dwpre});
+}
+
+/* QK-norm + RoPE: the norm's gradients for dn = R^T dy (formulas above Rotation). */
+void qk_norm_rope_backward_composite(Args &a) {
+  Tensor x = a.raw("input"), dy = token_rows(a.raw("grad_output").to(opmath(x)));
+  Tensor dn = rotate(rotation_of(a, dy), dy, true).reshape_symint(x.sym_sizes());
+  auto [dx, dw, no_bias] = backward_composite(
+      rncore::RMS, dn, x, 1, a.raw("weight"), Tensor(), eps_value(a.eps(), x), a.flag("offset"),
+      false, 1.0, {a.mask(0), a.mask(1), false});
+  a.ret({dx, dw});
 }
 
 /* ---- autograd: the ops that write in place, and ops without a gradient -------------------- */

@@ -77,6 +77,22 @@ def samples(dtype):
         ("rms_norm_shard_backward", ops.rms_norm_shard_backward.default,
          (dy, x, stats[0], dots, 20, 0, w, 1e-5, [True, True, True]), dict(bias=b, partial=0.3)),
     ]
+    # QK-norm + RoPE: a table of 6 positions (the compute type's), positions for 4 tokens
+    ct = torch.float64 if dtype == torch.float64 else torch.float32
+    cs = torch.from_numpy(rmsnorm.rope_table(6, 8, 100.0, dtype="float64")).to(ct)
+    cs6 = cs[:, [0, 1, 2, 4, 5, 6]].contiguous()  # rotary_dim 6
+    pos = torch.tensor([5, 0, 3, 3])
+    out += [
+        ("qk_norm_rope", ops.qk_norm_rope.default, (t(4, 3, 8), w, cs6), dict(positions=pos,
+                                                                             rotary_dim=6)),
+        ("qk_norm_rope strided", ops.qk_norm_rope.default,
+         (qkv[:, 1].requires_grad_(), w, cs, 1e-6), dict(style="gptj", offset=True)),
+        ("qk_norm_rope_forward", ops.qk_norm_rope_forward.default, (t(2, 2, 3, 8), None, cs),
+         dict(round_before_weight=True)),
+        ("qk_norm_rope_backward", ops.qk_norm_rope_backward.default,
+         (t(4, 3, 8, grad=False), t(4, 3, 8), w, cs, None, 1e-6, [True, True]),
+         dict(positions=pos, style="gptj")),
+    ]
     z = t(3, 8, scale=2.0)
     grstd = ops.gated_rms_norm_forward(x.detach(), z.detach(), w.detach(), 1e-5, group_size=4)[1]
     out += [

@@ -4,57 +4,9 @@
 #include <stdint.h>
 
 #include "api/entry.h"
+#include "api/grid.h"
 #include "numerics/dtype.h"
 #include "numerics/rowmath.h"
-
-/* A [tokens, heads] grid of rows of hd elements whose rows do not overlap:
- * token-major (heads inside a token) or head-major. A stride that is never
- * used (one head, or one token) is not checked. */
-static rmsnorm_status check_grid(size_t tokens, size_t heads, size_t hd, size_t ld_t,
-                                 size_t ld_h, size_t es) {
-  size_t inner;
-  /* token-major: each token's heads are a heads x hd matrix of stride ld_h */
-  if (rn_check_matrix(heads, hd, ld_h, es) == RMSNORM_OK &&
-      (inner = heads > 1 ? (heads - 1) * ld_h + hd : hd,
-       rn_check_matrix(tokens, inner, ld_t, es) == RMSNORM_OK))
-    return RMSNORM_OK;
-  if (rn_check_matrix(tokens, hd, ld_t, es) == RMSNORM_OK &&
-      (inner = tokens > 1 ? (tokens - 1) * ld_t + hd : hd,
-       rn_check_matrix(heads, inner, ld_h, es) == RMSNORM_OK))
-    return RMSNORM_OK;
-  /* an overflow of either layout is a size error, anything else a stride one */
-  if ((heads > 1 && ld_h > SIZE_MAX / heads) || (tokens > 1 && ld_t > SIZE_MAX / tokens))
-    return RMSNORM_ERROR_BAD_SIZE;
-  return RMSNORM_ERROR_BAD_STRIDE;
-}
-
-/* One head (MQA/GQA K) never uses its head stride, one token its token
- * stride: such a stride is set so that the rows form one list of stride
- * ld_head (the kernels' fast path). */
-static void qk_unused_strides(size_t tokens, size_t heads, size_t *ld_t, size_t *ld_h) {
-  if (heads == 1) *ld_h = *ld_t;
-  if (tokens == 1) *ld_t = heads * *ld_h;
-}
-
-/* The [tokens, heads] grids of a call's n buffers (tokens > 0): each one's
- * strides (check_grid), then the row count tokens * heads into *rows; the
- * strides a grid never uses are then set by qk_unused_strides, and *flat
- * says whether every grid is then plain rows (token stride = heads * head
- * stride). */
-static rmsnorm_status qk_check_grids(size_t tokens, size_t heads, size_t hd, size_t es,
-                                     size_t *const ld[][2], size_t n, size_t *rows, int *flat) {
-  rmsnorm_status st;
-  for (size_t i = 0; i < n; i++)
-    if ((st = check_grid(tokens, heads, hd, *ld[i][0], *ld[i][1], es)) != RMSNORM_OK) return st;
-  if (tokens > SIZE_MAX / heads) return RMSNORM_ERROR_BAD_SIZE;
-  *rows = tokens * heads;
-  *flat = 1;
-  for (size_t i = 0; i < n; i++) {
-    qk_unused_strides(tokens, heads, ld[i][0], ld[i][1]);
-    *flat &= *ld[i][0] == heads * *ld[i][1];
-  }
-  return RMSNORM_OK;
-}
 
 /* The per-buffer strides of a QK-norm call. */
 typedef struct qk_strides {
@@ -105,7 +57,7 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
   if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
   if (tokens == 0) return RMSNORM_OK;
   size_t *const ld[2][2] = {{&ldx_token, &ldx_head}, {&ldy_token, &ldy_head}};
-  if ((st = qk_check_grids(tokens, heads, head_dim, e.es, ld, 2, &rows, &flat)) != RMSNORM_OK)
+  if ((st = rn_check_grids(tokens, heads, head_dim, e.es, ld, 2, &rows, &flat)) != RMSNORM_OK)
     return st;
   if (!x || !y) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es;
@@ -174,7 +126,7 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
   if (tokens == 0) return RMSNORM_OK;
   size_t *const ld[3][2] = {
       {&ldx_token, &ldx_head}, {&lddy_token, &lddy_head}, {&lddx_token, &lddx_head}};
-  if ((st = qk_check_grids(tokens, heads, head_dim, e.es, ld, 3, &rows, &flat)) != RMSNORM_OK)
+  if ((st = rn_check_grids(tokens, heads, head_dim, e.es, ld, 3, &rows, &flat)) != RMSNORM_OK)
     return st;
   if (!x || !dy || !dx) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es;

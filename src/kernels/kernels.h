@@ -6,6 +6,7 @@
 #define RMSNORM_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "rmsnorm.h"
 
@@ -212,6 +213,47 @@ typedef void (*rn_gated_fwd_fn)(const rn_gated_args *a, size_t row_begin, size_t
 typedef void (*rn_gated_bwd_fn)(const rn_gated_args *a, size_t row_begin, size_t row_end,
                                 void *dw_part, void *row_scratch);
 
+/* QK-norm + RoPE over tokens [t0, t1) of a [tokens, heads] grid of rows of
+ * d (ref/rope_ref.inc: the formulas, the backward's derivation). Every
+ * kernel set compiles that one body with its own ISA flags. Row (t, h) of
+ * a buffer p starts at p + t*ld_t + h*ld_h elements. */
+typedef struct rn_rope_args {
+  rmsnorm_dtype dtype;     /* storage of x, y, dy, dx and the K cache */
+  size_t d, rot, heads;    /* head_dim; rotary_dim (even, <= d); rows per token */
+  int gptj;                /* pairs (2i, 2i + 1); 0: (i, i + rot/2) */
+  const void *x;           /* x: (tokens, heads, d) */
+  size_t ldx_t, ldx_h;
+  void *y;                 /* forward: y, may equal x (same strides), or NULL */
+  size_t ldy_t, ldy_h;
+  const void *dy;          /* backward: dy; dx may equal x or dy */
+  size_t lddy_t, lddy_h;
+  void *dx;
+  size_t lddx_t, lddx_h;
+  const void *w;           /* w: (d,) acc effective gain, or NULL */
+  double eps;
+  unsigned flags;          /* RMSNORM_FLAG_ROUND_BEFORE_WEIGHT (forward) */
+  void *rstd;              /* (tokens * heads,) acc, index t*heads + h, or NULL:
+                              written by the forward, read (when usable) by the
+                              backward */
+  const void *cos_sin;     /* (n_positions, rot) acc: a row's rot/2 cos, then sin */
+  const int64_t *positions; /* token t's row of cos_sin, or NULL: row t */
+  void *k;                 /* forward: the K cache, or NULL: row (t, h) also to
+                              k + slots[t]*ldk_slot + h*ldk_h (slots[t] < 0: not) */
+  size_t ldk_slot, ldk_h;
+  const int64_t *slots;
+} rn_rope_args;
+/* row_scratch: RN_ROPE_SCRATCH(d) bytes, 64-byte aligned, private to the
+ * calling task: rows of the compute type, five in the backward, and in the
+ * forward two plus a group of RN_ROPE_GROUP(d) rows whose statistics are
+ * computed together. The backward adds dweight terms into dw_part ((d,)
+ * acc, zeroed by the caller, or NULL). */
+#define RN_ROPE_GROUP_MAX 8
+#define RN_ROPE_GROUP(d) ((d) <= 256 ? (size_t)RN_ROPE_GROUP_MAX : 1)
+#define RN_ROPE_SCRATCH(d) ((((d) + 63) & ~(size_t)63) * 8 * (RN_ROPE_GROUP(d) + 4))
+typedef void (*rn_rope_fwd_fn)(const rn_rope_args *a, size_t t0, size_t t1, void *row_scratch);
+typedef void (*rn_rope_bwd_fn)(const rn_rope_args *a, size_t t0, size_t t1, void *dw_part,
+                               void *row_scratch);
+
 /* One ISA's kernels, indexed by rmsnorm_dtype. */
 typedef struct rn_kernel_set {
   const char *name;
@@ -232,6 +274,9 @@ typedef struct rn_kernel_set {
   /* gated RMSNorm (api/gated.c) */
   rn_gated_fwd_fn gated_forward[RN_NUM_DTYPES];
   rn_gated_bwd_fn gated_backward[RN_NUM_DTYPES];
+  /* QK-norm + RoPE (api/rope.c) */
+  rn_rope_fwd_fn rope_forward[RN_NUM_DTYPES];
+  rn_rope_bwd_fn rope_backward[RN_NUM_DTYPES];
 } rn_kernel_set;
 
 /* The scalar reference: the spec every other set is tested against. */

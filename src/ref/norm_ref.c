@@ -21,6 +21,7 @@
 #include "fused_ref.inc"
 #include "shard_ref.inc"
 #include "gated_ref.inc"
+#include "rope_ref.inc"
 #undef RN_DTYPE_F32
 
 #define RN_DTYPE_F16 1
@@ -29,6 +30,7 @@
 #include "fused_ref.inc"
 #include "shard_ref.inc"
 #include "gated_ref.inc"
+#include "rope_ref.inc"
 #undef RN_DTYPE_F16
 
 #define RN_DTYPE_BF16 1
@@ -37,6 +39,7 @@
 #include "fused_ref.inc"
 #include "shard_ref.inc"
 #include "gated_ref.inc"
+#include "rope_ref.inc"
 #undef RN_DTYPE_BF16
 
 #define RN_DTYPE_F64 1
@@ -45,6 +48,7 @@
 #include "fused_ref.inc"
 #include "shard_ref.inc"
 #include "gated_ref.inc"
+#include "rope_ref.inc"
 #undef RN_DTYPE_F64
 
 const rn_kernel_set rn_kernels_ref = {
@@ -62,4 +66,6 @@ const rn_kernel_set rn_kernels_ref = {
     {shard_sums_f32, shard_sums_f16, shard_sums_bf16, shard_sums_f64},
     {gated_forward_f32, gated_forward_f16, gated_forward_bf16, gated_forward_f64},
     {gated_backward_f32, gated_backward_f16, gated_backward_bf16, gated_backward_f64},
+    {rope_forward_f32, rope_forward_f16, rope_forward_bf16, rope_forward_f64},
+    {rope_backward_f32, rope_backward_f16, rope_backward_bf16, rope_backward_f64},
 };

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import sys
 import types
 import warnings
 from typing import Optional, Sequence, Union
@@ -30,8 +31,8 @@ from .. import _torch_fake  # noqa: E402,F401  (the fake kernels)
 from .._ops import FNS as _FNS  # noqa: E402
 
 __all__ = [fn.name for fn in _FNS if fn.where != "NUMPY"] + [
-    "dequantize", "RMSNorm", "LayerNorm", "LlamaRMSNorm", "GemmaRMSNorm", "RMSNormGated",
-    "MambaRMSNormGated", "Qwen3NextRMSNormGated", "patch"]
+    "dequantize", "cos_sin_table", "RMSNorm", "LayerNorm", "LlamaRMSNorm", "GemmaRMSNorm",
+    "RMSNormGated", "MambaRMSNormGated", "Qwen3NextRMSNormGated", "patch"]
 
 _Shape = Union[int, Sequence[int], torch.Size]
 _ops = torch.ops.rmsnorm
@@ -112,6 +113,19 @@ def dequantize(codes, scales, format, group=0):
     from .. import _quant
 
     return _quant.dequantize(codes, scales, format, group, _quant.Ops(torch))
+
+
+def cos_sin_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """qk_norm_rope's cos_sin from transformers' position embeddings: the (cos, sin) a rotary
+    embedding module returns, of shape (*, rotary_dim) with the two halves equal (NeoX style,
+    cat(freqs, freqs)), one row per token. Returns (tokens, rotary_dim), row t =
+    cat(cos[t, :rotary_dim/2], sin[t, :rotary_dim/2]), float32 (float64 for float64 cos);
+    pass it with positions=None to qk_norm_rope of an input whose leading dims are cos's
+    (expand cos and sin to them first when they broadcast, as over the batch). A bfloat16
+    cos converts exactly, so the table holds the values transformers rotates with."""
+    half = cos.shape[-1] // 2
+    dtype = torch.float64 if cos.dtype == torch.float64 else torch.float32
+    return torch.cat((cos[..., :half], sin[..., :half]), dim=-1).to(dtype).reshape(-1, 2 * half)
 
 
 # ---- modules ---------------------------------------------------------------------------
@@ -538,7 +552,7 @@ def _replacement(module: nn.Module, layer_norm: bool, verify: bool,
 
 
 def patch(model: nn.Module, *, layer_norm: bool = False, verify: bool = True,
-          exact_hf: bool = False, sandwich: bool = False) -> nn.Module:
+          exact_hf: bool = False, sandwich: bool = False, qk_rope: bool = False) -> nn.Module:
     """Replaces, in place, every RMSNorm-like module of `model` with ours: torch.nn.RMSNorm
     with rmsnorm.torch.RMSNorm; classes named *RMSNorm in the style of transformers (a 1-D
     `weight` and an eps in `variance_epsilon` or `eps`) with LlamaRMSNorm, or GemmaRMSNorm
@@ -554,8 +568,13 @@ def patch(model: nn.Module, *, layer_norm: bool = False, verify: bool = True,
     replacements keep HF's numerics bit for bit. sandwich: also give every Gemma 2/3 decoder
     layer (Gemma2DecoderLayer, Gemma3DecoderLayer) a forward that computes
     post_attention_layernorm, the residual add and pre_feedforward_layernorm in one call of
-    sandwich_rms_norm (the rest of the layer as transformers' forward). Returns the model, or
-    the replacement when the model itself is such a module.
+    sandwich_rms_norm (the rest of the layer as transformers' forward). qk_rope: also give
+    every Qwen3 attention (Qwen3Attention, Qwen3MoeAttention) whose q_norm and k_norm became
+    LlamaRMSNorm a forward that computes q_norm + k_norm + apply_rotary_pos_emb as two calls
+    of qk_norm_rope (Q and K, read from q_proj's and k_proj's outputs; the table from the
+    layer's cos and sin, cos_sin_table), computed in float32 and rounded once, or with
+    exact_hf transformers' roundings (round_before_weight); the rest as transformers'
+    forward. Returns the model, or the replacement when the model itself is such a module.
     """
     done = {}
     for module in list(model.modules()):  # each module once, however often it is shared
@@ -570,6 +589,9 @@ def patch(model: nn.Module, *, layer_norm: bool = False, verify: bool = True,
     if sandwich:
         for module in model.modules():
             _fuse_sandwich(module)
+    if qk_rope:
+        for module in model.modules():
+            _fuse_qk_rope(module, exact_hf)
     return done.get(id(model), model)
 
 
@@ -620,3 +642,84 @@ def _sandwich_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tor
                                                 w_pre, post.eps, offset=True)
     hidden_states = self.post_feedforward_layernorm(self.mlp(hidden_states))
     return residual + hidden_states
+
+
+# ---- Qwen3 attention: QK-norm + RoPE ------------------------------------------------------
+
+_QK_ROPE_ATTENTIONS = ("Qwen3Attention", "Qwen3MoeAttention")
+# transformers' forward, whose steps _qk_rope_forward keeps
+_QK_ROPE_ARGS = ("hidden_states", "position_embeddings", "attention_mask", "cache")
+# by attention class: its module's (ALL_ATTENTION_FUNCTIONS, eager_attention_forward,
+# apply_rotary_pos_emb)
+_HF_ATTENTION: dict = {}
+
+
+def _fuse_qk_rope(attn: nn.Module, exact_hf: bool) -> None:
+    """Gives a Qwen3 attention the forward _qk_rope_forward (once; exact_hf updated)."""
+    cls = type(attn)
+    if cls.__name__ not in _QK_ROPE_ATTENTIONS:
+        return
+    if "forward" in attn.__dict__:
+        attn._rmsnorm_qk_rope_exact = exact_hf
+        return
+    params = [p.name for p in inspect.signature(cls.forward).parameters.values()
+              if p.kind == p.POSITIONAL_OR_KEYWORD]
+    hf = sys.modules.get(cls.__module__)
+    names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    why = None
+    if tuple(params[1:]) != _QK_ROPE_ARGS or not all(
+            hasattr(hf, n) for n in ("ALL_ATTENTION_FUNCTIONS", "eager_attention_forward",
+                                     "apply_rotary_pos_emb")):
+        why = "its forward is not the one this patch knows (transformers 5's)"
+    elif not all(isinstance(getattr(attn, n, None), nn.Module) for n in names):
+        why = "it lacks q_proj, k_proj, v_proj or o_proj"
+    elif not (isinstance(attn.q_norm, LlamaRMSNorm) and isinstance(attn.k_norm, LlamaRMSNorm)):
+        why = "its q_norm and k_norm were not recognised as Llama-style RMSNorms"
+    if why:
+        warnings.warn(f"rmsnorm.torch.patch: left {cls.__name__}'s QK-norm and RoPE unfused: "
+                      f"{why}", stacklevel=3)
+        return
+    _HF_ATTENTION[cls] = (hf.ALL_ATTENTION_FUNCTIONS, hf.eager_attention_forward,
+                          hf.apply_rotary_pos_emb)
+    attn._rmsnorm_arg_names = tuple(params[2:])
+    attn._rmsnorm_qk_rope_exact = exact_hf
+    attn.forward = types.MethodType(_qk_rope_forward, attn)
+
+
+def _qk_rope_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+    """Qwen3Attention.forward with q_norm, k_norm and apply_rotary_pos_emb in two calls of
+    qk_norm_rope, one for Q and one for K; the cache update, the attention function and
+    o_proj as transformers' forward. A norm weight of another dtype than the projections
+    (transformers' product then promotes) takes transformers' own steps."""
+    kwargs.update(zip(self._rmsnorm_arg_names, args))
+    cos, sin = kwargs.pop("position_embeddings")
+    attention_mask = kwargs.pop("attention_mask", None)
+    cache = kwargs.pop("cache", None)
+    legacy = kwargs.pop("past_key_values", None)  # the name transformers still maps to cache
+    cache = legacy if cache is None else cache
+    functions, eager, apply_rotary_pos_emb = _HF_ATTENTION[type(self)]
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    q = self.q_proj(hidden_states).view(hidden_shape)
+    k = self.k_proj(hidden_states).view(hidden_shape)
+    v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    q_norm, k_norm = self.q_norm, self.k_norm
+    wq, wk = _param(q_norm, "weight"), _param(k_norm, "weight")
+    if wq.dtype == q.dtype and wk.dtype == k.dtype:
+        lead = q.shape[:-2]
+        table = cos_sin_table(cos.expand(*lead, -1), sin.expand(*lead, -1))
+        exact = self._rmsnorm_qk_rope_exact
+        q = qk_norm_rope(q, wq, table, q_norm.variance_epsilon, round_before_weight=exact)
+        k = qk_norm_rope(k, wk, table, k_norm.variance_epsilon, round_before_weight=exact)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    else:
+        q, k = apply_rotary_pos_emb(q_norm(q).transpose(1, 2), k_norm(k).transpose(1, 2),
+                                    cos, sin)
+    if cache is not None:
+        k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+    attention_interface = functions.get_interface(self.config._attn_implementation, eager)
+    attn_output, attn_weights = attention_interface(
+        self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.attention_dropout,
+        scaling=self.scaling, sliding_window=self.sliding_window, **kwargs)
+    attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+    return self.o_proj(attn_output), attn_weights
