@@ -16,7 +16,9 @@ PY_PKG_STAMP := $(VENV)/.rmsnorm-package.stamp
 # Everything the installed package is built from.
 PY_PKG_SOURCES := $(shell find python/rmsnorm python/src python/CMakeLists.txt \
   python/pyproject.toml CMakeLists.txt cmake include src -type f ! -name '*.pyc' 2>/dev/null)
-PIP := $(VENV_PY) -m pip --disable-pip-version-check
+# No wheel cache: torch's CUDA wheels would take gigabytes twice (cache and
+# venv) on machines whose disk the sanitizer builds already share.
+PIP := $(VENV_PY) -m pip --disable-pip-version-check --no-cache-dir
 # The torch module's cache (compiled on first import), inside the build folder so
 # that clean-python clears it.
 PY_RUN := RMSNORM_BUILD_CACHE=$(abspath python/build/torch-cache) $(VENV_PY)

@@ -52,12 +52,12 @@ static inline float rn_exp_f32(float x) {
   float scale;
   memcpy(&scale, &e2, sizeof scale);
   float e = p * scale;
-  return x != x ? x : e;
+  return isnan(x) ? x : e;
 }
 
 /* e^x in double: arguments beyond [-745.2, 709.8] clamped, as above. */
 static inline double rn_exp_f64(double x) {
-  double c = x != x ? 0.0 : x;
+  double c = isnan(x) ? 0.0 : x;
   c = c > 709.8 ? 709.8 : c;
   c = c < -745.2 ? -745.2 : c;
   double kf = fma(c, 1.4426950408889634, 6755399441055744.0) - 6755399441055744.0;
@@ -80,7 +80,7 @@ static inline double rn_exp_f64(double x) {
   for (int i = 12; i >= 0; i--) p = fma(p, t, inv_fact[i]);
   int64_t k = (int64_t)kf, k1 = k / 2;
   double e = p * rn_pow2i_f64(k1) * rn_pow2i_f64(k - k1);
-  return x != x ? x : e;
+  return isnan(x) ? x : e;
 }
 
 /* sigmoid(z) = 1 / (1 + e^-z): 1 for large z, 0 (or a subnormal) for very
