@@ -553,11 +553,16 @@ static void rope_threads(void *x, size_t tokens, size_t heads, size_t ld_t, cons
 }
 
 /* Fused Q and K calls against QK-norm then the rotation pass, in place in a
- * QKV buffer, at positions 4096 - T .. 4095 of a 4096-row table. */
+ * QKV buffer, at positions 4096 - T .. 4095 of a 4096-row table. The gains
+ * are all 1: the rows are normalized and rotated again and again in place,
+ * and gains of other values would drive the channels with the smaller ones
+ * into subnormals within a few hundred rounds (whose arithmetic is slow on
+ * x86: it would time the data, not the ops). */
 static void bench_rope(rmsnorm_context *ctx, size_t tokens, int bf16) {
   size_t W = ROPE_HQ + 2 * ROPE_HK, es = bf16 ? 2 : 4, n = tokens * W * ROPE_HD;
   size_t npos = 4096;
-  float *v = randf(n), *wq = randf(ROPE_HD), *wk = randf(ROPE_HD);
+  float *v = randf(n), *wq = xmalloc(ROPE_HD * sizeof(float));
+  float *wk = xmalloc(ROPE_HD * sizeof(float));
   float *table = xmalloc(npos * ROPE_HD * sizeof(float));
   void *qkv = xalloc64(n * es);
   int64_t *pos = xmalloc(tokens * sizeof *pos);
@@ -567,7 +572,7 @@ static void bench_rope(rmsnorm_context *ctx, size_t tokens, int bf16) {
     else
       ((float *)qkv)[i] = 4 * v[i];
   }
-  for (size_t j = 0; j < ROPE_HD; j++) wq[j] += 1, wk[j] += 1;
+  for (size_t j = 0; j < ROPE_HD; j++) wq[j] = wk[j] = 1;
   for (size_t t = 0; t < tokens; t++) pos[t] = (int64_t)(npos - tokens + t);
   rmsnorm_rope_table(table, RMSNORM_F32, npos, ROPE_HD, 1e6, 1);
   rmsnorm_config cfg;
