@@ -686,6 +686,19 @@ static int write_outputs(out_set *outs, output *outv, size_t n_out, rmsnorm_dtyp
   return 0;
 }
 
+/* Opens the inputs named in paths[0..n) (NULL: not given) into files[].
+ * @return 0, or -1 after printing the file and the problem. */
+static int open_inputs(const char *const *paths, npy_file *const *files, int n) {
+  char err[512];
+  for (int i = 0; i < n; i++) {
+    if (paths[i] && npy_open(files[i], paths[i], err, sizeof err) != 0) {
+      rn_cli_error("%s: %s", paths[i], err);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 static void *alloc_bytes(size_t bytes, int zero) {
   if (bytes == 0) bytes = 1;
   return zero ? calloc(1, bytes) : malloc(bytes);
@@ -698,7 +711,6 @@ static void *alloc_bytes(size_t bytes, int zero) {
  * (w) and its post_norm weight is w2. For gated the second input is Z. */
 static int run(const op_spec *op, const norm_args *a) {
   int rc = RN_EXIT_FAILURE;
-  char err[512];
   npy_file x = {0}, dy = {0}, w = {0}, b = {0}, w2 = {0};
   out_set *outs = out_begin();
   void *y = NULL, *mean = NULL, *rstd = NULL, *dweight = NULL, *dbias = NULL, *h = NULL;
@@ -713,12 +725,7 @@ static int run(const op_spec *op, const norm_args *a) {
                           sandwich ? a->pre_weight : a->weight, a->bias, a->post_weight};
   npy_file *files[5] = {&x, &dy, &w, &b, &w2};
   int have_w = paths[2] != NULL;
-  for (int i = 0; i < 5; i++) {
-    if (paths[i] && npy_open(files[i], paths[i], err, sizeof err) != 0) {
-      rn_cli_error("%s: %s", paths[i], err);
-      goto done;
-    }
-  }
+  if (open_inputs(paths, files, 5) != 0) goto done;
   if (check_data_dtype(&x, a->bf16)) goto done;
 
   /* rows x d: the leading axes are rows, the last K the normalized shape */
@@ -956,7 +963,6 @@ done:
  * shape and N. */
 static int run_linear(const op_spec *op, const norm_args *a) {
   int rc = RN_EXIT_FAILURE;
-  char err[512];
   npy_file x = {0}, wm = {0}, g = {0}, lb = {0};
   npy_file *files[4] = {&x, &wm, &g, &lb};
   out_set *outs = out_begin();
@@ -969,12 +975,7 @@ static int run_linear(const op_spec *op, const norm_args *a) {
     return RN_EXIT_FAILURE;
   }
   const char *paths[4] = {a->in[0], a->in[1], a->weight, a->linear_bias};
-  for (int i = 0; i < 4; i++) {
-    if (paths[i] && npy_open(files[i], paths[i], err, sizeof err) != 0) {
-      rn_cli_error("%s: %s", paths[i], err);
-      goto done;
-    }
-  }
+  if (open_inputs(paths, files, 4) != 0) goto done;
   if (check_data_dtype(&x, a->bf16)) goto done;
   const npy_info *xi = &x.info, *wi = &wm.info;
   if (xi->ndim == 0) {
@@ -1091,7 +1092,6 @@ done:
  * 0..start+seq-1 from --theta and --linear-factor. */
 static int run_rope(const op_spec *op, const norm_args *a) {
   int rc = RN_EXIT_FAILURE;
-  char err[512];
   npy_file x = {0}, w = {0}, t = {0};
   npy_file *files[3] = {&x, &w, &t};
   out_set *outs = out_begin();
@@ -1100,12 +1100,7 @@ static int run_rope(const op_spec *op, const norm_args *a) {
   rmsnorm_context *ctx = NULL;
 
   const char *paths[3] = {a->in[0], a->weight, a->cos_sin};
-  for (int i = 0; i < 3; i++) {
-    if (paths[i] && npy_open(files[i], paths[i], err, sizeof err) != 0) {
-      rn_cli_error("%s: %s", paths[i], err);
-      goto done;
-    }
-  }
+  if (open_inputs(paths, files, 3) != 0) goto done;
   if (check_data_dtype(&x, a->bf16)) goto done;
   const npy_info *xi = &x.info;
   if (xi->ndim < 2) {

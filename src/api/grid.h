@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kernels.h"
 #include "numerics/validate.h"
 #include "rmsnorm.h"
 
@@ -59,6 +60,16 @@ static inline rmsnorm_status rn_check_grids(size_t tokens, size_t heads, size_t 
     *flat &= *ld[i][0] == heads * *ld[i][1];
   }
   return RMSNORM_OK;
+}
+
+/* A backward's chunks of whole tokens, about RN_BACKWARD_CHUNK_ROWS rows
+ * each (heads > 0): fixed by the shape alone, so the reduction's order
+ * never depends on threads. @return the tokens per chunk; *nchunks the
+ * count. */
+static inline size_t rn_token_chunks(size_t tokens, size_t heads, size_t *nchunks) {
+  size_t chunk_tokens = (RN_BACKWARD_CHUNK_ROWS + heads - 1) / heads;
+  *nchunks = (tokens + chunk_tokens - 1) / chunk_tokens;
+  return chunk_tokens;
 }
 
 #endif

@@ -139,10 +139,7 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
       .weight = weight, .nparam = head_dim};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
-  /* chunks of whole tokens, about RN_BACKWARD_CHUNK_ROWS rows each: fixed by
-   * the shape alone, so the reduction's order never depends on threads */
-  size_t chunk_tokens = (RN_BACKWARD_CHUNK_ROWS + heads - 1) / heads;
-  size_t nchunks = (tokens + chunk_tokens - 1) / chunk_tokens;
+  size_t nchunks, chunk_tokens = rn_token_chunks(tokens, heads, &nchunks);
   rn_entry_lock(&e);
   rn_grad_plan plan;
   char *sums = rn_entry_grad_scratch(&e, &plan, tokens, chunk_tokens, head_dim, dweight, dbias,

@@ -291,12 +291,9 @@ rmsnorm_status rmsnorm_qk_norm_rope_backward(rmsnorm_context *ctx, const rmsnorm
       .weight = weight, .nparam = head_dim};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
-  /* chunks of whole tokens, about RN_BACKWARD_CHUNK_ROWS rows each, as
-   * rmsnorm_qk_norm_backward: fixed by the shape alone, so the reduction's
-   * order never depends on threads; scratch: [weight copy][the reduction's
-   * sums][each task's row scratch] */
-  size_t chunk_tokens = (RN_BACKWARD_CHUNK_ROWS + heads - 1) / heads;
-  size_t nchunks = (tokens + chunk_tokens - 1) / chunk_tokens;
+  /* chunks of whole tokens as rmsnorm_qk_norm_backward's; scratch: [weight
+   * copy][the reduction's sums][each task's row scratch] */
+  size_t nchunks, chunk_tokens = rn_token_chunks(tokens, heads, &nchunks);
   rn_entry_lock(&e);
   rn_grad_plan plan;
   size_t task_bytes = RN_ROPE_SCRATCH(head_dim);
