@@ -480,6 +480,14 @@ int main(void) {
         if (t == 0 || t == 3) check_sets(&c, 1);
       }
   }
+  /* outputs of 1 MiB and more go through the sets' streamed stores: every
+   * dtype, rows off their lines (ld = d + 5), both gate orders */
+  if (!emu)
+    for (size_t di = 0; di < 4; di++)
+      for (int t = 0; t < 4; t += 3) {
+        tcase c = {dts[di], 130, 4096, 1024, 1e-6, t & 1, t >> 1, 0, 1};
+        check_sets(&c, 0);
+      }
   check_errors();
   rmsnorm_context_free(ctx);
   return tu_finish("gated");

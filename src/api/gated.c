@@ -101,6 +101,8 @@ rmsnorm_status rmsnorm_gated_forward(rmsnorm_context *ctx, const rmsnorm_config 
   job.args.y = y;
   job.args.ldy = ldy;
   job.args.rstd = rstd;
+  job.args.stream = rn_stream_ok(y != x && y != z, y, es, rows * d * es) != RN_CACHED;
+  job.args.prefetch = 2 * rows * d * es >= RN_DRAM_BYTES;
   rn_run_rows(ctx, sp, rows, gated_fwd_rows, &job);
   return rn_entry_unlock(&e, RMSNORM_OK);
 }
@@ -164,6 +166,9 @@ rmsnorm_status rmsnorm_gated_backward(rmsnorm_context *ctx, const rmsnorm_config
   job.args.dx = dx, job.args.lddx = lddx;
   job.args.dz = dz, job.args.lddz = lddz;
   job.args.rstd = (void *)(uintptr_t)rstd; /* read only in the backward */
+  job.args.stream = rn_stream_ok(dx != x && dx != dy, dx, es, rows * d * es) != RN_CACHED &&
+                    rn_stream_ok(!dz_is_z, dz, es, rows * d * es) != RN_CACHED;
+  job.args.prefetch = 3 * rows * d * es >= RN_DRAM_BYTES;
   job.task_bytes = task_bytes;
   job.task_scratch = sums + plan.bytes;
   rn_grad_run(ctx, &plan, sums, gated_bwd_chunk, &job);

@@ -203,11 +203,14 @@ typedef struct rn_gated_args {
   unsigned flags;      /* RMSNORM_FLAG_ROUND_BEFORE_WEIGHT (forward) */
   void *rstd;          /* (rows, d / group) acc, or NULL: written by the forward,
                           read (when usable) by the backward */
+  int stream;          /* the outputs (y; dx and dz) are large and alias nothing:
+                          sets that can stream them do */
+  int prefetch;        /* the inputs are DRAM-sized: rows prefetch the next */
 } rn_gated_args;
-/* row_scratch: RN_GATED_SCRATCH(d) bytes (seven rows of the compute type),
+/* row_scratch: RN_GATED_SCRATCH(d) bytes (nine rows of the compute type),
  * 64-byte aligned, private to the calling task. The backward adds dweight terms into dw_part ((d,) acc,
  * zeroed by the caller, or NULL). */
-#define RN_GATED_SCRATCH(d) ((((d) + 15) & ~(size_t)15) * 8 * 7)
+#define RN_GATED_SCRATCH(d) ((((d) + 15) & ~(size_t)15) * 8 * 9)
 typedef void (*rn_gated_fwd_fn)(const rn_gated_args *a, size_t row_begin, size_t row_end,
                                 void *row_scratch);
 typedef void (*rn_gated_bwd_fn)(const rn_gated_args *a, size_t row_begin, size_t row_end,
