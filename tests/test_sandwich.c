@@ -318,6 +318,9 @@ static void test_bits(void) {
     backward_case(RMSNORM_BF16, RMSNORM_BF16, 2000, 256, 3 * k + 1);
   }
   forward_case(RMSNORM_F32, RMSNORM_F32, 2, 65536, 0);
+  /* outputs of 4 MiB and more: the one-pass kernels' DRAM-sized path */
+  forward_case(RMSNORM_F32, RMSNORM_F32, 300, 4096, 1);
+  forward_case(RMSNORM_F64, RMSNORM_F64, 150, 4096, 5);
   backward_case(RMSNORM_F32, RMSNORM_F32, 2, 65536, 2);
   backward_case(RMSNORM_F64, RMSNORM_F64, 1, 32768, 6);
 }

@@ -1,9 +1,11 @@
 /* sandwich.c - the public entry points of Gemma 2/3's sandwich norms, forward
- * and backward: h' = h + post_norm(a), x' = pre_norm(h'). The two norms and
- * the add run on the context's kernels block by block over the rows, the
- * intermediate (post_norm's y, pre_norm's dx) in a per-task buffer, so each
- * operand makes one trip to memory and the results are bit for bit the
- * separate calls' (rmsnorm_forward / rmsnorm_backward and the add). */
+ * and backward: h' = h + post_norm(a), x' = pre_norm(h'). The forward runs
+ * the set's one-pass kernel where it has one (kernels/sandwich_simd.inc);
+ * otherwise, and in the backward, the two norms and the add run on the
+ * context's kernels block by block over the rows, the intermediate
+ * (post_norm's y, pre_norm's dx) in a per-task buffer, so each operand makes
+ * one trip to memory. Either way the results are bit for bit the separate
+ * calls' (rmsnorm_forward / rmsnorm_backward and the add). */
 #include "api/entry.h"
 #include "numerics/dtype.h"
 
@@ -23,6 +25,7 @@ typedef struct sw_fwd_job {
   rn_forward_args pre;  /* x' = pre_norm(h') */
   size_t block, task_bytes;
   char *task_scratch;   /* (tasks, block, d) of the dtype */
+  rn_sandwich_fn fused; /* the set's one-pass kernel, or NULL */
 } sw_fwd_job;
 
 /* Each block of rows: post_norm(a) into the task's buffer, h += it (h' stays
@@ -32,6 +35,11 @@ static void sw_fwd_rows(const void *p, size_t r0, size_t r1, int task) {
   rmsnorm_dtype dt = job->pre.dtype;
   size_t d = job->pre.d, es = rn_dtype_size(dt), as = rn_acc_size(dt);
   char *buf = job->task_scratch + (size_t)task * job->task_bytes;
+  if (job->fused) {
+    rn_sandwich_args sw = {job->post, job->pre};
+    job->fused(&sw, r0, r1, buf);
+    return;
+  }
   for (size_t r = r0; r < r1; r += job->block) {
     size_t n = r + job->block < r1 ? job->block : r1 - r;
     rn_forward_args post = job->post; /* this block's rows, from row 0 */
@@ -91,6 +99,12 @@ rmsnorm_status rmsnorm_sandwich_forward(rmsnorm_context *ctx, const rmsnorm_conf
   job.block = block;
   job.task_bytes = task_bytes;
   job.task_scratch = s + wpre_bytes;
+  /* the one-pass kernel takes what Gemma runs: whole-row statistics, both
+   * weights */
+  int fits = job.post.k == d && job.post.w && job.pre.w;
+  job.fused = fits ? e.kernels->sandwich_forward[cfg->dtype] : NULL;
+  /* it reads a and h from memory: DRAM-sized calls prefetch as such */
+  if (job.fused) job.pre.stream = rn_stream_ok(x_next != a, x_next, es, rows * d * es);
   rn_run_rows(ctx, split, rows, sw_fwd_rows, &job);
   return rn_entry_unlock(&e, RMSNORM_OK);
 }

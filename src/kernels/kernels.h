@@ -257,6 +257,18 @@ typedef void (*rn_rope_fwd_fn)(const rn_rope_args *a, size_t t0, size_t t1, void
 typedef void (*rn_rope_bwd_fn)(const rn_rope_args *a, size_t t0, size_t t1, void *dw_part,
                                void *row_scratch);
 
+/* Gemma's sandwich forward over rows [row_begin, row_end) (api/sandwich.c):
+ * h' = h + post(a) written over h, x' = pre(h'), bit for bit the separate
+ * calls. post: x = a, w, rstd, eps, flags (its y unused); pre: x = h (read,
+ * then updated: the caller's writable buffer), y = x', w, rstd, stream.
+ * RMSNorm without partial statistics, both weights present; row_scratch: d
+ * elements of the dtype, private to the calling task. */
+typedef struct rn_sandwich_args {
+  rn_forward_args post, pre;
+} rn_sandwich_args;
+typedef void (*rn_sandwich_fn)(const rn_sandwich_args *a, size_t row_begin, size_t row_end,
+                               void *row_scratch);
+
 /* One ISA's kernels, indexed by rmsnorm_dtype. */
 typedef struct rn_kernel_set {
   const char *name;
@@ -280,6 +292,9 @@ typedef struct rn_kernel_set {
   /* QK-norm + RoPE (api/rope.c) */
   rn_rope_fwd_fn rope_forward[RN_NUM_DTYPES];
   rn_rope_bwd_fn rope_backward[RN_NUM_DTYPES];
+  /* the sandwich forward in one pass (api/sandwich.c; NULL: the separate
+     kernels, as the scalar reference) */
+  rn_sandwich_fn sandwich_forward[RN_NUM_DTYPES];
 } rn_kernel_set;
 
 /* The scalar reference: the spec every other set is tested against. */
