@@ -292,8 +292,8 @@ typedef struct rn_kernel_set {
   /* QK-norm + RoPE (api/rope.c) */
   rn_rope_fwd_fn rope_forward[RN_NUM_DTYPES];
   rn_rope_bwd_fn rope_backward[RN_NUM_DTYPES];
-  /* the sandwich forward in one pass (api/sandwich.c; NULL: the separate
-     kernels, as the scalar reference) */
+  /* the sandwich forward in one pass, fp32 and fp64 (api/sandwich.c; NULL:
+     the separate kernels, as the scalar reference) */
   rn_sandwich_fn sandwich_forward[RN_NUM_DTYPES];
 } rn_kernel_set;
 

@@ -1,5 +1,5 @@
-/* forward_bf16.c - the AVX2 set's bf16 forward over rows, its column split
- * of long rows and the sandwich forward (compiled with the set's ISA flags only, CMakeLists.txt). */
+/* forward_bf16.c - the AVX2 set's bf16 forward over rows, and its column split
+ * of long rows (compiled with the set's ISA flags only, CMakeLists.txt). */
 #include "simd_avx2.h"
 
 #define RN_SET_PREFIX rn_avx2_
@@ -7,4 +7,3 @@
 #include "kernels/instantiate.inc"
 #include "kernels/forward_simd.inc"
 #include "kernels/cols_simd.inc"
-#include "kernels/sandwich_simd.inc"

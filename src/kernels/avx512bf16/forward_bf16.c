@@ -1,6 +1,6 @@
 /* forward_bf16.c - the AVX-512 set's VCVTNEPS2BF16 variant's bf16 forward over
- * rows, its column split of long rows and the sandwich forward (compiled with
- * the set's ISA flags only, CMakeLists.txt). */
+ * rows, and its column split of long rows (compiled with the set's ISA flags
+ * only, CMakeLists.txt). */
 #define RN_AVX512_BF16 1 /* bf16 stores by VCVTNEPS2BF16 (simd_avx512.h) */
 #include "../avx512/simd_avx512.h"
 
@@ -9,4 +9,3 @@
 #include "kernels/instantiate.inc"
 #include "kernels/forward_simd.inc"
 #include "kernels/cols_simd.inc"
-#include "kernels/sandwich_simd.inc"
