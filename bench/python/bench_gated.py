@@ -148,10 +148,15 @@ def check(fns: dict, table: list, dtype) -> None:
 
 def run_shape(rows: int, d: int, group: int, dtype, rounds: int, batch_s: float):
     """Yields (case, HF median s, ours median s) for one shape, dtype and thread count."""
-    import torch
-
     fns, table = cases(rows, d, group, dtype)
     check(fns, table, dtype)
+    yield from time_cases(fns, table, rounds, batch_s)
+
+
+def time_cases(fns: dict, table: list, rounds: int, batch_s: float):
+    """Times fns interleaved (keys starting with "bwd:" under autograd, the others under
+    no_grad) and yields (case, HF median s, ours median s) for each row of table."""
+    import torch
 
     def mode(key):  # forward cases without autograd, as inference runs
         return torch.enable_grad() if key.startswith("bwd:") else torch.no_grad()
