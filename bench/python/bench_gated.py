@@ -180,6 +180,24 @@ def time_cases(fns: dict, table: list, rounds: int, batch_s: float):
         yield name, med[hf], med[ours]
 
 
+def thread_counts(spec: str):
+    """Yields each count of the comma-separated spec with torch's and rmsnorm's thread
+    counts set to it; both are restored afterwards."""
+    import torch
+
+    import rmsnorm
+
+    before = torch.get_num_threads()
+    try:
+        for n in (int(t) for t in spec.split(",")):
+            torch.set_num_threads(n)
+            rmsnorm.set_num_threads(n)
+            yield n
+    finally:
+        torch.set_num_threads(before)
+        rmsnorm.set_num_threads(0)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python bench/python/bench_gated.py",
                                  description=__doc__.splitlines()[0])
@@ -211,23 +229,16 @@ def main(argv=None) -> int:
           "speedup = HF / rmsnorm (> 1: rmsnorm is faster)\n")
     print("| dtype | shape | threads | case | HF | rmsnorm | speedup |")
     print("|---|---|---:|---|---:|---:|---:|")
-    before = torch.get_num_threads()
-    try:
-        for dname in args.dtypes.split(","):
-            dtype = getattr(torch, dname.strip())
-            for shape in args.shapes.split(","):
-                rows, d = (int(v) for v in shape.lower().split("x"))
-                group = d // args.groups
-                for n in (int(t) for t in args.threads.split(",")):
-                    torch.set_num_threads(n)
-                    rmsnorm.set_num_threads(n)
-                    for name, th, to in run_shape(rows, d, group, dtype, args.rounds,
-                                                  args.batch_ms / 1e3):
-                        print(f"| {dname} | {rows}x{d} | {n} | {name} | {fmt(th)} | "
-                              f"{fmt(to)} | {th / to:.2f}x |", flush=True)
-    finally:
-        torch.set_num_threads(before)
-        rmsnorm.set_num_threads(0)
+    for dname in args.dtypes.split(","):
+        dtype = getattr(torch, dname.strip())
+        for shape in args.shapes.split(","):
+            rows, d = (int(v) for v in shape.lower().split("x"))
+            group = d // args.groups
+            for n in thread_counts(args.threads):
+                for name, th, to in run_shape(rows, d, group, dtype, args.rounds,
+                                              args.batch_ms / 1e3):
+                    print(f"| {dname} | {rows}x{d} | {n} | {name} | {fmt(th)} | "
+                          f"{fmt(to)} | {th / to:.2f}x |", flush=True)
     load1 = os.getloadavg()
     print(f"\n{time.perf_counter() - t_start:.0f} s; load average (1, 5, 15 min) at the start "
           f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, at the end "

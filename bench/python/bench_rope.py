@@ -22,7 +22,7 @@ import sys
 import time
 
 from bench import _cpu_name as cpu_name, fmt  # bench.py beside this file
-from bench_gated import check, time_cases  # the same agreement check and timing
+from bench_gated import check, thread_counts, time_cases  # the same check and timing
 
 TOKENS = [1, 512]  # decode, prefill
 Q_HEADS, K_HEADS, HEAD_DIM, THETA, EPS = 32, 8, 128, 1e6, 1e-6
@@ -100,23 +100,15 @@ def main(argv=None) -> int:
           f"rounds, batches of >= {args.batch_ms:g} ms; speedup = HF / rmsnorm\n")
     print("| dtype | tokens | threads | case | HF | rmsnorm | speedup |")
     print("|---|---:|---:|---|---:|---:|---:|")
-    before = torch.get_num_threads()
-    try:
-        for dname in args.dtypes.split(","):
-            dtype = getattr(torch, dname.strip())
-            for tokens in (int(t) for t in args.tokens.split(",")):
-                fns, table = cases(tokens, dtype)
-                check(fns, table, dtype)
-                for n in (int(t) for t in args.threads.split(",")):
-                    torch.set_num_threads(n)
-                    rmsnorm.set_num_threads(n)
-                    for name, th, to in time_cases(fns, table, args.rounds,
-                                                   args.batch_ms / 1e3):
-                        print(f"| {dname} | {tokens} | {n} | {name} | {fmt(th)} | {fmt(to)} | "
-                              f"{th / to:.2f}x |", flush=True)
-    finally:
-        torch.set_num_threads(before)
-        rmsnorm.set_num_threads(0)
+    for dname in args.dtypes.split(","):
+        dtype = getattr(torch, dname.strip())
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            fns, table = cases(tokens, dtype)
+            check(fns, table, dtype)
+            for n in thread_counts(args.threads):
+                for name, th, to in time_cases(fns, table, args.rounds, args.batch_ms / 1e3):
+                    print(f"| {dname} | {tokens} | {n} | {name} | {fmt(th)} | {fmt(to)} | "
+                          f"{th / to:.2f}x |", flush=True)
     load1 = os.getloadavg()
     print(f"\n{time.perf_counter() - t_start:.0f} s; load average at the end {load1[0]:.2f}")
     return 0
