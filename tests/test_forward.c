@@ -102,8 +102,15 @@ static void run_case(const fcase *c, const double *x_override) {
       double got = tu_get(&y, i, j), want = (double)yl[j];
       double err;
       if (c->dt == RMSNORM_F32 || c->dt == RMSNORM_F64) {
-        err = fabs(got - want) / (ymax > 0 ? (double)ymax : 1.0);
-        err /= c->dt == RMSNORM_F32 ? 2e-6 : 1e-13; /* in units of the promise */
+        double bound = (c->dt == RMSNORM_F32 ? 2e-6 : 1e-13) * (ymax > 0 ? (double)ymax : 1.0);
+        if (c->dt == RMSNORM_F32 && c->layernorm) {
+          /* x - mean in fp32 cancels on a row whose spread is far below its
+           * mean (and below eps, so ymax is small too): fp32's error on the
+           * terms, as for fp16 */
+          ld_t wj = c->weight ? wl[j] : 1;
+          bound += 0x1p-22 * (double)((fabsl(xl[i * d + j]) + fabsl(m)) * r * fabsl(wj));
+        }
+        err = fabs(got - want) / bound; /* in units of the promise */
       } else {
         err = tu_ulps(c->dt, got, want); /* promise: <= 1 ulp */
         if (err > 1 && (c->bias || c->round_first || c->layernorm)) {
@@ -162,7 +169,10 @@ static void test_variant_grid(void) {
                   if (rf && (dt == RMSNORM_F32 || dt == RMSNORM_F64)) continue;
                   for (size_t d = 1; d <= 71; d++) {
                     n++;
-                    fcase c = {(rmsnorm_dtype)dt, pdt, ln, 3, d == 71 ? sizes[0] : d, 0, 0,
+                    /* a third of the cases: whole groups of short rows (their
+                     * statistics are taken together) and a partial one */
+                    size_t rows = n % 3 ? 3 : tu_emulated() ? 9 : 19;
+                    fcase c = {(rmsnorm_dtype)dt, pdt, ln, rows, d == 71 ? sizes[0] : d, 0, 0,
                                weight, bias, epsk == 1 ? 0.0 : 1e-5, epsk == 2,
                                part ? 0.37 : 1.0, rf, n % 5 == 0, n % 7 == 3 ? 1e-3 : 1.0};
                     c.ldx = c.d + (n % 3 == 1 ? 3 : 0);
@@ -273,9 +283,10 @@ static void test_eps_edges(void) {
   }
 }
 
-/* A NaN or Inf makes its row non-finite and no other. */
+/* A NaN or Inf makes its row non-finite and no other (11 rows: one whole
+ * group of short rows, whose statistics are taken together, and 3 more). */
 static void test_nonfinite_rows(void) {
-  const size_t d = 37, rows = 3;
+  const size_t d = 37, rows = 11;
   for (int dt = 0; dt < 4; dt++)
     for (int ln = 0; ln < 2; ln++)
       for (int kind = 0; kind < 2; kind++) {
@@ -295,11 +306,11 @@ static void test_nonfinite_rows(void) {
         tu_check(st == RMSNORM_OK, "nonfinite: status");
         int others_same = 1, row_bad = 1;
         for (size_t j = 0; j < d; j++) {
-          others_same &= tu_get(&y, 0, j) == tu_get(&y2, 0, j) &&
-                         tu_get(&y, 2, j) == tu_get(&y2, 2, j);
+          for (size_t i = 0; i < rows; i++)
+            if (i != 1) others_same &= tu_get(&y, i, j) == tu_get(&y2, i, j);
           row_bad &= !isfinite(tu_get(&y, 1, j));
         }
-        tu_check(others_same && row_bad, "nonfinite %s %s kind %d: rows 0/2 same %d, row 1 all non-finite %d",
+        tu_check(others_same && row_bad, "nonfinite %s %s kind %d: other rows same %d, row 1 all non-finite %d",
                  ln ? "LN" : "RMS", tu_dtype_name((rmsnorm_dtype)dt), kind, others_same, row_bad);
         tu_free(&x), tu_free(&y), tu_free(&y2);
       }

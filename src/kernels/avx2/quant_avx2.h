@@ -29,7 +29,6 @@ static inline double vd_hmax(vd v) {
   return _mm_cvtsd_f64(_mm_max_sd(a, _mm_unpackhi_pd(a, a)));
 }
 static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
-static inline vd vd_div(vd a, vd b) { return _mm256_div_pd(a, b); }
 /* doubles rounded to float, in the low VD_W lanes */
 static inline vf vd_to_vf(vd v) {
   return _mm256_insertf128_ps(_mm256_setzero_ps(), _mm256_cvtpd_ps(v), 0);

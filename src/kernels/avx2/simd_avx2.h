@@ -130,6 +130,24 @@ static inline double vd_halve(vd v) {
   __m128d b = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
   return _mm_cvtsd_f64(_mm_add_sd(b, _mm_unpackhi_pd(b, b)));
 }
+/* vd_halve of VD_W rows at once: lane i of the result is vd_halve(v[i]), by
+ * the same additions done across rows (each step adds the halves of two
+ * rows' lanes in one vector), then put back in row order. */
+static inline vd vd_halve_rows(const vd *v) {
+  vd h[2];
+  for (int i = 0; i < 2; i++) /* rows 2i, 2i+1: lane j += lane j + 2 */
+    h[i] = _mm256_add_pd(_mm256_permute2f128_pd(v[2 * i], v[2 * i + 1], 0x20),
+                         _mm256_permute2f128_pd(v[2 * i], v[2 * i + 1], 0x31));
+  /* lane 0 += lane 1: rows 0, 2, 1, 3 */
+  vd s = _mm256_add_pd(_mm256_unpacklo_pd(h[0], h[1]), _mm256_unpackhi_pd(h[0], h[1]));
+  return _mm256_permute4x64_pd(s, _MM_SHUFFLE(3, 1, 2, 0));
+}
+static inline vd vd_div(vd a, vd b) { return _mm256_div_pd(a, b); }
+static inline vd vd_sqrt(vd a) { return _mm256_sqrt_pd(a); }
+/* the lanes of v where c > 0, zero elsewhere */
+static inline vd vd_where_pos(vd c, vd v) {
+  return _mm256_and_pd(v, _mm256_cmp_pd(c, _mm256_setzero_pd(), _CMP_GT_OQ));
+}
 static inline vd vd_load_f64(const double *p) { return _mm256_loadu_pd(p); }
 static inline void vd_store_f64(double *p, vd v) { _mm256_storeu_pd(p, v); }
 V_BUFFERED_TAILS(vd, f64, double, VD_W)

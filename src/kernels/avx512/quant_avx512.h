@@ -16,7 +16,6 @@ static inline vd vd_max_keep(vd a, vd b) { return _mm512_max_pd(a, b); }
 static inline float vf_hmax(vf v) { return _mm512_reduce_max_ps(v); }
 static inline double vd_hmax(vd v) { return _mm512_reduce_max_pd(v); }
 static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
-static inline vd vd_div(vd a, vd b) { return _mm512_div_pd(a, b); }
 /* doubles rounded to float, in the low VD_W lanes */
 static inline vf vd_to_vf(vd v) {
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_setzero_pd(),

@@ -141,6 +141,27 @@ static inline double vd_halve(vd v) {
   __m128d b = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
   return _mm_cvtsd_f64(_mm_add_sd(b, _mm_unpackhi_pd(b, b)));
 }
+/* vd_halve of VD_W rows at once: lane i of the result is vd_halve(v[i]), by
+ * the same additions done across rows (each step adds the halves of two
+ * rows' lanes in one vector), then put back in row order. */
+static inline vd vd_halve_rows(const vd *v) {
+  vd h4[4], h2[2];
+  for (int i = 0; i < 4; i++) /* rows 2i, 2i+1: lane j += lane j + 4 */
+    h4[i] = _mm512_add_pd(_mm512_shuffle_f64x2(v[2 * i], v[2 * i + 1], 0x44),
+                          _mm512_shuffle_f64x2(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 2; i++) /* rows 4i..4i+3: lane j += lane j + 2 */
+    h2[i] = _mm512_add_pd(_mm512_shuffle_f64x2(h4[2 * i], h4[2 * i + 1], 0x88),
+                          _mm512_shuffle_f64x2(h4[2 * i], h4[2 * i + 1], 0xDD));
+  /* lane 0 += lane 1: rows 0, 4, 1, 5, 2, 6, 3, 7 */
+  vd s = _mm512_add_pd(_mm512_unpacklo_pd(h2[0], h2[1]), _mm512_unpackhi_pd(h2[0], h2[1]));
+  return _mm512_permutexvar_pd(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), s);
+}
+static inline vd vd_div(vd a, vd b) { return _mm512_div_pd(a, b); }
+static inline vd vd_sqrt(vd a) { return _mm512_sqrt_pd(a); }
+/* the lanes of v where c > 0, zero elsewhere */
+static inline vd vd_where_pos(vd c, vd v) {
+  return _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(c, _mm512_setzero_pd(), _CMP_GT_OQ), v);
+}
 static inline vd vd_load_f64(const double *p) { return _mm512_loadu_pd(p); }
 static inline vd vd_loadn_f64(const double *p, size_t n) { return _mm512_maskz_loadu_pd(m8(n), p); }
 static inline void vd_store_f64(double *p, vd v) { _mm512_storeu_pd(p, v); }

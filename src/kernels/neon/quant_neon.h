@@ -22,7 +22,6 @@ static inline vd vd_max_keep(vd a, vd b) { return vbslq_f64(vcgtq_f64(a, b), a, 
 static inline float vf_hmax(vf v) { return vmaxvq_f32(v); }
 static inline double vd_hmax(vd v) { return vmaxvq_f64(v); }
 static inline vf vf_div(vf a, vf b) { return vdivq_f32(a, b); }
-static inline vd vd_div(vd a, vd b) { return vdivq_f64(a, b); }
 /* doubles rounded to float, in the low VD_W lanes */
 static inline vf vd_to_vf(vd v) { return vcombine_f32(vcvt_f32_f64(v), vdup_n_f32(0.0f)); }
 

@@ -96,6 +96,14 @@ static inline vd vd_zero_from(vd v, size_t n) {
 }
 /* lanes halved within one vector: lane 0 += lane 1 */
 static inline double vd_halve(vd v) { return vgetq_lane_f64(v, 0) + vgetq_lane_f64(v, 1); }
+/* vd_halve of VD_W rows at once: lane i of the result is vd_halve(v[i]) */
+static inline vd vd_halve_rows(const vd *v) { return vpaddq_f64(v[0], v[1]); }
+static inline vd vd_div(vd a, vd b) { return vdivq_f64(a, b); }
+static inline vd vd_sqrt(vd a) { return vsqrtq_f64(a); }
+/* the lanes of v where c > 0, zero elsewhere */
+static inline vd vd_where_pos(vd c, vd v) {
+  return vreinterpretq_f64_u64(vandq_u64(vreinterpretq_u64_f64(v), vcgtq_f64(c, vdupq_n_f64(0))));
+}
 static inline vd vd_load_f64(const double *p) { return vld1q_f64(p); }
 static inline void vd_store_f64(double *p, vd v) { vst1q_f64(p, v); }
 V_BUFFERED_TAILS(vd, f64, double, VD_W)
