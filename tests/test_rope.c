@@ -987,10 +987,12 @@ int main(void) {
     if (!emu) check_qkv_cache(dts[di], 20, 32, 8, 128, 0);
   }
   /* sets and threads: {tokens, heads, hd, rot, layout}, enough tokens to
-   * split and to span several 64-row chunks */
+   * split and to span several 64-row chunks; the last, 1 MiB of fp32 y or
+   * more apart from x, has its rows streamed past the caches */
   static const size_t set_shapes[][5] = {{1, 32, 128, 0, 0}, {70, 2, 64, 0, 1},
                                          {9, 4, 7, 4, 0},    {5, 3, 80, 32, 2},
-                                         {33, 1, 256, 0, 0}, {300, 8, 128, 64, 0}};
+                                         {33, 1, 256, 0, 0}, {300, 8, 128, 64, 0},
+                                         {2050, 1, 128, 0, 0}};
   for (size_t s = 0; s < sizeof set_shapes / sizeof set_shapes[0]; s++) {
     if (emu && set_shapes[s][2] > 128) continue;
     for (size_t di = 0; di < 4; di++)

@@ -229,6 +229,7 @@ rmsnorm_status rmsnorm_qk_norm_rope_forward(rmsnorm_context *ctx, const rmsnorm_
   job.kernel = e.kernels->rope_forward[cfg->dtype];
   job.args = rope_args(&e, &r, heads, head_dim, x, ldx_token, ldx_head);
   job.args.y = y, job.args.ldy_t = ldy_token, job.args.ldy_h = ldy_head;
+  job.args.stream = y && y != x && rn_stream_ok(1, y, es, rows * head_dim * es) != RN_CACHED;
   job.args.rstd = rstd;
   if (cache) {
     job.args.k = kv.k, job.args.ldk_slot = kv.ld_slot, job.args.ldk_h = kv.ld_head;

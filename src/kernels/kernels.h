@@ -228,6 +228,8 @@ typedef struct rn_rope_args {
   size_t ldx_t, ldx_h;
   void *y;                 /* forward: y, may equal x (same strides), or NULL */
   size_t ldy_t, ldy_h;
+  int stream;              /* forward: y apart from x and large: its rows are
+                              streamed past the caches (rope_ref.inc) */
   const void *dy;          /* backward: dy; dx may equal x or dy */
   size_t lddy_t, lddy_h;
   void *dx;
