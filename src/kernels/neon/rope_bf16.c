@@ -1,5 +1,7 @@
 /* rope_bf16.c - the neon set's bf16 QK-norm + RoPE (kernels/rope_set.inc,
  * compiled with the set's ISA flags only, CMakeLists.txt). */
+#include "simd_neon.h"
+
 #define RN_SET_PREFIX rn_neon_
 #define RN_DTYPE_BF16 1
 #include "kernels/rope_set.inc"
