@@ -447,19 +447,25 @@ transformers = pytest.importorskip("transformers")
 
 
 def hf_class(module, name):
-    """transformers.models.<module>.modeling_<module>.<name>, or a skip."""
+    """transformers.models.<module>.modeling_<module>.<name>, or a skip. name may be a
+    tuple of the names a class has had across transformers versions: the first found."""
     import importlib
 
     try:
         mod = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
     except ImportError:
         pytest.skip(f"transformers has no {module}")
-    if not hasattr(mod, name):
-        pytest.skip(f"transformers has no {name}")
-    return getattr(mod, name)
+    for n in (name,) if isinstance(name, str) else name:
+        if hasattr(mod, n):
+            return getattr(mod, n)
+    pytest.skip(f"transformers has no {name}")
 
 
-HF_GATED = [("mamba2", "MambaRMSNormGated", True), ("bamba", "BambaRMSNormGated", True),
+# Mamba2's gated norm: MambaRMSNormGated in older transformers, Mamba2RMSNormGated in newer
+MAMBA2_GATED = ("MambaRMSNormGated", "Mamba2RMSNormGated")
+
+
+HF_GATED = [("mamba2", MAMBA2_GATED, True), ("bamba", "BambaRMSNormGated", True),
             ("nemotron_h", "NemotronHRMSNormGated", True),
             ("qwen3_next", "Qwen3NextRMSNormGated", False)]
 HALF_ULP = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -9, torch.float16: 2.0 ** -11}
@@ -472,7 +478,7 @@ def ulps(a, b, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("hf", HF_GATED, ids=lambda h: h[1])
+@pytest.mark.parametrize("hf", HF_GATED, ids=lambda h: h[0])
 def test_gated_modules_match_transformers(hf, dtype):
     module, name, grouped = hf
     cls = hf_class(module, name)
@@ -549,7 +555,7 @@ def test_patch_gated_modules_and_unknown_ones():
         def forward(self, x, gate):
             return self.weight * x * torch.sigmoid(gate)
 
-    mods = [hf_class("mamba2", "MambaRMSNormGated")(32, 8),
+    mods = [hf_class("mamba2", MAMBA2_GATED)(32, 8),
             hf_class("qwen3_next", "Qwen3NextRMSNormGated")(32), OddRMSNormGated()]
     model = torch.nn.ModuleList(mods + ([kimi] if kimi is not None else []))
     with pytest.warns(UserWarning, match="left .*OddRMSNormGated in place"):
@@ -652,9 +658,8 @@ def build_gemma(version):
 IDS = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(15))
 
 
-# Mamba2's gated norm is MambaRMSNormGated in older transformers and
-# Mamba2RMSNormGated in newer ones; patch() takes any *RMSNormGated
-@pytest.mark.parametrize("build,gated", [(build_mamba2, ("MambaRMSNormGated", "Mamba2RMSNormGated")),
+# patch() takes any *RMSNormGated, whichever name Mamba2's has
+@pytest.mark.parametrize("build,gated", [(build_mamba2, MAMBA2_GATED),
                                          (build_qwen3_next, ("Qwen3NextRMSNormGated",))],
                          ids=["mamba2", "qwen3_next"])
 def test_patched_gated_model_matches(build, gated):
