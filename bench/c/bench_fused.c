@@ -30,7 +30,9 @@
  *           fp32 and bf16, decode (T = 1) and prefill (T = 512), 1 and 2
  *           threads; then the fused op against the copy limit of its own
  *           bytes at 65536 x 128 (one head per token: x read, y written,
- *           the table's row of each token read); interleaved rounds, medians
+ *           the table's row of each token read), and the backward against
+ *           its own (x, dy and the table read, dx written; rstd saved by the
+ *           forward, dweight summed); interleaved rounds, medians
  * usage: bench_fused [add|qk|quant|linear|sandwich|gated|rope|all] [reps] */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -622,21 +624,24 @@ static void bench_rope(rmsnorm_context *ctx, size_t tokens, int bf16) {
 
 /* The fused op at rows x 128 (one head per token, positions 0..rows-1, y
  * apart from x) against the copy limit of its own bytes: per round the op,
- * then each copy kind moving the same byte total between the op's buffers
- * (x -> y, and half of the table into a buffer of its size: 2N elements of
- * data and the table's bytes, as the op reads and writes). */
-static void bench_rope_limit(rmsnorm_context *ctx, size_t rows, int bf16) {
+ * then each copy kind moving the same byte total between the op's buffers.
+ * Forward: x -> y, and half of the table into a buffer of its size (2N
+ * elements of data and the table's bytes, as the op reads and writes).
+ * Backward (bwd): x -> dx and half of dy and of the table into buffers of
+ * their size (3N elements, the table, and r's 4 bytes a row). */
+static void bench_rope_limit(rmsnorm_context *ctx, size_t rows, int bf16, int bwd) {
   size_t es = bf16 ? 2 : 4, n = rows * ROPE_HD, tb = rows * ROPE_HD * sizeof(float);
-  float *v = randf(n), *w = randf(ROPE_HD);
-  void *x = xalloc64(n * es), *y = xalloc64(n * es);
-  float *table = xalloc64(tb), *tcopy = xalloc64(tb);
+  float *v = randf(n), *w = randf(ROPE_HD), *dw = xmalloc(ROPE_HD * sizeof(float));
+  void *x = xalloc64(n * es), *y = xalloc64(n * es), *dy = xalloc64(n * es);
+  void *dycopy = xalloc64(n * es);
+  float *table = xalloc64(tb), *tcopy = xalloc64(tb), *rstd = xalloc64(rows * sizeof(float));
   for (size_t i = 0; i < n; i++) {
     if (bf16)
-      ((uint16_t *)x)[i] = f32_to_bf16(4 * v[i]);
+      ((uint16_t *)x)[i] = f32_to_bf16(4 * v[i]), ((uint16_t *)dy)[i] = f32_to_bf16(v[n - 1 - i]);
     else
-      ((float *)x)[i] = 4 * v[i];
+      ((float *)x)[i] = 4 * v[i], ((float *)dy)[i] = v[n - 1 - i];
   }
-  memset(y, 0, n * es), memset(tcopy, 0, tb);
+  memset(y, 0, n * es), memset(tcopy, 0, tb), memset(dycopy, 0, n * es);
   for (size_t j = 0; j < ROPE_HD; j++) w[j] += 1;
   rmsnorm_rope_table(table, RMSNORM_F32, rows, ROPE_HD, 1e6, 1);
   rmsnorm_config cfg;
@@ -646,6 +651,9 @@ static void bench_rope_limit(rmsnorm_context *ctx, size_t rows, int bf16) {
   rmsnorm_rope rope;
   rmsnorm_rope_init(&rope, RMSNORM_ROPE_NEOX);
   rope.cos_sin = table, rope.n_positions = rows;
+  if (bwd) /* r saved by the forward, as training does */
+    rmsnorm_qk_norm_rope_forward(ctx, &cfg, rows, 1, ROPE_HD, x, ROPE_HD, ROPE_HD, w, &rope,
+                                 NULL, y, ROPE_HD, ROPE_HD, rstd);
   const rn_copy_kind *kinds[4];
   int nkinds = rn_copy_kinds(kinds, 4);
   double *t = xmalloc((size_t)(1 + nkinds) * (size_t)reps * sizeof(double));
@@ -653,13 +661,17 @@ static void bench_rope_limit(rmsnorm_context *ctx, size_t rows, int bf16) {
     rmsnorm_context_set_threads(ctx, threads);
     for (int r = -1; r < reps; r++) {
       double t0 = now();
-      rmsnorm_qk_norm_rope_forward(ctx, &cfg, rows, 1, ROPE_HD, x, ROPE_HD, ROPE_HD, w, &rope,
-                                   NULL, y, ROPE_HD, ROPE_HD, NULL);
+      if (bwd)
+        rmsnorm_qk_norm_rope_backward(ctx, &cfg, rows, 1, ROPE_HD, x, ROPE_HD, ROPE_HD, dy,
+                                      ROPE_HD, ROPE_HD, w, &rope, rstd, y, ROPE_HD, ROPE_HD, dw);
+      else
+        rmsnorm_qk_norm_rope_forward(ctx, &cfg, rows, 1, ROPE_HD, x, ROPE_HD, ROPE_HD, w, &rope,
+                                     NULL, y, ROPE_HD, ROPE_HD, NULL);
       if (r >= 0) t[r] = now() - t0;
       for (int k = 0; k < nkinds; k++) {
-        char *dst[3] = {(char *)y, (char *)tcopy, NULL};
-        const char *src[3] = {(const char *)x, (const char *)table, NULL};
-        size_t bytes[3] = {n * es, tb / 2, 0};
+        char *dst[3] = {(char *)y, (char *)tcopy, (char *)dycopy};
+        const char *src[3] = {(const char *)x, (const char *)table, (const char *)dy};
+        size_t bytes[3] = {n * es, tb / 2 + (bwd ? rows * 2 : 0), bwd ? n * es / 2 : 0};
         t0 = now();
         copy_threads(kinds[k], dst, src, bytes, threads);
         if (r >= 0) t[(size_t)(1 + k) * reps + r] = now() - t0;
@@ -671,13 +683,14 @@ static void bench_rope_limit(rmsnorm_context *ctx, size_t rows, int bf16) {
       double c = median(t + (size_t)(1 + k) * reps, reps);
       if (c < lim) lim = c, name = kinds[k]->name;
     }
-    printf("rope %s %zux%d (one head per token) threads=%d, median of %d interleaved rounds: "
-           "%.3f ms (x %.1f MB + y %.1f MB + table %.1f MB) = %.2f of the copy limit "
-           "(%s %.3f ms)\n",
-           bf16 ? "bf16" : "f32", rows, ROPE_HD, threads, reps, op * 1e3, n * es / 1e6,
-           n * es / 1e6, tb / 1e6, lim / op, name, lim * 1e3);
+    printf("rope %s %s %zux%d (one head per token) threads=%d, median of %d interleaved "
+           "rounds: %.3f ms (%s %.1f MB + table %.1f MB) = %.2f of the copy limit (%s %.3f ms)\n",
+           bwd ? "backward" : "forward", bf16 ? "bf16" : "f32", rows, ROPE_HD, threads, reps,
+           op * 1e3, bwd ? "x, dy, dx" : "x, y", (bwd ? 3 : 2) * n * es / 1e6, tb / 1e6,
+           lim / op, name, lim * 1e3);
   }
-  free(v), free(w), free(x), free(y), free(table), free(tcopy), free(t);
+  free(v), free(w), free(dw), free(x), free(y), free(dy), free(dycopy), free(table), free(tcopy);
+  free(rstd), free(t);
 }
 
 int main(int argc, char **argv) {
@@ -713,7 +726,8 @@ int main(int argc, char **argv) {
       bench_rope(ctx, 1, bf16);
       bench_rope(ctx, 512, bf16);
     }
-    for (int bf16 = 0; bf16 < 2; bf16++) bench_rope_limit(ctx, 65536, bf16);
+    for (int bwd = 0; bwd < 2; bwd++)
+      for (int bf16 = 0; bf16 < 2; bf16++) bench_rope_limit(ctx, 65536, bf16, bwd);
   }
   if (all || !strcmp(what, "linear")) {
     bench_linear(ctx, 2, 4, 3);

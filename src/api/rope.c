@@ -307,6 +307,8 @@ rmsnorm_status rmsnorm_qk_norm_rope_backward(rmsnorm_context *ctx, const rmsnorm
   job.args = rope_args(&e, &r, heads, head_dim, x, ldx_token, ldx_head);
   job.args.dy = dy, job.args.lddy_t = lddy_token, job.args.lddy_h = lddy_head;
   job.args.dx = dx, job.args.lddx_t = lddx_token, job.args.lddx_h = lddx_head;
+  job.args.stream =
+      dx != x && dx != dy && rn_stream_ok(1, dx, es, rows * head_dim * es) != RN_CACHED;
   job.args.rstd = (void *)(uintptr_t)rstd; /* read only in the backward */
   job.task_bytes = task_bytes;
   job.task_scratch = sums + plan.bytes;

@@ -229,7 +229,9 @@ typedef struct rn_rope_args {
   void *y;                 /* forward: y, may equal x (same strides), or NULL */
   size_t ldy_t, ldy_h;
   int stream;              /* forward: y apart from x and large: its rows are
-                              streamed past the caches (rope_ref.inc) */
+                              streamed past the caches (rope_ref.inc);
+                              backward: dx apart from x and dy and large (the
+                              SIMD sets stream it: rope_simd.inc) */
   const void *dy;          /* backward: dy; dx may equal x or dy */
   size_t lddy_t, lddy_h;
   void *dx;
