@@ -230,6 +230,7 @@ rmsnorm_status rmsnorm_qk_norm_rope_forward(rmsnorm_context *ctx, const rmsnorm_
   job.args = rope_args(&e, &r, heads, head_dim, x, ldx_token, ldx_head);
   job.args.y = y, job.args.ldy_t = ldy_token, job.args.ldy_h = ldy_head;
   job.args.stream = y && y != x && rn_stream_ok(1, y, es, rows * head_dim * es) != RN_CACHED;
+  job.args.prefetch = 2 * rows * head_dim * es >= RN_DRAM_BYTES;
   job.args.rstd = rstd;
   if (cache) {
     job.args.k = kv.k, job.args.ldk_slot = kv.ld_slot, job.args.ldk_h = kv.ld_head;
@@ -309,6 +310,7 @@ rmsnorm_status rmsnorm_qk_norm_rope_backward(rmsnorm_context *ctx, const rmsnorm
   job.args.dx = dx, job.args.lddx_t = lddx_token, job.args.lddx_h = lddx_head;
   job.args.stream =
       dx != x && dx != dy && rn_stream_ok(1, dx, es, rows * head_dim * es) != RN_CACHED;
+  job.args.prefetch = 3 * rows * head_dim * es >= RN_DRAM_BYTES;
   job.args.rstd = (void *)(uintptr_t)rstd; /* read only in the backward */
   job.task_bytes = task_bytes;
   job.task_scratch = sums + plan.bytes;

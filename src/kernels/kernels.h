@@ -208,8 +208,8 @@ typedef struct rn_gated_args {
   int prefetch;        /* the inputs are DRAM-sized: rows prefetch the next */
 } rn_gated_args;
 /* row_scratch: RN_GATED_SCRATCH(d) bytes (nine rows of the compute type),
- * 64-byte aligned, private to the calling task. The backward adds dweight terms into dw_part ((d,) acc,
- * zeroed by the caller, or NULL). */
+ * 64-byte aligned, private to the calling task. The backward adds dweight
+ * terms into dw_part ((d,) acc, zeroed by the caller, or NULL). */
 #define RN_GATED_SCRATCH(d) ((((d) + 15) & ~(size_t)15) * 8 * 9)
 typedef void (*rn_gated_fwd_fn)(const rn_gated_args *a, size_t row_begin, size_t row_end,
                                 void *row_scratch);
@@ -232,6 +232,8 @@ typedef struct rn_rope_args {
                               streamed past the caches (rope_ref.inc);
                               backward: dx apart from x and dy and large (the
                               SIMD sets stream it: rope_simd.inc) */
+  int prefetch;            /* the rows are DRAM-sized: the SIMD sets prefetch
+                              the next group's (forward) or row's (backward) */
   const void *dy;          /* backward: dy; dx may equal x or dy */
   size_t lddy_t, lddy_h;
   void *dx;
