@@ -270,6 +270,19 @@ int main(void) {
                   1, 0, 1, 0, bw, 0, 0, 1e-6, 0.4, 0};
     compare(&p, seed);
   }
+  /* short rows whose dx rows share an offset to a vector boundary (ld_out a
+   * multiple of 16 elements), past the streaming threshold: the backward's
+   * pass 2 streams two rows at once. Whole vectors on 64-byte lines (fp32,
+   * DRAM-sized); at malloc's 16-byte offset, each row's partial head and tail
+   * meet the other row's in the join (LayerNorm with bias, x at its own
+   * stride; bf16); rows of 120 in 128 with pRMSNorm's split at k */
+  for (int v = 0; v < 4; v++, seed++) {
+    if (tu_emulated() && v) continue; /* emulated: one */
+    run_spec s = {v == 3 ? RMSNORM_BF16 : RMSNORM_F32, RMSNORM_F32, v == 1, 1, 9001 + (size_t)v,
+                  v == 2 ? 120 : 128, v == 1 ? 131 : 128, 128, 1, v == 1, 1, v == 1, v != 2, 0,
+                  0, 1e-6, v == 2 ? 0.4 : 1.0, v == 0 || v == 2};
+    compare(&s, seed);
+  }
   /* many rows: more than 64 backward chunks of 64 rows, so the dweight and
    * dbias reduction sums chunks in groups (work.h) */
   for (int dt = 0; dt < 4; dt++)
