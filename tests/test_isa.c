@@ -15,6 +15,11 @@ typedef struct run_spec {
   int aligned; /* x, dy and the output on 64-byte boundaries (else malloc's) */
 } run_spec;
 
+/* Set while a case's backward also meets rows that leave a group's shared
+ * path: row 5's saved r unusable (0: recomputed from x) and row 11's dy so
+ * large that its sums overflow (the rescue path; fp16 sums cannot). */
+static int edge_rows;
+
 /* Runs one op on ctx with fixed inputs (seeded); returns the output bytes
  * (y or dx, then stats or dweight/dbias) in a malloc'd buffer. */
 static unsigned char *run_once(rmsnorm_context *ctx, const run_spec *s, uint64_t seed,
@@ -62,7 +67,10 @@ static unsigned char *run_once(rmsnorm_context *ctx, const run_spec *s, uint64_t
                 ? rmsnorm_layernorm_forward(ctx, &cfg, rows, d, x.data, s->ld_in, wp, NULL, y.data, d, mean, rstd)
                 : rmsnorm_forward(ctx, &cfg, rows, d, x.data, s->ld_in, wp, NULL, y.data, d, rstd);
       tu_free(&y);
+      if (edge_rows && rows > 12) memset((char *)rstd + 5 * as, 0, as);
     }
+    if (edge_rows && rows > 12 && s->dt != RMSNORM_F16)
+      for (size_t j = 0; j < d; j++) tu_set(&dy, 11, j, s->dt == RMSNORM_F64 ? 1e308 : 3e38);
     void *dwp = s->dw && s->weight ? dw.data : NULL, *dbp = s->db ? db.data : NULL;
     *st = s->layernorm
               ? rmsnorm_layernorm_backward(ctx, &cfg, rows, d, x.data, s->ld_in, dy.data, s->ld_in, wp,
@@ -283,6 +291,20 @@ int main(void) {
                   0, 1e-6, v == 2 ? 0.4 : 1.0, v == 0 || v == 2};
     compare(&s, seed);
   }
+  /* the RMSNorm backward of short rows in whole groups of 8 (their sums'
+   * last steps shared) with a saved r, where rows 5 and 11 leave the group's
+   * path (edge_rows); every dtype, with and without a weight, pRMSNorm;
+   * fp32 also streamed past the threshold */
+  edge_rows = 1;
+  for (int dt = 0; dt < 4; dt++)
+    for (int v = 0; v < 3; v++, seed++) {
+      if (tu_emulated() && (dt == RMSNORM_F16 || dt == RMSNORM_F64)) continue;
+      size_t rows = v == 2 && dt == RMSNORM_F32 ? 9001 : 43, d = v == 1 ? 33 : 128;
+      run_spec s = {(rmsnorm_dtype)dt, RMSNORM_F32, 0, 1, rows, d, d, d, v != 1, 0, v != 1, 0,
+                    1, 0, 0, 1e-6, v == 1 ? 0.6 : 1.0, 0};
+      compare(&s, seed);
+    }
+  edge_rows = 0;
   /* many rows: more than 64 backward chunks of 64 rows, so the dweight and
    * dbias reduction sums chunks in groups (work.h) */
   for (int dt = 0; dt < 4; dt++)
