@@ -115,6 +115,7 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
   a.mean = mean;
   a.rstd = rstd;
   a.stream = rn_stream_ok(y != x, y, es, rows * d * es);
+  a.past_l3 = 2 * rows * d * es >= RN_PAST_L3_BYTES;
   const rn_kernel_set *k = e.kernels;
   if (split_rows(ctx, rows, d, es)) {
     cols_job job = {k, cfg->dtype, &a, NULL, 0, d, {0}, NULL, NULL};
@@ -208,6 +209,7 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   a.mean = mean;
   a.rstd = rstd;
   a.stream = rn_stream_ok(dx != dy && dx != x, dx, es, rows * d * es);
+  a.past_l3 = 3 * rows * d * es >= RN_PAST_L3_BYTES;
   backward_job job = {ctx, e.kernels, &a, {0, 0, 0}};
   if (split) job.split = rn_split_for(ctx, 1, d * 3 * es, d / 64);
   rn_grad_run(ctx, &plan, sums, backward_chunk, &job);

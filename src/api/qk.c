@@ -75,6 +75,7 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
   job.args = rn_entry_forward_args(&e, RN_RMSNORM, head_dim, x, ldx_head, y, ldy_head);
   job.args.rstd = rstd;
   job.args.stream = rn_stream_ok(job.g.flat && y != x, y, es, rows * head_dim * es);
+  job.args.past_l3 = 2 * rows * head_dim * es >= RN_PAST_L3_BYTES;
   rn_run_rows(ctx, rn_split_for(ctx, rows, rows * head_dim * 2 * es, tokens), tokens,
               qk_fwd_tokens, &job);
   return rn_entry_unlock(&e, RMSNORM_OK);
@@ -154,6 +155,7 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
   job.args.rstd = rstd;
   job.args.stream =
       rn_stream_ok(job.g.flat && dx != dy && dx != x, dx, es, rows * head_dim * es);
+  job.args.past_l3 = 3 * rows * head_dim * es >= RN_PAST_L3_BYTES;
   rn_grad_run(ctx, &plan, sums, qk_bwd_chunk, &job);
   return rn_entry_unlock(&e, RMSNORM_OK);
 }

@@ -72,6 +72,8 @@ typedef struct rn_forward_args {
   void *rstd;          /* rstd: (rows,) acc, or NULL */
   rn_stream stream;    /* not RN_CACHED when y is large, not x, and aligned to its
                           element size: kernels may store past the caches */
+  int past_l3;         /* the call's x and y are RN_PAST_L3_BYTES or more: its rows
+                          come from DRAM (RN_SHORT_ROWS_ONE_BY_ONE) */
 } rn_forward_args;
 
 /* Backward over rows [row_begin, row_end), adding this block's dweight/dbias
@@ -93,6 +95,7 @@ typedef struct rn_backward_args {
   const void *rstd;    /*   (RMSNorm: rstd alone) */
   rn_stream stream;    /* not RN_CACHED when dx is large and aliases nothing: may
                           store past the caches */
+  int past_l3;         /* x, dy and dx are RN_PAST_L3_BYTES or more (as the forward's) */
 } rn_backward_args;
 
 typedef void (*rn_forward_fn)(const rn_forward_args *a, size_t row_begin, size_t row_end);

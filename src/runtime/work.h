@@ -29,6 +29,15 @@
  * from -10% to +66% (the backward on two threads), 4096x4096 up 5-25%. */
 #define RN_DRAM_BYTES ((size_t)4 << 20)
 
+/* From this many bytes of a call's inputs and outputs its rows come from
+ * DRAM even where the last-level cache is large (32 MiB on a Zen 4 CCD),
+ * and AVX-512 takes short rows one at a time (RN_SHORT_ROWS_ONE_BY_ONE).
+ * Measured on the Zen 4 VM, fp32 rows of 128, one thread: the forward one at
+ * a time was 10% slower at 24576 rows (24 MiB), 7% faster at 32768 and 28%
+ * at 49152; the backward 19-26% slower at 8192-16384 rows (12-24 MiB),
+ * within the noise at 24576-32768 and faster from 49152 (72 MiB). */
+#define RN_PAST_L3_BYTES ((size_t)32 << 20)
+
 /* Whether outputs of `bytes` at p (elements of es bytes) are worth streaming
  * past the caches: `free` (the output aliases no input), large, and p aligned
  * to its element size (a streaming store needs a vector-aligned address,
