@@ -231,6 +231,7 @@ rmsnorm_status rmsnorm_qk_norm_rope_forward(rmsnorm_context *ctx, const rmsnorm_
   job.args.y = y, job.args.ldy_t = ldy_token, job.args.ldy_h = ldy_head;
   job.args.stream = y && y != x && rn_stream_ok(1, y, es, rows * head_dim * es) != RN_CACHED;
   job.args.prefetch = 2 * rows * head_dim * es >= RN_DRAM_BYTES;
+  job.args.past_l3 = 2 * rows * head_dim * es >= RN_PAST_L3_BYTES;
   job.args.rstd = rstd;
   if (cache) {
     job.args.k = kv.k, job.args.ldk_slot = kv.ld_slot, job.args.ldk_h = kv.ld_head;

@@ -237,6 +237,8 @@ typedef struct rn_rope_args {
                               SIMD sets stream it: rope_simd.inc) */
   int prefetch;            /* the rows are DRAM-sized: the SIMD sets prefetch
                               the next group's (forward) or row's (backward) */
+  int past_l3;             /* forward: x and y are RN_PAST_L3_BYTES or more
+                              (RN_SHORT_ROWS_ONE_BY_ONE) */
   const void *dy;          /* backward: dy; dx may equal x or dy */
   size_t lddy_t, lddy_h;
   void *dx;
