@@ -268,13 +268,14 @@ int main(void) {
     }
   /* short rows of fp32 and fp64 whose call moves 32 MiB or more
    * (RN_PAST_L3_BYTES), in place (y = x, dx = dy: not streamed) and apart:
-   * where a vector is a whole line (AVX-512) they go one at a time, not in
-   * groups; the backward with a saved r whose rows 5 and 11 leave the fast
-   * path (edge_rows) */
+   * where a vector is a whole line (AVX-512) they leave the groups of 8, the
+   * forward's one at a time and the backward's in pairs (an odd count: a
+   * last row alone); the backward with a saved r whose rows 5 and 11 leave
+   * the fast path (edge_rows) */
   for (int v = 0; v < 4; v++, seed++) {
     if (tu_emulated()) continue; /* a path of line-sized vectors only */
     int f64 = v >> 1, bw = v & 1, inplace = v == 0 || v == 3;
-    size_t rows = ((size_t)32 << 20) / ((bw ? 3 : 2) * 128 * (f64 ? 8 : 4)) + 1;
+    size_t rows = (((size_t)32 << 20) / ((bw ? 3 : 2) * 128 * (f64 ? 8 : 4)) + 1) | 1;
     edge_rows = bw;
     run_spec s = {f64 ? RMSNORM_F64 : RMSNORM_F32, RMSNORM_F32, 0, bw, rows, 128, 128, 128, 1,
                   0, bw, 0, bw, inplace, 0, 1e-6, 1.0, 1};

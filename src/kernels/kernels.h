@@ -73,7 +73,7 @@ typedef struct rn_forward_args {
   rn_stream stream;    /* not RN_CACHED when y is large, not x, and aligned to its
                           element size: kernels may store past the caches */
   int past_l3;         /* the call's x and y are RN_PAST_L3_BYTES or more: its rows
-                          come from DRAM (RN_SHORT_ROWS_ONE_BY_ONE) */
+                          come from DRAM (RN_SHORT_ROWS_FROM_DRAM) */
 } rn_forward_args;
 
 /* Backward over rows [row_begin, row_end), adding this block's dweight/dbias
@@ -238,7 +238,7 @@ typedef struct rn_rope_args {
   int prefetch;            /* the rows are DRAM-sized: the SIMD sets prefetch
                               the next group's (forward) or row's (backward) */
   int past_l3;             /* forward: x and y are RN_PAST_L3_BYTES or more
-                              (RN_SHORT_ROWS_ONE_BY_ONE) */
+                              (RN_SHORT_ROWS_FROM_DRAM) */
   const void *dy;          /* backward: dy; dx may equal x or dy */
   size_t lddy_t, lddy_h;
   void *dx;

@@ -31,7 +31,7 @@
 
 /* From this many bytes of a call's inputs and outputs its rows come from
  * DRAM even where the last-level cache is large (32 MiB on a Zen 4 CCD),
- * and AVX-512 takes short rows one at a time (RN_SHORT_ROWS_ONE_BY_ONE).
+ * and AVX-512 takes short rows out of their groups (RN_SHORT_ROWS_FROM_DRAM).
  * Measured on the Zen 4 VM, fp32 rows of 128, one thread: the forward one at
  * a time was 10% slower at 24576 rows (24 MiB), 7% faster at 32768 and 28%
  * at 49152; the backward 19-26% slower at 8192-16384 rows (12-24 MiB),
