@@ -638,6 +638,18 @@ static int outs_same(const tcase *c, const ins *in, const outs *a, const outs *b
  * in-place one (y = x, dx = dy) on 1 and 2 threads. */
 static int sets_in_place_only;
 
+/* Set for weights whose outputs reach the stores' edges: check_sets then
+ * gives some columns gains that make y subnormal (a pair's both halves, so
+ * the rotated sums stay tiny: VCVTNEPS2BF16 would flush them), and one a
+ * NaN (its pair partner normal), in some vectors of a row but not others. */
+static int edge_weights;
+
+static void weight_edges(float *w, size_t d) {
+  size_t half = d / 2;
+  for (size_t j = 0; j < half; j += 16 + j % 3) w[j] = w[j + half] = 3e-39f * (1 + (float)(j % 4));
+  w[half / 2 + 1] = NAN;
+}
+
 static void check_sets(const tcase *c0, int special) {
   tcase cc = *c0;
   size_t T = cc.tokens, H = cc.heads, d = cc.hd, rows = T * H;
@@ -665,6 +677,7 @@ static void check_sets(const tcase *c0, int special) {
     }
   }
   in.w = weight_make(c);
+  if (edge_weights && in.w) weight_edges(in.w, d);
   in.R = rope_make(c, 10000);
   in.n_slots = 3 * T + 2; /* slots 3t + 1: distinct, scattered */
   in.slots = malloc(T * sizeof *in.slots);
@@ -1017,6 +1030,12 @@ int main(void) {
         if (gptj == 0) check_sets(&c, 1);
       }
   }
+  edge_weights = 1; /* every dtype, rows in groups and alone */
+  for (size_t di = 0; di < 4; di++) {
+    tcase edges = {dts[di], 5, 4, 128, 0, 0, TOKEN_MAJOR, 0, 1, 0, 1e-6};
+    check_sets(&edges, 0);
+  }
+  edge_weights = 0;
   if (!emu) { /* 2-byte rows from 1 MiB on: y and the backward's dx stream too */
     tcase big = {RMSNORM_BF16, 4100, 1, 128, 0, 0, TOKEN_MAJOR, 1, 1, 0, 1e-6};
     check_sets(&big, 0);

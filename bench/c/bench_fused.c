@@ -28,7 +28,10 @@
  *           compiled for AVX-512/AVX2 where the CPU has them, as the
  *           library's kernels are; threads as many from 1M elements);
  *           fp32 and bf16, decode (T = 1) and prefill (T = 512), 1 and 2
- *           threads; then the fused op against the copy limit of its own
+ *           threads, with each of the unfused calls also timed alone: the
+ *           fused op does all of QK-norm's work, so qk / (qk + rotation) is
+ *           the least fused/unfused it could reach with its rotation free
+ *           ("floor"); then the fused op against the copy limit of its own
  *           bytes at 65536 x 128 (one head per token: x read, y written,
  *           the table's row of each token read), and the backward against
  *           its own (x, dy and the table read, dx written; rstd saved by the
@@ -555,7 +558,8 @@ static void rope_threads(void *x, size_t tokens, size_t heads, size_t ld_t, cons
 }
 
 /* Fused Q and K calls against QK-norm then the rotation pass, in place in a
- * QKV buffer, at positions 4096 - T .. 4095 of a 4096-row table. The gains
+ * QKV buffer, at positions 4096 - T .. 4095 of a 4096-row table; the two
+ * steps of the unfused composition are also timed on their own. The gains
  * are all 1: the rows are normalized and rotated again and again in place,
  * and gains of other values would drive the channels with the smaller ones
  * into subnormals within a few hundred rounds (whose arithmetic is slow on
@@ -587,24 +591,31 @@ static void bench_rope(rmsnorm_context *ctx, size_t tokens, int bf16) {
   size_t ld_t = W * ROPE_HD, koff = ROPE_HQ * ROPE_HD * es;
   char *k = (char *)qkv + koff;
   int small = tokens * (ROPE_HQ + ROPE_HK) * ROPE_HD < ((size_t)1 << 20), inner = small ? 500 : 2;
-  double *t = xmalloc(2 * (size_t)reps * sizeof(double));
-  double *ratio = xmalloc((size_t)reps * sizeof(double));
+  /* per round: the fused calls, the unfused composition, then its QK-norm
+   * calls and its rotation passes each alone */
+  enum { FUSED, UNFUSED, QK, ROT, STEPS };
+  double *t = xmalloc(STEPS * (size_t)reps * sizeof(double));
+  double *ratio = xmalloc(2 * (size_t)reps * sizeof(double)), *floor_ = ratio + reps;
   for (int threads = 1; threads <= 2; threads++) {
     rmsnorm_context_set_threads(ctx, threads);
     for (int r = -1; r < reps; r++) { /* round -1 warms up */
-      for (int m = 0; m < 2; m++) {
+      for (int m = 0; m < STEPS; m++) {
         double t0 = now();
         for (int i = 0; i < inner; i++) {
-          if (m == 0) {
+          if (m == FUSED) {
             rmsnorm_qk_norm_rope_forward(ctx, &cfg, tokens, ROPE_HQ, ROPE_HD, qkv, ld_t, ROPE_HD,
                                          wq, &rope, NULL, qkv, ld_t, ROPE_HD, NULL);
             rmsnorm_qk_norm_rope_forward(ctx, &cfg, tokens, ROPE_HK, ROPE_HD, k, ld_t, ROPE_HD,
                                          wk, &rope, NULL, k, ld_t, ROPE_HD, NULL);
-          } else {
+            continue;
+          }
+          if (m == UNFUSED || m == QK) {
             rmsnorm_qk_norm_forward(ctx, &cfg, tokens, ROPE_HQ, ROPE_HD, qkv, ld_t, ROPE_HD, wq,
                                     NULL, qkv, ld_t, ROPE_HD, NULL);
             rmsnorm_qk_norm_forward(ctx, &cfg, tokens, ROPE_HK, ROPE_HD, k, ld_t, ROPE_HD, wk,
                                     NULL, k, ld_t, ROPE_HD, NULL);
+          }
+          if (m == UNFUSED || m == ROT) {
             rope_threads(qkv, tokens, ROPE_HQ, ld_t, table, pos, bf16, small ? 1 : threads);
             rope_threads(k, tokens, ROPE_HK, ld_t, table, pos, bf16, small ? 1 : threads);
           }
@@ -612,12 +623,18 @@ static void bench_rope(rmsnorm_context *ctx, size_t tokens, int bf16) {
         if (r >= 0) t[(size_t)m * (size_t)reps + (size_t)r] = (now() - t0) / inner;
       }
     }
-    for (int r = 0; r < reps; r++) ratio[r] = t[r] / t[(size_t)reps + (size_t)r];
-    double fused = median(t, reps), unfused = median(t + reps, reps);
+    for (int r = 0; r < reps; r++) {
+      double qk = t[QK * (size_t)reps + (size_t)r], rot = t[ROT * (size_t)reps + (size_t)r];
+      ratio[r] = t[FUSED * (size_t)reps + (size_t)r] / t[UNFUSED * (size_t)reps + (size_t)r];
+      floor_[r] = qk / (qk + rot);
+    }
     printf("rope %s %s (%zu tokens x (%d Q + %d K heads) x %d) threads=%d, median of %d "
-           "interleaved rounds: fused %.3f us, qk-norm + rope pass %.3f us, fused/unfused %.2f\n",
+           "interleaved rounds: fused %.3f us, qk-norm + rope pass %.3f us (qk-norm %.3f, "
+           "rope pass %.3f), fused/unfused %.2f, floor %.2f\n",
            bf16 ? "bf16" : "f32", tokens == 1 ? "decode" : "prefill", tokens, ROPE_HQ, ROPE_HK,
-           ROPE_HD, threads, reps, fused * 1e6, unfused * 1e6, median(ratio, reps));
+           ROPE_HD, threads, reps, median(t + FUSED * reps, reps) * 1e6,
+           median(t + UNFUSED * reps, reps) * 1e6, median(t + QK * reps, reps) * 1e6,
+           median(t + ROT * reps, reps) * 1e6, median(ratio, reps), median(floor_, reps));
   }
   free(v), free(wq), free(wk), free(table), free(qkv), free(pos), free(t), free(ratio);
 }
