@@ -28,10 +28,11 @@
  *           compiled for AVX-512/AVX2 where the CPU has them, as the
  *           library's kernels are; threads as many from 1M elements);
  *           fp32 and bf16, decode (T = 1) and prefill (T = 512), 1 and 2
- *           threads, with each of the unfused calls also timed alone: the
- *           fused op does all of QK-norm's work, so qk / (qk + rotation) is
- *           the least fused/unfused it could reach with its rotation free
- *           ("floor"); then the fused op against the copy limit of its own
+ *           threads, with each step of the unfused composition also timed
+ *           alone: "qk-norm share" = qk / (qk + rotation) is the ratio a
+ *           fused op would reach if it cost what QK-norm alone does (it does
+ *           all of QK-norm's work, and its rotation besides); then the fused
+ *           op against the copy limit of its own
  *           bytes at 65536 x 128 (one head per token: x read, y written,
  *           the table's row of each token read), and the backward against
  *           its own (x, dy and the table read, dx written; rstd saved by the
@@ -595,7 +596,7 @@ static void bench_rope(rmsnorm_context *ctx, size_t tokens, int bf16) {
    * calls and its rotation passes each alone */
   enum { FUSED, UNFUSED, QK, ROT, STEPS };
   double *t = xmalloc(STEPS * (size_t)reps * sizeof(double));
-  double *ratio = xmalloc(2 * (size_t)reps * sizeof(double)), *floor_ = ratio + reps;
+  double *ratio = xmalloc(2 * (size_t)reps * sizeof(double)), *share = ratio + reps;
   for (int threads = 1; threads <= 2; threads++) {
     rmsnorm_context_set_threads(ctx, threads);
     for (int r = -1; r < reps; r++) { /* round -1 warms up */
@@ -626,15 +627,15 @@ static void bench_rope(rmsnorm_context *ctx, size_t tokens, int bf16) {
     for (int r = 0; r < reps; r++) {
       double qk = t[QK * (size_t)reps + (size_t)r], rot = t[ROT * (size_t)reps + (size_t)r];
       ratio[r] = t[FUSED * (size_t)reps + (size_t)r] / t[UNFUSED * (size_t)reps + (size_t)r];
-      floor_[r] = qk / (qk + rot);
+      share[r] = qk / (qk + rot);
     }
     printf("rope %s %s (%zu tokens x (%d Q + %d K heads) x %d) threads=%d, median of %d "
            "interleaved rounds: fused %.3f us, qk-norm + rope pass %.3f us (qk-norm %.3f, "
-           "rope pass %.3f), fused/unfused %.2f, floor %.2f\n",
+           "rope pass %.3f), fused/unfused %.2f, qk-norm share %.2f\n",
            bf16 ? "bf16" : "f32", tokens == 1 ? "decode" : "prefill", tokens, ROPE_HQ, ROPE_HK,
            ROPE_HD, threads, reps, median(t + FUSED * reps, reps) * 1e6,
            median(t + UNFUSED * reps, reps) * 1e6, median(t + QK * reps, reps) * 1e6,
-           median(t + ROT * reps, reps) * 1e6, median(ratio, reps), median(floor_, reps));
+           median(t + ROT * reps, reps) * 1e6, median(ratio, reps), median(share, reps));
   }
   free(v), free(wq), free(wk), free(table), free(qkv), free(pos), free(t), free(ratio);
 }

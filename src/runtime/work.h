@@ -24,7 +24,7 @@
 
 /* From this many bytes of output (and as many of input) the rows come from
  * DRAM, and the fp32/fp64 kernels prefetch each line several times
- * (V_PREFETCH_REPEAT). Measured on a Zen 4 VM, fp32, % of the copy: the
+ * (V_PREFETCH_REPEAT). Measured on an AMD EPYC VM, fp32, % of the copy: the
  * repeats moved 512x576 (1.2 MB, from L2/L3) 10-20% down; 512x4096 (8 MiB)
  * from -10% to +66% (the backward on two threads), 4096x4096 up 5-25%. */
 #define RN_DRAM_BYTES ((size_t)4 << 20)
@@ -32,7 +32,7 @@
 /* From this many bytes of a call's inputs and outputs its rows come from
  * DRAM even where the last-level cache is large (32 MiB on a Zen 4 CCD),
  * and AVX-512 takes short rows out of their groups (RN_SHORT_ROWS_FROM_DRAM).
- * Measured on the Zen 4 VM, fp32 rows of 128, one thread: the forward one at
+ * Measured on the EPYC VM, fp32 rows of 128, one thread: the forward one at
  * a time was 10% slower at 24576 rows (24 MiB), 7% faster at 32768 and 28%
  * at 49152; the backward 19-26% slower at 8192-16384 rows (12-24 MiB),
  * within the noise at 24576-32768 and faster from 49152 (72 MiB). */
