@@ -1039,6 +1039,11 @@ int main(void) {
   if (!emu) { /* 2-byte rows from 1 MiB on: y and the backward's dx stream too */
     tcase big = {RMSNORM_BF16, 4100, 1, 128, 0, 0, TOKEN_MAJOR, 1, 1, 0, 1e-6};
     check_sets(&big, 0);
+    /* from 4 MiB of x and y, streamed 2-byte rows prefetch the next group */
+    for (size_t di = 2; di < 4; di++) {
+      tcase dram = {dts[di], 8193, 1, 128, 0, 0, TOKEN_MAJOR, 1, 1, 0, 1e-6};
+      check_sets(&dram, 0);
+    }
     /* calls of 32 MiB or more written in place: AVX-512 takes their rows one
      * at a time (fp32, fp64) */
     sets_in_place_only = 1;

@@ -36,7 +36,9 @@
  *           bytes at 65536 x 128 (one head per token: x read, y written,
  *           the table's row of each token read), and the backward against
  *           its own (x, dy and the table read, dx written; rstd saved by the
- *           forward, dweight summed); interleaved rounds, medians
+ *           forward, dweight summed), each also on its first 512 rows in
+ *           cache (what a row's arithmetic costs where memory is free, to set
+ *           beside the copy limit a row); interleaved rounds, medians
  * usage: bench_fused [add|qk|quant|linear|sandwich|gated|rope|all] [reps] */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -647,6 +649,23 @@ static void bench_rope(rmsnorm_context *ctx, size_t tokens, int bf16) {
  * elements of data and the table's bytes, as the op reads and writes).
  * Backward (bwd): x -> dx and half of dy and of the table into buffers of
  * their size (3N elements, the table, and r's 4 bytes a row). */
+/* One call of bench_rope_limit's op over its first `rows` rows. */
+static void rope_limit_call(rmsnorm_context *ctx, const rmsnorm_config *cfg, int bwd,
+                            size_t rows, const void *x, const void *dy, const float *w,
+                            const rmsnorm_rope *rope, float *rstd, void *y, float *dw) {
+  if (bwd)
+    rmsnorm_qk_norm_rope_backward(ctx, cfg, rows, 1, ROPE_HD, x, ROPE_HD, ROPE_HD, dy, ROPE_HD,
+                                  ROPE_HD, w, rope, rstd, y, ROPE_HD, ROPE_HD, dw);
+  else
+    rmsnorm_qk_norm_rope_forward(ctx, cfg, rows, 1, ROPE_HD, x, ROPE_HD, ROPE_HD, w, rope, NULL,
+                                 y, ROPE_HD, ROPE_HD, NULL);
+}
+
+/* Rows of bench_rope_limit's in-cache timing (x, y and the table's rows:
+ * 768 KiB in fp32, inside a 1 MiB L2), and its calls a round. */
+#define ROPE_CACHE_ROWS 512
+#define ROPE_CACHE_CALLS 64
+
 static void bench_rope_limit(rmsnorm_context *ctx, size_t rows, int bf16, int bwd) {
   size_t es = bf16 ? 2 : 4, n = rows * ROPE_HD, tb = rows * ROPE_HD * sizeof(float);
   float *v = randf(n), *w = randf(ROPE_HD), *dw = xmalloc(ROPE_HD * sizeof(float));
@@ -674,18 +693,19 @@ static void bench_rope_limit(rmsnorm_context *ctx, size_t rows, int bf16, int bw
                                  NULL, y, ROPE_HD, ROPE_HD, rstd);
   const rn_copy_kind *kinds[4];
   int nkinds = rn_copy_kinds(kinds, 4);
-  double *t = xmalloc((size_t)(1 + nkinds) * (size_t)reps * sizeof(double));
+  /* per round: the op, the op in cache, each copy kind */
+  double *t = xmalloc((size_t)(2 + nkinds) * (size_t)reps * sizeof(double));
+  double *tc = t + (size_t)(1 + nkinds) * reps;
   for (int threads = 1; threads <= 2; threads++) {
     rmsnorm_context_set_threads(ctx, threads);
     for (int r = -1; r < reps; r++) {
       double t0 = now();
-      if (bwd)
-        rmsnorm_qk_norm_rope_backward(ctx, &cfg, rows, 1, ROPE_HD, x, ROPE_HD, ROPE_HD, dy,
-                                      ROPE_HD, ROPE_HD, w, &rope, rstd, y, ROPE_HD, ROPE_HD, dw);
-      else
-        rmsnorm_qk_norm_rope_forward(ctx, &cfg, rows, 1, ROPE_HD, x, ROPE_HD, ROPE_HD, w, &rope,
-                                     NULL, y, ROPE_HD, ROPE_HD, NULL);
+      rope_limit_call(ctx, &cfg, bwd, rows, x, dy, w, &rope, rstd, y, dw);
       if (r >= 0) t[r] = now() - t0;
+      t0 = now();
+      for (int i = 0; i < ROPE_CACHE_CALLS; i++)
+        rope_limit_call(ctx, &cfg, bwd, ROPE_CACHE_ROWS, x, dy, w, &rope, rstd, y, dw);
+      if (r >= 0) tc[r] = (now() - t0) / ROPE_CACHE_CALLS;
       for (int k = 0; k < nkinds; k++) {
         char *dst[3] = {(char *)y, (char *)tcopy, (char *)dycopy};
         const char *src[3] = {(const char *)x, (const char *)table, (const char *)dy};
@@ -701,11 +721,13 @@ static void bench_rope_limit(rmsnorm_context *ctx, size_t rows, int bf16, int bw
       double c = median(t + (size_t)(1 + k) * reps, reps);
       if (c < lim) lim = c, name = kinds[k]->name;
     }
+    double row_ns = 1e9 / (double)rows, cache_ns = median(tc, reps) * 1e9 / ROPE_CACHE_ROWS;
     printf("rope %s %s %zux%d (one head per token) threads=%d, median of %d interleaved "
-           "rounds: %.3f ms (%s %.1f MB + table %.1f MB) = %.2f of the copy limit (%s %.3f ms)\n",
+           "rounds: %.3f ms (%s %.1f MB + table %.1f MB) = %.2f of the copy limit (%s %.3f ms); "
+           "a row: %.1f ns, %.1f in cache (%d rows), copy limit %.1f\n",
            bwd ? "backward" : "forward", bf16 ? "bf16" : "f32", rows, ROPE_HD, threads, reps,
            op * 1e3, bwd ? "x, dy, dx" : "x, y", (bwd ? 3 : 2) * n * es / 1e6, tb / 1e6,
-           lim / op, name, lim * 1e3);
+           lim / op, name, lim * 1e3, op * row_ns, cache_ns, ROPE_CACHE_ROWS, lim * row_ns);
   }
   free(v), free(w), free(dw), free(x), free(y), free(dy), free(dycopy), free(table), free(tcopy);
   free(rstd), free(t);
