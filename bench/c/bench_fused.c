@@ -642,13 +642,6 @@ static void bench_rope(rmsnorm_context *ctx, size_t tokens, int bf16) {
   free(v), free(wq), free(wk), free(table), free(qkv), free(pos), free(t), free(ratio);
 }
 
-/* The fused op at rows x 128 (one head per token, positions 0..rows-1, y
- * apart from x) against the copy limit of its own bytes: per round the op,
- * then each copy kind moving the same byte total between the op's buffers.
- * Forward: x -> y, and half of the table into a buffer of its size (2N
- * elements of data and the table's bytes, as the op reads and writes).
- * Backward (bwd): x -> dx and half of dy and of the table into buffers of
- * their size (3N elements, the table, and r's 4 bytes a row). */
 /* One call of bench_rope_limit's op over its first `rows` rows. */
 static void rope_limit_call(rmsnorm_context *ctx, const rmsnorm_config *cfg, int bwd,
                             size_t rows, const void *x, const void *dy, const float *w,
@@ -666,6 +659,15 @@ static void rope_limit_call(rmsnorm_context *ctx, const rmsnorm_config *cfg, int
 #define ROPE_CACHE_ROWS 512
 #define ROPE_CACHE_CALLS 64
 
+/* The fused op at rows x 128 (one head per token, positions 0..rows-1, y
+ * apart from x) against the copy limit of its own bytes: per round the op,
+ * the op on its first ROPE_CACHE_ROWS rows in cache (ROPE_CACHE_CALLS
+ * times), then each copy kind moving the same byte total between the op's
+ * buffers.
+ * Forward: x -> y, and half of the table into a buffer of its size (2N
+ * elements of data and the table's bytes, as the op reads and writes).
+ * Backward (bwd): x -> dx and half of dy and of the table into buffers of
+ * their size (3N elements, the table, and r's 4 bytes a row). */
 static void bench_rope_limit(rmsnorm_context *ctx, size_t rows, int bf16, int bwd) {
   size_t es = bf16 ? 2 : 4, n = rows * ROPE_HD, tb = rows * ROPE_HD * sizeof(float);
   float *v = randf(n), *w = randf(ROPE_HD), *dw = xmalloc(ROPE_HD * sizeof(float));
