@@ -50,9 +50,13 @@ typedef enum rmsnorm_status {
   RMSNORM_ERROR_OUT_OF_MEMORY = 9, /* scratch memory could not be allocated */
   RMSNORM_ERROR_BAD_ARGUMENT = 10, /* any other invalid argument (see the function's contract) */
   RMSNORM_ERROR_NOT_AVAILABLE = 11, /* not built in, or not supported by this CPU */
-  RMSNORM_ERROR_BAD_CONFIG = 12    /* the rmsnorm_config was not filled by rmsnorm_config_init
+  RMSNORM_ERROR_BAD_CONFIG = 12,   /* the rmsnorm_config was not filled by rmsnorm_config_init
                                       (its size field is unknown), or sets fields this
                                       library is too old to know */
+  RMSNORM_ERROR_OUT_OF_RANGE = 13, /* a position or cache slot outside its table or cache */
+  RMSNORM_ERROR_BAD_ROPE = 14      /* a rotation that cannot be: an unknown style or norm
+                                      mode, rotary_dim odd or above head_dim, theta <= 1
+                                      or a linear factor <= 0 (or either not finite) */
 } rmsnorm_status;
 
 /* Storage types. fp16 is IEEE binary16, bf16 the top half of an IEEE binary32;
@@ -78,7 +82,21 @@ enum {
   RMSNORM_FLAG_ROUND_BEFORE_WEIGHT = 1u << 2,
   /* Backward: add dweight/dbias into what the caller holds instead of
    * overwriting it (gradient accumulation across micro-batches). */
-  RMSNORM_FLAG_ACCUMULATE = 1u << 3
+  RMSNORM_FLAG_ACCUMULATE = 1u << 3,
+  /* QK-norm + RoPE only (every other operation refuses it, as
+   * RMSNORM_ERROR_BAD_FLAGS): fp16/bf16 data, the normalized value rounded
+   * once to the data dtype before the rotation, n = RT((x r) w), as
+   * Gemma3RMSNorm and Olmo2RMSNorm give it, then the rotation with Hugging
+   * Face's roundings in the model dtype (see "QK-norm + rotary position
+   * embedding" below). No effect for fp32/fp64; the backward treats the
+   * roundings as the identity. */
+  RMSNORM_FLAG_ROUND_BEFORE_ROTATION = 1u << 4,
+  /* QK-norm + RoPE only, with RMSNORM_FLAG_ROUND_BEFORE_WEIGHT or
+   * _ROUND_BEFORE_ROTATION: the rotation of the rounded n in the compute
+   * type, rounded once, as HF computes it from float32 cos and sin (OLMo 2's
+   * rotary embedding returns them in float32) instead of in the model
+   * dtype. Without either rounding flag the rotation is already so. */
+  RMSNORM_FLAG_FLOAT_ROTATION = 1u << 5
 };
 
 /* What one call computes, beyond shapes and buffers. Fill it with
@@ -258,6 +276,12 @@ RMSNORM_API rmsnorm_status rmsnorm_partial_count(double partial, size_t d, size_
  * with w_j = g_j, 1 + g_j (RMSNORM_FLAG_WEIGHT_OFFSET) or 1 (weight NULL), and
  * b_j = bias_j or 0. When ms + eps (or sqrt(ms) + eps) is 0, that is a row of
  * zeros with eps = 0, r is taken as 0 so the row gives b, not NaN.
+ * NaN and infinite inputs give what these formulas give in IEEE arithmetic,
+ * as torch does, in every operation of this header, forward and backward: a
+ * NaN among x_0..x_{k-1} makes the row NaN; an infinity there makes ms
+ * infinite and r = 0, so y_j = (+-0) w_j + b_j for a finite x_j and NaN for
+ * an infinite one (docs/numerics.md, "Non-finite inputs"). Finite rows whose
+ * sums overflow the compute type are computed exactly all the same.
  * rstd (optional) receives r; it may lose range for rows whose r lies outside
  * float's normal range, which the backward detects and recomputes.
  * @return RMSNORM_OK or an error status (nothing written). */
@@ -362,11 +386,14 @@ typedef enum rmsnorm_qtype {
 /* RMSNorm forward with an 8-bit output. Per row, y_j is the forward's value
  * in the compute type (before any rounding to cfg->dtype), then
  *   dynamic (static_scale NULL): s = (float)(max_j |y_j| / QMAX), QMAX = 127
- *            (int8) or 448 (e4m3), the division in the compute type; written
- *            to scale[row] (scale: rows floats, required);
+ *            (int8) or 448 (e4m3), the division in the compute type, or NaN
+ *            when a y_j is NaN (the row's codes are then 0, and it
+ *            dequantizes to NaN); written to scale[row] (scale: rows floats,
+ *            required);
  *   static:  s = *static_scale (finite, > 0; scale must be NULL);
  *   t_j = y_j * inv, inv = 1/s rounded to the compute type once per row
- *         (for 2^-126 <= s <= 2^126; y_j / s for other s > 0; 0 when s = 0),
+ *         (for 2^-126 <= s <= 2^126; y_j / s for other s > 0; 0 when s = 0
+ *         or NaN),
  *   int8: q_j = round-half-even(clamp(t_j, -128, 127)), NaN -> 0;
  *   e4m3: q_j = e4m3((float)t_j): round to nearest even, saturate to +-448,
  *         NaN -> 0x7f with t's sign.
@@ -449,8 +476,9 @@ RMSNORM_API rmsnorm_status rmsnorm_quant_row_size(const rmsnorm_quant *q, size_t
  * rows x lds elements (float for INT8/FP8_E4M3, E8M0 bytes for MXFP8),
  * NULL for Q8_0, Q8_K, MXFP4 and static scales. rstd optional. Rows the
  * double-precision rescue path computes (overflowing/underflowing sums,
- * NaN/Inf) encode y rounded to cfg->dtype; NaN and Inf inside a block are
- * encoded as docs/quantized.md states. Bit-identical across kernel sets and
+ * NaN/Inf) encode y rounded to cfg->dtype. A block (group, row) whose y
+ * holds a NaN gets a NaN scale and zero codes, so it dequantizes to NaN;
+ * Inf as docs/quantized.md states. Bit-identical across kernel sets and
  * thread counts. RMSNORM_FLAG_ACCUMULATE is RMSNORM_ERROR_BAD_FLAGS.
  * @return RMSNORM_OK or an error status (nothing written):
  * rmsnorm_quant_row_size's, a stride below the row's size
@@ -485,6 +513,9 @@ RMSNORM_API rmsnorm_status rmsnorm_add_forward_quantized(
  * RMSNORM_ERROR_BAD_STRIDE. Results equal rmsnorm_forward on each row. y may
  * be x with the same two strides; overlap checks use each buffer's whole
  * extent. rstd (optional): tokens*heads values, index t*heads + h.
+ * tokens == 0 or heads == 0 succeeds and touches nothing (NULL buffers are
+ * then accepted), as rows == 0 does for rmsnorm_forward; so does the
+ * backward, whose dweight and dbias are then not written.
  * RMSNORM_FLAG_ACCUMULATE is RMSNORM_ERROR_BAD_FLAGS.
  * @return RMSNORM_OK or an error status (nothing written). */
 RMSNORM_API rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx,
@@ -514,29 +545,53 @@ RMSNORM_API rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx,
 
 /* ---- QK-norm + rotary position embedding (Qwen3, OLMo 2, Gemma 3) --------
  * Per row of a [tokens, heads, head_dim] Q or K (strided as QK-norm's):
- *   n = RMSNorm(x) * w              (r = 1/sqrt(mean(x^2) + eps), w of head_dim)
+ *   n = RMSNorm(x) * w              (r = 1/sqrt(mean(x^2) + eps))
  *   y = rotate(n, position)         (the first rotary_dim columns; the rest = n)
  * in the compute type (float; double for fp64 data), rounded once to
- * cfg->dtype. With half = rotary_dim / 2 and the pair (a, b) of frequency i
- * (i < half), c = cos(p theta_i), s = sin(p theta_i):
+ * cfg->dtype. The statistic is taken per head (RMSNORM_ROPE_NORM_HEAD:
+ * Qwen3, Gemma 3; the mean over the row's head_dim values, w of head_dim
+ * shared by the heads) or per token (RMSNORM_ROPE_NORM_TOKEN: OLMo 2, whose
+ * norm spans the whole projection; the mean over the token's heads*head_dim
+ * values, its heads' rows taken in head order as one row, summed as
+ * rmsnorm_forward sums a row of that length, so that with contiguous heads
+ * n is rmsnorm_forward's of the [tokens, heads*head_dim] rows bit for bit;
+ * w of heads*head_dim, head h scaled by w[h*head_dim ...]). With
+ * half = rotary_dim / 2 and the pair (a, b) of frequency i (i < half),
+ * c = cos(p theta_i), s = sin(p theta_i):
  *   RMSNORM_ROPE_NEOX (rotate-half, HF apply_rotary_pos_emb): a = n[i], b = n[i + half]
  *   RMSNORM_ROPE_GPTJ (interleaved):                          a = n[2i], b = n[2i + 1]
  *   y_a = a c - b s,   y_b = b c + a s
- * (two products and one sum each, never fused). RMSNORM_FLAG_ROUND_BEFORE_WEIGHT
- * gives Hugging Face's roundings for fp16/bf16 data: n = RT(RT(x r) w), then
- * y_a = RT(RT(a c) - RT(b s)) and y_b = RT(RT(b c) + RT(a s)), RT() rounding
- * to cfg->dtype (HF rotates in the model's dtype; pass its cos/sin, which
- * it rounds to that dtype, as the table). Bias, RMSNORM_FLAG_EPS_OUTSIDE and
- * partial != 1 are refused; RMSNORM_FLAG_WEIGHT_OFFSET (Gemma's 1 + w) is
- * allowed. The formulas and the backward's derivation are in
- * src/ref/rope_ref.inc; docs/rope.md has the overview. */
+ * (two products and one sum each, never fused). For fp16/bf16 data the
+ * flags give Hugging Face's roundings, RT() rounding to cfg->dtype:
+ *   RMSNORM_FLAG_ROUND_BEFORE_WEIGHT (Qwen3RMSNorm):       n = RT(RT(x r) w)
+ *   RMSNORM_FLAG_ROUND_BEFORE_ROTATION (Gemma3RMSNorm with its 1 + w,
+ *     Olmo2RMSNorm):                                      n = RT((x r) w)
+ * then the rotation in the model dtype, y_a = RT(RT(a c) - RT(b s)) and
+ * y_b = RT(RT(b c) + RT(a s)) (HF rotates with cos and sin rounded to that
+ * dtype: pass them as the table), or with RMSNORM_FLAG_FLOAT_ROTATION in
+ * the compute type, rounded once (OLMo 2, whose cos and sin stay float32).
+ * Bias, RMSNORM_FLAG_EPS_OUTSIDE and partial != 1 are refused;
+ * RMSNORM_FLAG_WEIGHT_OFFSET (Gemma's 1 + w) is allowed. tokens == 0 or
+ * heads == 0 succeeds and touches nothing (NULL buffers accepted; dweight is
+ * not written, as rmsnorm_backward's with rows == 0). The formulas and the
+ * backward's derivation are in src/ref/rope_ref.inc; docs/rope.md has the
+ * overview. */
 enum {
   RMSNORM_ROPE_NEOX = 0, /* pairs (i, i + rotary_dim/2) */
   RMSNORM_ROPE_GPTJ = 1  /* pairs (2i, 2i + 1) */
 };
 
+/* Where the statistic of rmsnorm_qk_norm_rope_* is taken (rmsnorm_rope.norm). */
+enum {
+  RMSNORM_ROPE_NORM_HEAD = 0, /* one r per row of head_dim; w, dweight of head_dim;
+                                 rstd tokens*heads values, index t*heads + h */
+  RMSNORM_ROPE_NORM_TOKEN = 1 /* one r per token over its heads*head_dim values; w,
+                                 dweight of heads*head_dim; rstd tokens values */
+};
+
 /* The rotation of rmsnorm_qk_norm_rope_*. Fill it with rmsnorm_rope_init,
- * then set the table; versioned by `size` as rmsnorm_config. cos_sin: row p
+ * then set the table; versioned by `size` as rmsnorm_config (a caller
+ * built before `norm` existed gets RMSNORM_ROPE_NORM_HEAD). cos_sin: row p
  * (p < n_positions) holds the cos of the half = rotary_dim/2 frequencies,
  * then their sin: rotary_dim values of float (double for fp64 data),
  * contiguous, rows rotary_dim apart (rmsnorm_rope_table fills one from a
@@ -548,10 +603,11 @@ typedef struct rmsnorm_rope {
   const void *cos_sin;      /* [n_positions][rotary_dim] */
   size_t n_positions;
   const int64_t *positions; /* tokens entries in [0, n_positions), or NULL */
+  unsigned norm;            /* RMSNORM_ROPE_NORM_HEAD (0) or RMSNORM_ROPE_NORM_TOKEN */
 } rmsnorm_rope;
 
 static inline void rmsnorm_rope_init(rmsnorm_rope *r, unsigned style) {
-  rmsnorm_rope z = {sizeof(rmsnorm_rope), style, 0, NULL, 0, NULL};
+  rmsnorm_rope z = {sizeof(rmsnorm_rope), style, 0, NULL, 0, NULL, RMSNORM_ROPE_NORM_HEAD};
   *r = z;
 }
 
@@ -564,8 +620,8 @@ static inline void rmsnorm_rope_init(rmsnorm_rope *r, unsigned style) {
  * "linear", Gemma 3's global layers use 8).
  * n_positions = 0 writes nothing (cos_sin may then be NULL).
  * @return RMSNORM_OK; RMSNORM_ERROR_NULL_POINTER; RMSNORM_ERROR_BAD_DTYPE;
- * RMSNORM_ERROR_BAD_SIZE (rotary_dim 0 or odd, or the table's size
- * overflows); RMSNORM_ERROR_BAD_ARGUMENT (theta <= 1, linear_factor <= 0,
+ * RMSNORM_ERROR_BAD_SIZE (rotary_dim 0, or the table's size overflows);
+ * RMSNORM_ERROR_BAD_ROPE (rotary_dim odd, theta <= 1, linear_factor <= 0,
  * or either not finite). */
 RMSNORM_API rmsnorm_status rmsnorm_rope_table(void *cos_sin, rmsnorm_dtype dtype,
                                               size_t n_positions, size_t rotary_dim,
@@ -596,13 +652,16 @@ static inline void rmsnorm_kv_cache_init(rmsnorm_kv_cache *c) {
  * rmsnorm_qk_norm_forward (call once for Q and once for K, each with its
  * head count and weight: MQA/GQA), plus the rotation and an optional cache
  * (K only): the rotated row is written to y (which may be x, same strides,
- * or NULL when a cache is given) and to the cache's slot. rstd (optional):
- * tokens*heads values, index t*heads + h. Errors (nothing written, the
- * cache included): those of rmsnorm_qk_norm_forward; a rope or cache not
- * filled by its init RMSNORM_ERROR_BAD_CONFIG; an unknown style, odd
- * rotary_dim or one above head_dim, a NULL table or a position/slot out of
- * range (NULL positions: more tokens than n_positions)
- * RMSNORM_ERROR_BAD_ARGUMENT; cache (or V source) strides whose rows
+ * or NULL when a cache is given) and to the cache's slot. weight: head_dim
+ * values, or heads*head_dim with RMSNORM_ROPE_NORM_TOKEN (or NULL). rstd
+ * (optional): one value per row (index t*heads + h), or per token with
+ * RMSNORM_ROPE_NORM_TOKEN. Errors (nothing written, the cache included):
+ * those of rmsnorm_qk_norm_forward; a rope or cache not filled by its init
+ * RMSNORM_ERROR_BAD_CONFIG; an unknown style or norm mode, or a rotary_dim
+ * odd or above head_dim RMSNORM_ERROR_BAD_ROPE; a NULL table
+ * RMSNORM_ERROR_BAD_ARGUMENT; a position outside [0, n_positions) (NULL
+ * positions: more tokens than n_positions) or a slot >= n_slots
+ * RMSNORM_ERROR_OUT_OF_RANGE; cache (or V source) strides whose rows
  * overlap RMSNORM_ERROR_BAD_STRIDE; two tokens with the same slot, or cache
  * rows that meet each other (K and V), an input or y
  * RMSNORM_ERROR_OVERLAP; a NULL cache k or slots, v without v_src, or y
@@ -614,13 +673,15 @@ RMSNORM_API rmsnorm_status rmsnorm_qk_norm_rope_forward(
     size_t ldy_head, void *rstd);
 
 /* QK-norm + RoPE backward: dx through the rotation's transpose and the norm
- * (dn = R^T dy, then rmsnorm_backward's formula with dn for dy), and
- * (optional) dweight summed over tokens and heads in a fixed order (the same
- * bits for any thread count and kernel set; added to with
- * RMSNORM_FLAG_ACCUMULATE). rstd: the forward's or NULL (recomputed). The
- * rounding flag is taken as the identity. dx may be x or dy (same strides).
- * dweight with a NULL weight is RMSNORM_ERROR_BAD_ARGUMENT.
- * @return RMSNORM_OK or an error status (nothing written). */
+ * (dn = R^T dy per head, then rmsnorm_backward's formula with dn for dy over
+ * the statistic's values: a row, or a token's heads*head_dim with
+ * RMSNORM_ROPE_NORM_TOKEN), and (optional) dweight (the weight's length)
+ * summed over tokens and heads in a fixed order (the same bits for any
+ * thread count and kernel set; added to with RMSNORM_FLAG_ACCUMULATE).
+ * rstd: the forward's or NULL (recomputed). The rounding flags are taken as
+ * the identity. dx may be x or dy (same strides). dweight with a NULL
+ * weight is RMSNORM_ERROR_BAD_ARGUMENT.
+ * @return RMSNORM_OK or an error status (nothing written), as the forward's. */
 RMSNORM_API rmsnorm_status rmsnorm_qk_norm_rope_backward(
     rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t tokens, size_t heads,
     size_t head_dim, const void *x, size_t ldx_token, size_t ldx_head, const void *dy,
@@ -852,7 +913,9 @@ RMSNORM_API rmsnorm_status rmsnorm_linear_backward(rmsnorm_context *ctx,
  * what that means for the bits). fp32/fp16/bf16 partials that the compute
  * type cannot hold (overflow, or sums below 2^-100) are recomputed in double,
  * where their squares are exact; an fp64 row whose sum of squares leaves
- * double's range (|x| above about 1e154) gives NaN outputs. */
+ * double's range (|x| above about 1e154) gives NaN outputs, and so does an
+ * infinity in fp64 data (its s is the same +inf; fp32/fp16/bf16 data follow
+ * rmsnorm_forward's rule for it, r = 0). */
 
 /* Per-row partial statistic of a shard: partial[i] = sum of x_ij^2 over the
  * shard's columns below k, in the order above. x: rows x width of cfg->dtype.

@@ -1,7 +1,8 @@
 /* rope_oracle.h - the long double oracle of QK-norm + RoPE (Qwen3's,
- * OLMo 2's and Gemma 3's attention: RMSNorm of each head of Q and K, then
- * the rotary embedding), written from the models' formulas with plain
- * sequential sums: the rotation as a matrix R of cos and sin entries, and a
+ * OLMo 2's and Gemma 3's attention: RMSNorm of each head of Q and K, or of
+ * each token's heads together (OLMo 2), then the rotary embedding), written
+ * from the models' formulas with plain sequential sums: the rotation as a
+ * matrix R of cos and sin entries, and a
  * backward by the chain rule through r itself (dr/dx_j = -r^3 x_j / d) with
  * R's transpose built entry by entry, not the library's normalized form. */
 #ifndef RMSNORM_ROPE_ORACLE_H
@@ -108,6 +109,58 @@ static inline void rope_backward_row(const ro_t *x, const ro_t *w, const ro_t *d
   for (size_t i = 0; i < d; i++) s += dn[i] * (w ? w[i] : 1) * x[i];
   for (size_t j = 0; j < d; j++) {
     ro_t drdx = -r * r * r * x[j] / (ro_t)d;
+    dx[j] = dn[j] * (w ? w[j] : 1) * r + s * drdx;
+    if (dw) dw[j] += dn[j] * x[j] * r;
+  }
+}
+
+/* ---- one statistic per token over its heads (OLMo 2) ---------------------
+ * A token's H heads of d as one row of D = H d values: r over all of them,
+ * n = x r w with w of D, then each head's d values rotated by R as above.
+ * The backward by the chain rule through that r: dr/dx_j = -r^3 x_j / D. */
+
+/* tokens up to this many values: the buffers are static */
+#define ROPE_ORACLE_MAX_N 4096
+
+static inline void rope_forward_token(const ro_t *x, const ro_t *w, size_t heads, size_t d,
+                                      const rope_opts *o, const ro_t *cs, ro_t *y, ro_t *r,
+                                      ro_t *mag) {
+  static ro_t n[ROPE_ORACLE_MAX_N];
+  size_t D = heads * d;
+  *r = rope_r(x, D, o->eps);
+  for (size_t j = 0; j < D; j++) n[j] = x[j] * *r * (w ? w[j] : 1);
+  for (size_t h = 0; h < heads; h++)
+    for (size_t k = 0; k < d; k++) {
+      ro_t v = 0, m = 0;
+      size_t cols[2], nc = rope_cols(o, k, cols);
+      for (size_t q = 0; q < nc; q++) {
+        ro_t t = rope_R(o, cs, k, cols[q]) * n[h * d + cols[q]];
+        v += t;
+        m += fabsl(t);
+      }
+      y[h * d + k] = v;
+      if (mag) mag[h * d + k] = m;
+    }
+}
+
+/* dx (D) and dw += (D; NULL to skip) of one token. */
+static inline void rope_backward_token(const ro_t *x, const ro_t *w, const ro_t *dy, size_t heads,
+                                       size_t d, const rope_opts *o, const ro_t *cs, ro_t *dx,
+                                       ro_t *dw) {
+  static ro_t dn[ROPE_ORACLE_MAX_N];
+  size_t D = heads * d;
+  ro_t r = rope_r(x, D, o->eps);
+  for (size_t h = 0; h < heads; h++)
+    for (size_t j = 0; j < d; j++) {
+      size_t rows[2], nr = rope_cols(o, j, rows);
+      dn[h * d + j] = 0;
+      for (size_t q = 0; q < nr; q++)
+        dn[h * d + j] += rope_R(o, cs, rows[q], j) * dy[h * d + rows[q]];
+    }
+  ro_t s = 0; /* sum_i dn_i w_i x_i over the token */
+  for (size_t i = 0; i < D; i++) s += dn[i] * (w ? w[i] : 1) * x[i];
+  for (size_t j = 0; j < D; j++) {
+    ro_t drdx = -r * r * r * x[j] / (ro_t)D;
     dx[j] = dn[j] * (w ? w[j] : 1) * r + s * drdx;
     if (dw) dw[j] += dn[j] * x[j] * r;
   }

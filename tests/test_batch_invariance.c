@@ -15,7 +15,9 @@
  *   gated RMSNorm, gate first per row and norm first per group (y, rstd, dx, dz);
  *   QK-norm + RoPE, a row being one token's heads at its own position: NeoX
  *     token-major with the KV cache (y, rstd, the cache's K and V rows, dx)
- *     and GPT-J over half the head, head-major (y, rstd, dx);
+ *     and GPT-J over half the head, head-major (y, rstd, dx); and with one
+ *     statistic per token over its heads (OLMo 2), NeoX token-major (y,
+ *     rstd, dx) and GPT-J head-major (y, dx);
  *   the sandwich norms (h', x', both rstd, da, dh; with and without dh_out);
  *   RMSNorm + linear: rstd of any row; Z and dX where the GEMMs are exact.
  *
@@ -566,6 +568,32 @@ static void ops_rope(batch *B) {
   heads_swap(oh, dx, n, heads, HEAD_DIM, es, 0);
   keep_rows(B->R, "qk_norm_rope_backward gptj half dx", dx, rb, rb);
   keep_sum(B->R, "qk_norm_rope_backward gptj half dweight", dw, HEAD_DIM * 4);
+
+  /* one statistic per token over its heads (OLMo 2), the weight of the whole
+   * row: NeoX token-major (r saved), GPT-J head-major (r recomputed) */
+  float *dwt = take(B, d * 4);
+  rmsnorm_rope_init(&rope, RMSNORM_ROPE_NEOX);
+  rope.norm = RMSNORM_ROPE_NORM_TOKEN;
+  rope.cos_sin = table, rope.n_positions = POOL, rope.positions = pos;
+  TU_OK(rmsnorm_qk_norm_rope_forward(B->c, &B->cfg, n, heads, HEAD_DIM, B->x, d, HEAD_DIM, w,
+                                     &rope, NULL, y, d, HEAD_DIM, r));
+  keep_rows(B->R, "qk_norm_rope_forward per token y", y, rb, rb);
+  keep_rows(B->R, "qk_norm_rope_forward per token rstd", r, ss, ss);
+  TU_OK(rmsnorm_qk_norm_rope_backward(B->c, &B->cfg, n, heads, HEAD_DIM, B->x, d, HEAD_DIM, B->dy,
+                                      d, HEAD_DIM, w, &rope, r, dx, d, HEAD_DIM, dwt));
+  keep_rows(B->R, "qk_norm_rope_backward per token dx", dx, rb, rb);
+  keep_sum(B->R, "qk_norm_rope_backward per token dweight", dwt, d * 4);
+  rope.style = RMSNORM_ROPE_GPTJ;
+  TU_OK(rmsnorm_qk_norm_rope_forward(B->c, &B->cfg, n, heads, HEAD_DIM, xh, HEAD_DIM, ld_head, w,
+                                     &rope, NULL, oh, HEAD_DIM, ld_head, r));
+  heads_swap(oh, y, n, heads, HEAD_DIM, es, 0);
+  keep_rows(B->R, "qk_norm_rope_forward per token gptj y", y, rb, rb);
+  TU_OK(rmsnorm_qk_norm_rope_backward(B->c, &B->cfg, n, heads, HEAD_DIM, xh, HEAD_DIM, ld_head,
+                                      dyh, HEAD_DIM, ld_head, w, &rope, NULL, oh, HEAD_DIM,
+                                      ld_head, dwt));
+  heads_swap(oh, dx, n, heads, HEAD_DIM, es, 0);
+  keep_rows(B->R, "qk_norm_rope_backward per token gptj dx", dx, rb, rb);
+  keep_sum(B->R, "qk_norm_rope_backward per token gptj dweight", dwt, d * 4);
 }
 
 /* Gemma's sandwich norms (weight offset): a = u, h = x; the backward with

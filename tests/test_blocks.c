@@ -41,12 +41,13 @@ static void test_q8_0(void) {
   rn_ref_q8_0(y, 32, o);
   tu_check(rd_u16(o) == 0, "q8_0 tiny d %04x", rd_u16(o));
   for (int j = 0; j < 32; j++) tu_check(q8(o, 2 + j) == 0, "q8_0 tiny q[%d] %d", j, q8(o, 2 + j));
-  /* NaN ignored and coded 0; an Inf gives d = inf and q = 0 */
+  /* a NaN makes d NaN (0x7e00) and every q 0; an Inf gives d = inf and q = 0 */
   memset(y, 0, sizeof y);
-  y[0] = NAN, y[1] = 127.0f, y[2] = -1.0f;
+  y[0] = -NAN, y[1] = 127.0f, y[2] = -1.0f;
   rn_ref_q8_0(y, 32, o);
-  tu_check(rd_u16(o) == 0x3c00 && q8(o, 2) == 0 && q8(o, 3) == 127 && q8(o, 4) == -1, "q8_0 NaN");
-  y[5] = -INFINITY;
+  tu_check(rd_u16(o) == 0x7e00, "q8_0 NaN d %04x", rd_u16(o));
+  for (int j = 0; j < 32; j++) tu_check(o[2 + j] == 0, "q8_0 NaN q[%d]", j);
+  y[0] = 0, y[5] = -INFINITY;
   rn_ref_q8_0(y, 32, o);
   tu_check(rd_u16(o) == 0x7c00, "q8_0 inf d %04x", rd_u16(o));
   for (int j = 0; j < 32; j++) tu_check(o[2 + j] == 0, "q8_0 inf q[%d]", j);
@@ -81,11 +82,12 @@ static void test_q8_k(void) {
   y[0] = 0x1p-100f, y[1] = -0x1p-101f;
   rn_ref_q8_k(y, 256, o);
   tu_check(q8(o, 4) == -127 && q8(o, 5) == 64, "q8_k small max %d %d", q8(o, 4), q8(o, 5));
-  /* NaN ignored, coded 0; Inf: d = -inf, q 0 */
+  /* a NaN: d NaN, codes and sums 0; Inf: d = -inf, q 0 */
   y[2] = NAN;
   rn_ref_q8_k(y, 256, o);
-  tu_check(q8(o, 4) == -127 && q8(o, 6) == 0, "q8_k NaN");
-  y[3] = INFINITY;
+  tu_check(isnan(rd_f32(o)), "q8_k NaN d %g", rd_f32(o));
+  for (int j = 4; j < RN_Q8_K_BYTES; j++) tu_check(o[j] == 0, "q8_k NaN byte %d", j);
+  y[2] = 0, y[3] = INFINITY;
   rn_ref_q8_k(y, 256, o);
   tu_check(isinf(rd_f32(o)) && rd_f32(o) < 0, "q8_k inf d %g", rd_f32(o));
   for (int j = 4; j < RN_Q8_K_BYTES; j++) tu_check(o[j] == 0, "q8_k inf byte %d", j);
@@ -127,12 +129,13 @@ static void test_mxfp4(void) {
   y[0] = 0x1p-125f, y[1] = -0x1p-126f; /* e 0, d 2^-128: 8 and -4 */
   rn_ref_mxfp4(y, 32, o);
   tu_check(o[0] == 0 && o[1] == 6 && o[2] == 12, "mxfp4 subnormal d: %d %02x %02x", o[0], o[1], o[2]);
-  /* NaN ignored and coded 0; Inf: e = 0xFF, codes 0 */
+  /* a NaN: e = 0xFF (E8M0's NaN), codes 0; Inf: the same */
   memset(y, 0, sizeof y);
   y[0] = NAN, y[1] = 4.0f;
   rn_ref_mxfp4(y, 32, o);
-  tu_check(o[0] == 127 && o[1] == 0 && o[2] == 6, "mxfp4 NaN");
-  y[2] = -INFINITY;
+  tu_check(o[0] == 0xFF, "mxfp4 NaN e");
+  for (int j = 1; j < RN_MXFP4_BYTES; j++) tu_check(o[j] == 0, "mxfp4 NaN byte %d", j);
+  y[0] = 0, y[2] = -INFINITY;
   rn_ref_mxfp4(y, 32, o);
   tu_check(o[0] == 0xFF, "mxfp4 inf e");
   for (int j = 1; j < RN_MXFP4_BYTES; j++) tu_check(o[j] == 0, "mxfp4 inf byte %d", j);
@@ -160,11 +163,12 @@ static void test_mxfp8(void) {
   rn_ref_mxfp8(y, 32, c, s);
   tu_check(s[0] == 0 && c[0] == 0x20 && c[1] == 0x00, "mxfp8 subnormal: %d %02x %02x", s[0], c[0], c[1]);
   tu_check(rn_mxfp8_e8m0(0x1p-119f) == 0 && rn_mxfp8_e8m0(0x1p-118f) == 1, "mxfp8 e smallest");
-  /* NaN ignored, coded NaN; Inf: scale 0xFF, finite -> 0, inf -> NaN */
+  /* a NaN: scale 0xFF, codes 0; Inf: scale 0xFF, finite -> 0, inf -> NaN */
   y[2] = -NAN;
   rn_ref_mxfp8(y, 32, c, s);
-  tu_check(s[0] == 0 && c[2] == 0xff, "mxfp8 NaN %02x", c[2]);
-  y[3] = INFINITY;
+  tu_check(s[0] == 0xFF, "mxfp8 NaN scale %02x", s[0]);
+  for (int j = 0; j < 32; j++) tu_check(c[j] == 0, "mxfp8 NaN code %d %02x", j, c[j]);
+  y[2] = -INFINITY, y[3] = INFINITY;
   rn_ref_mxfp8(y, 32, c, s);
   tu_check(s[0] == 0xFF && c[0] == 0 && c[2] == 0xff && c[3] == 0x7f, "mxfp8 inf");
 }
@@ -198,6 +202,17 @@ static void test_group(void) {
   y[0] = 480.0f;
   rn_ref_group(y, 128, 128, RN_GROUP_E4M3, RN_GROUP_SCALE_POW2, c, sc);
   tu_check(sc[0] == 2.0f && c[0] == 0x77 && c[1] == 0x3a, "group e4m3 pow2 %02x %02x", c[0], c[1]);
+  /* a NaN: that group's s NaN (pow2 keeps it) and its codes 0, the next
+   * group as before */
+  memset(y, 0, sizeof y);
+  y[3] = NAN, y[4] = 5.0f, y[40] = 127.0f;
+  for (int kind = 0; kind < 2; kind++) {
+    rn_ref_group(y, 64, 32, kind ? RN_GROUP_E4M3 : RN_GROUP_INT8, RN_GROUP_SCALE_POW2, c, sc);
+    int zero = 1;
+    for (int j = 0; j < 32; j++) zero &= c[j] == 0;
+    tu_check(isnan(sc[0]) && zero && sc[1] > 0 && c[40] != 0, "group NaN (%s)",
+             kind ? "e4m3" : "int8");
+  }
 }
 
 int main(void) {

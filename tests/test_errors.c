@@ -87,6 +87,20 @@ static void test_forward_errors(void) {
   bad.flags = RMSNORM_FLAG_EPS_OUTSIDE;
   EXPECT(rmsnorm_layernorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, mean, rstd),
          RMSNORM_ERROR_BAD_FLAGS);
+  /* the rotation's rounding flags mean something to QK-norm + RoPE alone */
+  const unsigned rope_flags[] = {RMSNORM_FLAG_ROUND_BEFORE_ROTATION, RMSNORM_FLAG_FLOAT_ROTATION};
+  for (int i = 0; i < 2; i++) {
+    bad = c;
+    bad.flags = rope_flags[i];
+    EXPECT(rmsnorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, rstd), RMSNORM_ERROR_BAD_FLAGS);
+    EXPECT(rmsnorm_layernorm_forward(ctx, &bad, ROWS, D, x, D, w, b, y, D, mean, rstd),
+           RMSNORM_ERROR_BAD_FLAGS);
+    EXPECT(rmsnorm_qk_norm_forward(ctx, &bad, ROWS, 2, D / 2, x, D, D / 2, w, NULL, y, D, D / 2,
+                                   NULL),
+           RMSNORM_ERROR_BAD_FLAGS);
+    EXPECT(rmsnorm_add_forward(ctx, &bad, ROWS, D, y, D, x, D, w, b, x, D, rstd),
+           RMSNORM_ERROR_BAD_FLAGS);
+  }
 
   /* overlaps: only y == x with the same stride is in place */
   EXPECT(rmsnorm_forward(ctx, &c, ROWS, D, y + 1, D, w, b, y, D, rstd), RMSNORM_ERROR_OVERLAP);
@@ -179,7 +193,11 @@ static void test_helpers(void) {
   tu_check(rmsnorm_config_init(&c, (rmsnorm_dtype)4) == RMSNORM_ERROR_BAD_DTYPE, "config dtype");
   tu_check(rmsnorm_context_create(NULL) == RMSNORM_ERROR_NULL_POINTER, "create NULL");
   rmsnorm_context_free(NULL);
-  for (int s = 0; s <= RMSNORM_ERROR_BAD_CONFIG; s++) {
+  /* the pinned values of the statuses added after RMSNORM_ERROR_BAD_CONFIG */
+  tu_check(RMSNORM_ERROR_BAD_CONFIG == 12 && RMSNORM_ERROR_OUT_OF_RANGE == 13 &&
+               RMSNORM_ERROR_BAD_ROPE == 14,
+           "pinned status values");
+  for (int s = 0; s <= RMSNORM_ERROR_BAD_ROPE; s++) {
     const char *name = rmsnorm_status_name((rmsnorm_status)s);
     tu_check(strncmp(name, "RMSNORM_", 8) == 0, "status %d name %s", s, name);
     tu_check(strcmp(rmsnorm_status_message((rmsnorm_status)s), "unknown status") != 0,

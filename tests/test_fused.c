@@ -844,8 +844,10 @@ static void test_errors(void) {
          RMSNORM_ERROR_OVERLAP);
   EXPECT(rmsnorm_qk_norm_forward(ctx, &c, 2, 2, 4, h, 8, 4, w, NULL, h, 16, 8, NULL),
          RMSNORM_ERROR_OVERLAP);
-  EXPECT(rmsnorm_qk_norm_forward(ctx, &c, 2, 0, 4, h0, 8, 4, w, NULL, y, 8, 4, NULL),
-         RMSNORM_ERROR_BAD_SIZE);
+  /* no heads: no rows, so success touching nothing (as rows == 0), dweight included */
+  EXPECT(rmsnorm_qk_norm_forward(ctx, &c, 2, 0, 4, h0, 8, 4, w, NULL, y, 8, 4, NULL), RMSNORM_OK);
+  EXPECT(rmsnorm_qk_norm_backward(ctx, &c, 2, 0, 4, h0, 8, 4, u, 8, 4, w, NULL, y, 8, 4, y0, NULL),
+         RMSNORM_OK);
   EXPECT(rmsnorm_qk_norm_backward(ctx, &c, 2, 2, 4, h0, 8, 4, u, 8, 4, NULL, NULL, y, 8, 4, y0, NULL),
          RMSNORM_ERROR_BAD_ARGUMENT);
 

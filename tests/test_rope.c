@@ -120,11 +120,20 @@ typedef struct tcase {
   layout lay;
   int positions; /* 1: a positions array; 0: NULL (token t at row t) */
   int weight;    /* 0: NULL */
-  unsigned flags; /* RMSNORM_FLAG_WEIGHT_OFFSET, RMSNORM_FLAG_ROUND_BEFORE_WEIGHT */
+  unsigned flags; /* RMSNORM_FLAG_WEIGHT_OFFSET, the rounding flags */
   double eps;
+  int per_token; /* RMSNORM_ROPE_NORM_TOKEN: one statistic per token (OLMo 2) */
 } tcase;
 
 static size_t rot_of(const tcase *c) { return c->rot ? c->rot : c->hd; }
+/* the weight's (and dweight's) length, and the number of statistics */
+static size_t wlen(const tcase *c) { return c->per_token ? c->heads * c->hd : c->hd; }
+static size_t nstat(const tcase *c) { return c->per_token ? c->tokens : c->tokens * c->heads; }
+/* HF's roundings apply (2-byte data and a rounding flag) */
+static int hf_mode(const tcase *c) {
+  return (c->flags & (RMSNORM_FLAG_ROUND_BEFORE_WEIGHT | RMSNORM_FLAG_ROUND_BEFORE_ROTATION)) &&
+         (c->dt == RMSNORM_F16 || c->dt == RMSNORM_BF16);
+}
 
 static rmsnorm_config config_of(const tcase *c) {
   rmsnorm_config cfg;
@@ -158,6 +167,7 @@ static rope_in rope_make(const tcase *c, double theta) {
     for (size_t t = 0; t < c->tokens; t++) r.pos[t] = (int64_t)((t * 7 + 3) % r.n_pos);
   }
   rmsnorm_rope_init(&r.rope, c->gptj ? RMSNORM_ROPE_GPTJ : RMSNORM_ROPE_NEOX);
+  r.rope.norm = c->per_token ? RMSNORM_ROPE_NORM_TOKEN : RMSNORM_ROPE_NORM_HEAD;
   r.rope.rotary_dim = c->rot;
   r.rope.cos_sin = r.table;
   r.rope.n_positions = r.n_pos;
@@ -177,8 +187,8 @@ static void row_angles(const tcase *c, const rope_in *r, size_t t, ro_t *cs) {
 
 static float *weight_make(const tcase *c) {
   if (!c->weight) return NULL;
-  float *w = malloc(c->hd * sizeof *w);
-  for (size_t j = 0; j < c->hd; j++) {
+  float *w = malloc(wlen(c) * sizeof *w);
+  for (size_t j = 0; j < wlen(c); j++) {
     double g = (c->flags & RMSNORM_FLAG_WEIGHT_OFFSET) ? 0.5 * tu_normal() : 1 + 0.5 * tu_normal();
     /* HF keeps the weight in the model's dtype */
     unsigned char b[8];
@@ -197,11 +207,14 @@ static ro_t weight_at(const tcase *c, const float *w, size_t j) {
 
 static const char *case_name(const tcase *c, char *buf, size_t n) {
   static const char *lays[] = {"token-major", "head-major", "fused-qkv"};
-  snprintf(buf, n, "%s T=%zu H=%zu hd=%zu rot=%zu %s %s%s%s%s%s", tu_dtype_name(c->dt), c->tokens,
-           c->heads, c->hd, rot_of(c), c->gptj ? "gptj" : "neox", lays[c->lay],
+  snprintf(buf, n, "%s T=%zu H=%zu hd=%zu rot=%zu %s %s%s%s%s%s%s%s%s", tu_dtype_name(c->dt),
+           c->tokens, c->heads, c->hd, rot_of(c), c->gptj ? "gptj" : "neox", lays[c->lay],
            c->positions ? " positions" : "", c->weight ? "" : " no-weight",
            (c->flags & RMSNORM_FLAG_WEIGHT_OFFSET) ? " offset" : "",
-           (c->flags & RMSNORM_FLAG_ROUND_BEFORE_WEIGHT) ? " hf" : "");
+           (c->flags & RMSNORM_FLAG_ROUND_BEFORE_WEIGHT) ? " round-before-weight" : "",
+           (c->flags & RMSNORM_FLAG_ROUND_BEFORE_ROTATION) ? " round-before-rotation" : "",
+           (c->flags & RMSNORM_FLAG_FLOAT_ROTATION) ? " float-rotation" : "",
+           c->per_token ? " per-token" : "");
   return buf;
 }
 
@@ -218,23 +231,33 @@ static float emu_round(rmsnorm_dtype dt, float v) {
   return nearbyintf(v / q) * q;            /* ties to even in the default mode */
 }
 
-/* One row as HF computes it in the model's dtype: r the library's (the
- * statistic's bits are not what this checks), n = RT(RT(x r) w), then the
- * rotation with each product and sum rounded. */
-static void emu_hf_row(const tcase *c, const float *w, const float *x, float r, const ro_t *cs,
-                       float *y) {
+/* One head's row as HF computes it in the model's dtype: r the library's
+ * (the statistic's bits are not what this checks), w from column w0 of the
+ * weight (the head's part, per token), then
+ *   ROUND_BEFORE_WEIGHT (Qwen3RMSNorm):     n = RT(RT(x r) w)
+ *   ROUND_BEFORE_ROTATION (Gemma3RMSNorm, Olmo2RMSNorm): n = RT((x r) w)
+ * and the rotation with each product and sum rounded (cos and sin in the
+ * model dtype), or in float32 and rounded once (FLOAT_ROTATION: float32 cos
+ * and sin, as OLMo 2's). */
+static void emu_hf_row(const tcase *c, const float *w, size_t w0, const float *x, float r,
+                       const ro_t *cs, float *y) {
   size_t d = c->hd, rot = rot_of(c), half = rot / 2;
+  int rxr = (c->flags & RMSNORM_FLAG_ROUND_BEFORE_WEIGHT) != 0;
+  int rprod = !(c->flags & RMSNORM_FLAG_FLOAT_ROTATION);
   float n[ROPE_ORACLE_MAX_D];
   for (size_t j = 0; j < d; j++) {
-    float h = emu_round(c->dt, x[j] * r);
-    n[j] = w ? emu_round(c->dt, h * (float)weight_at(c, w, j)) : h;
+    float h = x[j] * r;
+    if (rxr) h = emu_round(c->dt, h);
+    n[j] = emu_round(c->dt, w ? h * (float)weight_at(c, w, w0 + j) : h);
     y[j] = n[j];
   }
   for (size_t i = 0; i < half; i++) {
     size_t a = c->gptj ? 2 * i : i, b = c->gptj ? 2 * i + 1 : i + half;
     float cc = (float)cs[i], ss = (float)cs[half + i];
-    float ac = emu_round(c->dt, n[a] * cc), bs = emu_round(c->dt, n[b] * ss);
-    float bc = emu_round(c->dt, n[b] * cc), as = emu_round(c->dt, n[a] * ss);
+    float ac = n[a] * cc, bs = n[b] * ss, bc = n[b] * cc, as = n[a] * ss;
+    if (rprod)
+      ac = emu_round(c->dt, ac), bs = emu_round(c->dt, bs), bc = emu_round(c->dt, bc),
+      as = emu_round(c->dt, as);
     y[a] = emu_round(c->dt, ac - bs);
     y[b] = emu_round(c->dt, bc + as);
   }
@@ -256,99 +279,114 @@ static double compute_tol(rmsnorm_dtype dt) { return dt == RMSNORM_F64 ? 1e-14 :
 /* half the fp16 subnormals' quantum (the others': far below these values) */
 static double store_abs(rmsnorm_dtype dt) { return dt == RMSNORM_F16 ? 0x1p-25 : 1e-30; }
 
+/* The oracle's unit: a row (per head), or a token's heads (per token). */
+typedef struct unit {
+  size_t t, h0, nh; /* token, first head, heads */
+} unit;
+
+static unit unit_at(const tcase *c, size_t u) {
+  return c->per_token ? (unit){u, 0, c->heads} : (unit){u / c->heads, u % c->heads, 1};
+}
+
+/* A unit's values of a grid, head after head, as long doubles. */
+static void unit_get(const grid *g, unit u, ro_t *v) {
+  for (size_t h = 0; h < u.nh; h++)
+    for (size_t j = 0; j < g->hd; j++) v[h * g->hd + j] = gget(g, u.t, u.h0 + h, j);
+}
+
 static void check_oracle(const tcase *c) {
-  size_t T = c->tokens, H = c->heads, d = c->hd, rot = rot_of(c), rows = T * H;
+  size_t T = c->tokens, H = c->heads, d = c->hd, rot = rot_of(c), nw = wlen(c);
   size_t as = c->dt == RMSNORM_F64 ? 8 : 4;
-  int hf = (c->flags & RMSNORM_FLAG_ROUND_BEFORE_WEIGHT) &&
-           (c->dt == RMSNORM_F16 || c->dt == RMSNORM_BF16);
-  char what[200];
+  int hf = hf_mode(c);
+  char what[240];
   case_name(c, what, sizeof what);
   rmsnorm_config cfg = config_of(c);
   rope_in R = rope_make(c, c->hd % 3 ? 10000 : 1e6);
-  float *w = weight_make(c), *dw = malloc(d * 4);
+  float *w = weight_make(c), *dw = malloc(nw * 4);
   grid x = grid_alloc(c->dt, T, H, d, c->lay), dy = grid_alloc(c->dt, T, H, d, c->lay);
   fill_act(&x), fill_grad(&dy);
   /* in place for head-major cases */
   int inplace = c->lay == HEAD_MAJOR;
   grid y = inplace ? grid_copy(&x) : grid_alloc(c->dt, T, H, d, c->lay);
   grid dx = grid_alloc(c->dt, T, H, d, c->lay);
-  void *rstd = malloc(rows * as);
-  static ro_t xr[ROPE_ORACLE_MAX_D], wr[ROPE_ORACLE_MAX_D], yo[ROPE_ORACLE_MAX_D],
-      mo[ROPE_ORACLE_MAX_D], dyr[ROPE_ORACLE_MAX_D], dxo[ROPE_ORACLE_MAX_D],
-      dwo[ROPE_ORACLE_MAX_D], cs[ROPE_ORACLE_MAX_D];
+  void *rstd = malloc(nstat(c) * as);
+  static ro_t xr[ROPE_ORACLE_MAX_N], wr[ROPE_ORACLE_MAX_N], yo[ROPE_ORACLE_MAX_N],
+      mo[ROPE_ORACLE_MAX_N], dyr[ROPE_ORACLE_MAX_N], dxo[ROPE_ORACLE_MAX_N],
+      dwo[ROPE_ORACLE_MAX_N], dwabs[ROPE_ORACLE_MAX_N], dn[ROPE_ORACLE_MAX_N],
+      cs[ROPE_ORACLE_MAX_D];
   rope_opts o = {rot, c->gptj, (ro_t)c->eps};
   rmsnorm_status st = rmsnorm_qk_norm_rope_forward(ctx, &cfg, T, H, d, inplace ? gp(&y) : gp(&x),
                                                    x.ld_t, x.ld_h, w, &R.rope, NULL, gp(&y),
                                                    y.ld_t, y.ld_h, rstd);
   if (!tu_check(st == RMSNORM_OK, "%s: forward -> %s", what, rmsnorm_status_name(st))) goto out;
-  for (size_t j = 0; j < d; j++) wr[j] = weight_at(c, w, j), dwo[j] = 0;
+  for (size_t j = 0; j < nw; j++) wr[j] = weight_at(c, w, j), dwo[j] = 0, dwabs[j] = 0;
   double ts = store_tol(c->dt), tc = compute_tol(c->dt);
-  for (size_t t = 0; t < T; t++) {
+  for (size_t u = 0; u < nstat(c); u++) {
+    unit un = unit_at(c, u);
+    size_t t = un.t, n = un.nh * d;
+    ro_t ro;
     row_angles(c, &R, t, cs);
-    for (size_t h = 0; h < H; h++) {
-      ro_t ro;
-      for (size_t j = 0; j < d; j++) xr[j] = gget(&x, t, h, j), dyr[j] = gget(&dy, t, h, j);
-      rope_forward_row(xr, w ? wr : NULL, d, &o, cs, yo, &ro, mo);
-      double rv = as == 8 ? rn_ld_f64(rstd, t * H + h) : rn_ld_f32(rstd, t * H + h);
-      int ok = tu_check(fabsl(rv - ro) <= (as == 8 ? 1e-14L : 1e-6L) * ro,
-                        "%s: rstd[%zu][%zu] = %.17g, oracle %.17Lg", what, t, h, rv, ro);
-      /* HF's roundings: the oracle within the extra roundings' error */
-      double k = hf ? 4 : 0;
-      for (size_t j = 0; j < d && ok; j++) {
-        double got = gget(&y, t, h, j);
-        ok = tu_check(fabsl(got - yo[j]) <= ts * fabsl(yo[j]) + (tc + k * ts) * mo[j] +
-                                                 (1 + k) * store_abs(c->dt),
-                      "%s: y[%zu][%zu][%zu] = %.9g, oracle %.12Lg", what, t, h, j, got, yo[j]);
-      }
-      if (hf && ok) { /* bit for bit the emulated HF row */
-        float xf[ROPE_ORACLE_MAX_D], ye[ROPE_ORACLE_MAX_D];
-        for (size_t j = 0; j < d; j++) xf[j] = (float)xr[j];
-        emu_hf_row(c, w, xf, (float)rv, cs, ye);
-        for (size_t j = 0; j < d && ok; j++)
-          ok = tu_check(gget(&y, t, h, j) == ye[j], "%s: y[%zu][%zu][%zu] = %.9g, HF's %.9g", what,
-                        t, h, j, gget(&y, t, h, j), ye[j]);
-      }
-      rope_backward_row(xr, w ? wr : NULL, dyr, d, &o, cs, dxo, dwo);
+    unit_get(&x, un, xr), unit_get(&dy, un, dyr);
+    rope_forward_token(xr, w ? wr : NULL, un.nh, d, &o, cs, yo, &ro, mo);
+    double rv = as == 8 ? rn_ld_f64(rstd, u) : rn_ld_f32(rstd, u);
+    int ok = tu_check(fabsl(rv - ro) <= (as == 8 ? 1e-14L : 1e-6L) * ro,
+                      "%s: rstd[%zu] = %.17g, oracle %.17Lg", what, u, rv, ro);
+    /* HF's roundings: the oracle within the extra roundings' error */
+    double k = hf ? 4 : 0;
+    for (size_t j = 0; j < n && ok; j++) {
+      double got = gget(&y, t, un.h0 + j / d, j % d);
+      ok = tu_check(fabsl(got - yo[j]) <= ts * fabsl(yo[j]) + (tc + k * ts) * mo[j] +
+                                               (1 + k) * store_abs(c->dt),
+                    "%s: y[%zu][%zu][%zu] = %.9g, oracle %.12Lg", what, t, un.h0 + j / d, j % d,
+                    got, yo[j]);
+    }
+    for (size_t h = 0; h < un.nh && hf && ok; h++) { /* bit for bit the emulated HF row */
+      float xf[ROPE_ORACLE_MAX_D], ye[ROPE_ORACLE_MAX_D];
+      for (size_t j = 0; j < d; j++) xf[j] = (float)xr[h * d + j];
+      emu_hf_row(c, w, c->per_token ? h * d : 0, xf, (float)rv, cs, ye);
+      for (size_t j = 0; j < d && ok; j++)
+        ok = tu_check(gget(&y, t, un.h0 + h, j) == ye[j], "%s: y[%zu][%zu][%zu] = %.9g, HF's %.9g",
+                      what, t, un.h0 + h, j, gget(&y, t, un.h0 + h, j), ye[j]);
     }
   }
-  /* the backward, from the forward's rstd; the rounding flag is the identity */
+  /* the backward, from the forward's rstd; the rounding flags are the identity */
   st = rmsnorm_qk_norm_rope_backward(ctx, &cfg, T, H, d, gp(&x), x.ld_t, x.ld_h, gp(&dy),
                                      dy.ld_t, dy.ld_h, w, &R.rope, rstd, gp(&dx), dx.ld_t,
                                      dx.ld_h, w ? dw : NULL);
   if (!tu_check(st == RMSNORM_OK, "%s: backward -> %s", what, rmsnorm_status_name(st))) goto out;
   /* bounds: the storage's rounding of the result, and the compute type's
    * error relative to the scale of the terms before they cancel: with
-   * |dn|_j = sum_k |R_kj dy_k|, for dx_j r (|dn|_j |w_j| + |xh_j| (1/d)
-   * sum_i |dn|_i |w_i xh_i|); for dweight_j the sum over rows of
-   * |dn|_j |xh_j| */
+   * |dn|_j = sum_k |R_kj dy_k|, for dx_j r (|dn|_j |w_j| + |xh_j| (1/n)
+   * sum_i |dn|_i |w_i xh_i|) over the unit's n values; for dweight_j the
+   * sum over units of |dn|_j |xh_j| */
   double tcb = c->dt == RMSNORM_F64 ? 2e-14 : 4e-6;
-  ro_t dwabs[ROPE_ORACLE_MAX_D] = {0};
-  for (size_t t = 0; t < T; t++) {
+  for (size_t u = 0; u < nstat(c); u++) {
+    unit un = unit_at(c, u);
+    size_t t = un.t, n = un.nh * d;
     row_angles(c, &R, t, cs);
-    for (size_t h = 0; h < H; h++) {
-      ro_t dn[ROPE_ORACLE_MAX_D], S = 0; /* dn_j's terms' magnitude */
-      for (size_t j = 0; j < d; j++) xr[j] = gget(&x, t, h, j), dyr[j] = gget(&dy, t, h, j);
-      rope_backward_row(xr, w ? wr : NULL, dyr, d, &o, cs, dxo, NULL);
-      ro_t r = rope_r(xr, d, o.eps);
-      for (size_t j = 0; j < d; j++) {
-        size_t ks[2], nk = rope_cols(&o, j, ks);
-        dn[j] = 0;
-        for (size_t q = 0; q < nk; q++) dn[j] += fabsl(rope_R(&o, cs, ks[q], j) * dyr[ks[q]]);
-        S += dn[j] * fabsl(wr[j] * xr[j] * r) / (ro_t)d;
-        dwabs[j] += dn[j] * fabsl(xr[j] * r);
-      }
-      int ok = 1;
-      for (size_t j = 0; j < d && ok; j++) {
-        ro_t scale = r * (dn[j] * fabsl(wr[j]) + fabsl(xr[j] * r) * S);
-        double got = gget(&dx, t, h, j);
-        ok = tu_check(fabsl(got - dxo[j]) <= ts * fabsl(dxo[j]) + tcb * scale + store_abs(c->dt),
-                      "%s: dx[%zu][%zu][%zu] = %.9g, oracle %.12Lg", what, t, h, j, got, dxo[j]);
-      }
+    unit_get(&x, un, xr), unit_get(&dy, un, dyr);
+    rope_backward_token(xr, w ? wr : NULL, dyr, un.nh, d, &o, cs, dxo, dwo);
+    ro_t r = rope_r(xr, n, o.eps), S = 0;
+    for (size_t j = 0; j < n; j++) {
+      size_t ks[2], nk = rope_cols(&o, j % d, ks), base = j - j % d;
+      dn[j] = 0;
+      for (size_t q = 0; q < nk; q++)
+        dn[j] += fabsl(rope_R(&o, cs, ks[q], j % d) * dyr[base + ks[q]]);
+      S += dn[j] * fabsl(wr[j] * xr[j] * r) / (ro_t)n;
+      dwabs[j] += dn[j] * fabsl(xr[j] * r);
+    }
+    int ok = 1;
+    for (size_t j = 0; j < n && ok; j++) {
+      ro_t scale = r * (dn[j] * fabsl(wr[j]) + fabsl(xr[j] * r) * S);
+      double got = gget(&dx, t, un.h0 + j / d, j % d);
+      ok = tu_check(fabsl(got - dxo[j]) <= ts * fabsl(dxo[j]) + tcb * scale + store_abs(c->dt),
+                    "%s: dx[%zu][%zu][%zu] = %.9g, oracle %.12Lg", what, t, un.h0 + j / d, j % d,
+                    got, dxo[j]);
     }
   }
   if (w) {
     double tw = c->dt == RMSNORM_F64 ? 2e-14 : 8e-6;
-    for (size_t j = 0; j < d; j++) /* dweight is a float parameter */
+    for (size_t j = 0; j < nw; j++) /* dweight is a float parameter */
       if (!tu_check(fabsl(dw[j] - dwo[j]) <= 0x1p-24 * fabsl(dwo[j]) + tw * dwabs[j] + 1e-30,
                     "%s: dweight[%zu] = %.9g, oracle %.12Lg", what, j, dw[j], dwo[j]))
         break;
@@ -362,7 +400,7 @@ out:
 /* ---- position 0: the identity, so QK-norm's results ---------------------- */
 
 static void check_identity(rmsnorm_dtype dt, unsigned flags, int weight) {
-  tcase c = {dt, 5, 3, 64, 0, 0, TOKEN_MAJOR, 1, weight, flags, 1e-6};
+  tcase c = {dt, 5, 3, 64, 0, 0, TOKEN_MAJOR, 1, weight, flags, 1e-6, 0};
   size_t T = c.tokens, H = c.heads, d = c.hd, as = dt == RMSNORM_F64 ? 8 : 4;
   rmsnorm_config cfg = config_of(&c);
   rope_in R = rope_make(&c, 10000);
@@ -393,6 +431,104 @@ static void check_identity(rmsnorm_dtype dt, unsigned flags, int weight) {
            "%s flags=%u weight=%d: at position 0 the backward is QK-norm's, bit for bit",
            tu_dtype_name(dt), flags, weight);
   grid_free(&x), grid_free(&dy), grid_free(&y1), grid_free(&y2), grid_free(&dx1), grid_free(&dx2);
+  free(w);
+  rope_free(&R);
+}
+
+/* Per token at position 0: rmsnorm_forward / _backward of the [tokens,
+ * heads * hd] rows, bit for bit (y, rstd, dx, dweight), whether the heads
+ * lie contiguous or strided (token-major with gaps, head-major): the
+ * token's heads are summed as one row in head order, and the tokens
+ * chunked for dweight as rmsnorm_backward's rows. */
+static void check_identity_token(rmsnorm_dtype dt, unsigned flags, int weight, size_t H,
+                                 size_t hd) {
+  tcase c = {dt, 70, H, hd, 0, 0, TOKEN_MAJOR, 1, weight, flags, 1e-6, 1};
+  size_t T = c.tokens, D = H * hd, es = rn_dtype_size(dt), as = dt == RMSNORM_F64 ? 8 : 4;
+  rmsnorm_config cfg = config_of(&c);
+  rope_in R = rope_make(&c, 10000);
+  for (size_t t = 0; t < T; t++) R.pos[t] = 0;
+  float *w = weight_make(&c), *dw1 = malloc(D * 4), *dw2 = malloc(D * 4);
+  unsigned char *x = malloc(T * D * es), *dy = malloc(T * D * es), *y = malloc(T * D * es);
+  unsigned char *dx = malloc(T * D * es), *r1 = malloc(T * as), *r2 = malloc(T * as);
+  for (size_t i = 0; i < T * D; i++)
+    rn_store(x, dt, i, tu_normal() * (i % D == 5 ? 25 : 1)), rn_store(dy, dt, i, tu_normal());
+  TU_OK(rmsnorm_forward(ctx, &cfg, T, D, x, D, w, NULL, y, D, r2));
+  TU_OK(rmsnorm_backward(ctx, &cfg, T, D, x, D, dy, D, w, r2, dx, D, w ? dw2 : NULL, NULL));
+  for (int lay = 0; lay < 3; lay++) {
+    const char *lays[] = {"contiguous", "token-major", "head-major"};
+    grid gx, gdy, gy, gdx;
+    if (lay == 0) { /* the rows themselves */
+      gx = grid_alloc(dt, T, H, hd, FUSED_QKV);
+      gx.ld_h = hd, gx.ld_t = D, gx.off = 0;
+    } else {
+      gx = grid_alloc(dt, T, H, hd, lay == 1 ? TOKEN_MAJOR : HEAD_MAJOR);
+    }
+    gdy = grid_copy(&gx), gy = grid_copy(&gx), gdx = grid_copy(&gx);
+    for (size_t t = 0; t < T; t++)
+      for (size_t h = 0; h < H; h++)
+        for (size_t j = 0; j < hd; j++)
+          gset(&gx, t, h, j, rn_load(x, dt, t * D + h * hd + j)),
+              gset(&gdy, t, h, j, rn_load(dy, dt, t * D + h * hd + j));
+    TU_OK(rmsnorm_qk_norm_rope_forward(ctx, &cfg, T, H, hd, gp(&gx), gx.ld_t, gx.ld_h, w, &R.rope,
+                                       NULL, gp(&gy), gy.ld_t, gy.ld_h, r1));
+    TU_OK(rmsnorm_qk_norm_rope_backward(ctx, &cfg, T, H, hd, gp(&gx), gx.ld_t, gx.ld_h, gp(&gdy),
+                                        gdy.ld_t, gdy.ld_h, w, &R.rope, NULL, gp(&gdx), gdx.ld_t,
+                                        gdx.ld_h, w ? dw1 : NULL));
+    /* y by value: the identity rotation y_a = a 1 - b 0 turns a -0 (a gain
+     * of 1 + -1) into +0 */
+    int same_y = memcmp(r1, r2, T * as) == 0, same_dx = 1;
+    for (size_t t = 0; t < T; t++)
+      for (size_t h = 0; h < H; h++) {
+        for (size_t j = 0; j < hd; j++)
+          same_y &= gget(&gy, t, h, j) == rn_load(y, dt, t * D + h * hd + j);
+        same_dx &= !memcmp((char *)gp(&gdx) + gi(&gdx, t, h, 0) * es, dx + (t * D + h * hd) * es,
+                           hd * es);
+      }
+    tu_check(same_y, "%s flags=%u weight=%d H=%zu hd=%zu %s: per token at position 0 the forward "
+             "is rmsnorm_forward's over heads*hd", tu_dtype_name(dt), flags, weight, H, hd,
+             lays[lay]);
+    tu_check(same_dx && (!w || !memcmp(dw1, dw2, D * 4)),
+             "%s flags=%u weight=%d H=%zu hd=%zu %s: per token at position 0 the backward is "
+             "rmsnorm_backward's", tu_dtype_name(dt), flags, weight, H, hd, lays[lay]);
+    grid_free(&gx), grid_free(&gdy), grid_free(&gy), grid_free(&gdx);
+  }
+  free(w), free(dw1), free(dw2), free(x), free(dy), free(y), free(dx), free(r1), free(r2);
+  rope_free(&R);
+}
+
+/* The rounding flags together: FLOAT_ROTATION alone changes nothing (the
+ * plain rotation is already in the compute type), and ROUND_BEFORE_WEIGHT
+ * with ROUND_BEFORE_ROTATION is ROUND_BEFORE_WEIGHT; in fp32 none of them
+ * changes a bit. */
+static void check_flag_combinations(rmsnorm_dtype dt) {
+  tcase c = {dt, 6, 3, 64, 0, 0, TOKEN_MAJOR, 1, 1, 0, 1e-6, 0};
+  size_t T = c.tokens, H = c.heads, d = c.hd;
+  rope_in R = rope_make(&c, 10000);
+  float *w = weight_make(&c);
+  grid x = grid_alloc(dt, T, H, d, TOKEN_MAJOR);
+  fill_act(&x);
+  const unsigned pairs[][2] = {
+      {RMSNORM_FLAG_FLOAT_ROTATION, 0},
+      {RMSNORM_FLAG_ROUND_BEFORE_WEIGHT | RMSNORM_FLAG_ROUND_BEFORE_ROTATION,
+       RMSNORM_FLAG_ROUND_BEFORE_WEIGHT},
+      {RMSNORM_FLAG_ROUND_BEFORE_WEIGHT | RMSNORM_FLAG_ROUND_BEFORE_ROTATION |
+           RMSNORM_FLAG_FLOAT_ROTATION,
+       RMSNORM_FLAG_ROUND_BEFORE_WEIGHT | RMSNORM_FLAG_FLOAT_ROTATION},
+      {RMSNORM_FLAG_ROUND_BEFORE_ROTATION,
+       dt == RMSNORM_F32 ? 0 : RMSNORM_FLAG_ROUND_BEFORE_ROTATION}};
+  for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+    grid y[2] = {grid_alloc(dt, T, H, d, TOKEN_MAJOR), grid_alloc(dt, T, H, d, TOKEN_MAJOR)};
+    for (int i = 0; i < 2; i++) {
+      rmsnorm_config cfg = config_of(&c);
+      cfg.flags = pairs[k][i];
+      TU_OK(rmsnorm_qk_norm_rope_forward(ctx, &cfg, T, H, d, gp(&x), x.ld_t, x.ld_h, w, &R.rope,
+                                         NULL, gp(&y[i]), y[i].ld_t, y[i].ld_h, NULL));
+    }
+    tu_check(grid_same(&y[0], &y[1]), "%s: flags %#x give the bits of flags %#x",
+             tu_dtype_name(dt), pairs[k][0], pairs[k][1]);
+    grid_free(&y[0]), grid_free(&y[1]);
+  }
+  grid_free(&x);
   free(w);
   rope_free(&R);
 }
@@ -431,49 +567,51 @@ static void check_table_errors(void) {
            "table: unknown dtype");
   tu_check(rmsnorm_rope_table(t, RMSNORM_F32, 2, 0, 1e4, 1) == RMSNORM_ERROR_BAD_SIZE,
            "table: rotary_dim 0");
-  tu_check(rmsnorm_rope_table(t, RMSNORM_F32, 2, 3, 1e4, 1) == RMSNORM_ERROR_BAD_SIZE,
+  tu_check(rmsnorm_rope_table(t, RMSNORM_F32, 2, 3, 1e4, 1) == RMSNORM_ERROR_BAD_ROPE,
            "table: odd rotary_dim");
   tu_check(rmsnorm_rope_table(t, RMSNORM_F32, SIZE_MAX / 2, 4, 1e4, 1) == RMSNORM_ERROR_BAD_SIZE,
            "table: size overflow");
   const double thetas[] = {1, 0.5, -1, NAN, INFINITY};
   for (int i = 0; i < 5; i++)
-    tu_check(rmsnorm_rope_table(t, RMSNORM_F32, 2, 4, thetas[i], 1) == RMSNORM_ERROR_BAD_ARGUMENT,
+    tu_check(rmsnorm_rope_table(t, RMSNORM_F32, 2, 4, thetas[i], 1) == RMSNORM_ERROR_BAD_ROPE,
              "table: theta %g", thetas[i]);
   const double lfs[] = {0, -2, NAN, INFINITY};
   for (int i = 0; i < 4; i++)
-    tu_check(rmsnorm_rope_table(t, RMSNORM_F32, 2, 4, 1e4, lfs[i]) == RMSNORM_ERROR_BAD_ARGUMENT,
+    tu_check(rmsnorm_rope_table(t, RMSNORM_F32, 2, 4, 1e4, lfs[i]) == RMSNORM_ERROR_BAD_ROPE,
              "table: linear factor %g", lfs[i]);
 }
 
 /* ---- the fp64 backward against finite differences of the fp64 forward ---- */
 
-static void check_fd(size_t d, size_t rot, int gptj) {
-  tcase c = {RMSNORM_F64, 1, 1, d, rot, gptj, TOKEN_MAJOR, 1, 1, 0, 1e-6};
+static void check_fd(size_t heads, size_t d, size_t rot, int gptj, int per_token) {
+  tcase c = {RMSNORM_F64, 1, heads, d, rot, gptj, TOKEN_MAJOR, 1, 1, 0, 1e-6, per_token};
   rmsnorm_config cfg = config_of(&c);
   cfg.param_dtype = RMSNORM_F64;
   rope_in R = rope_make(&c, 10000);
   R.pos[0] = 11;
-  double x[64], dy[64], w[64], y[64], dx[64], dw[64];
-  for (size_t j = 0; j < d; j++)
-    x[j] = tu_normal(), dy[j] = tu_normal(), w[j] = 1 + tu_normal() / 2;
-  TU_OK(rmsnorm_qk_norm_rope_backward(ctx, &cfg, 1, 1, d, x, d, d, dy, d, d, w, &R.rope, NULL, dx,
-                                      d, d, dw));
+  size_t D = heads * d, nw = wlen(&c);
+  double x[192], dy[192], w[192], y[192], dx[192], dw[192];
+  for (size_t j = 0; j < D; j++) x[j] = tu_normal(), dy[j] = tu_normal();
+  for (size_t j = 0; j < nw; j++) w[j] = 1 + tu_normal() / 2;
+  TU_OK(rmsnorm_qk_norm_rope_backward(ctx, &cfg, 1, heads, d, x, D, d, dy, D, d, w, &R.rope, NULL,
+                                      dx, D, d, dw));
   for (int which = 0; which < 2; which++)
-    for (size_t j = 0; j < d; j++) {
+    for (size_t j = 0; j < (which ? nw : D); j++) {
       double *p = which ? w : x, keep = p[j], h = 1e-6 * (fabs(keep) + 1), lp = 0, lm = 0;
       p[j] = keep + h;
-      TU_OK(rmsnorm_qk_norm_rope_forward(ctx, &cfg, 1, 1, d, x, d, d, w, &R.rope, NULL, y, d, d,
-                                         NULL));
-      for (size_t i = 0; i < d; i++) lp += dy[i] * y[i];
+      TU_OK(rmsnorm_qk_norm_rope_forward(ctx, &cfg, 1, heads, d, x, D, d, w, &R.rope, NULL, y, D,
+                                         d, NULL));
+      for (size_t i = 0; i < D; i++) lp += dy[i] * y[i];
       p[j] = keep - h;
-      TU_OK(rmsnorm_qk_norm_rope_forward(ctx, &cfg, 1, 1, d, x, d, d, w, &R.rope, NULL, y, d, d,
-                                         NULL));
-      for (size_t i = 0; i < d; i++) lm += dy[i] * y[i];
+      TU_OK(rmsnorm_qk_norm_rope_forward(ctx, &cfg, 1, heads, d, x, D, d, w, &R.rope, NULL, y, D,
+                                         d, NULL));
+      for (size_t i = 0; i < D; i++) lm += dy[i] * y[i];
       p[j] = keep;
       double fdv = (lp - lm) / (2 * h), an = which ? dw[j] : dx[j];
       tu_check(fabs(fdv - an) <= 1e-6 * (fabs(fdv) + 1),
-               "fd d=%zu rot=%zu %s d%s[%zu]: %.12g vs %.12g", d, rot, gptj ? "gptj" : "neox",
-               which ? "w" : "x", j, an, fdv);
+               "fd H=%zu d=%zu rot=%zu %s%s d%s[%zu]: %.12g vs %.12g", heads, d, rot,
+               gptj ? "gptj" : "neox", per_token ? " per-token" : "", which ? "w" : "x", j, an,
+               fdv);
     }
   rope_free(&R);
 }
@@ -488,7 +626,7 @@ static void check_fd(size_t d, size_t rot, int gptj) {
 static void check_qkv_cache(rmsnorm_dtype dt, size_t T, size_t hq, size_t hk, size_t hd,
                             int gptj) {
   size_t es = rn_dtype_size(dt), W = hq + 2 * hk, as = dt == RMSNORM_F64 ? 8 : 4;
-  tcase c = {dt, T, hk, hd, 0, gptj, TOKEN_MAJOR, 1, 1, 0, 1e-6};
+  tcase c = {dt, T, hk, hd, 0, gptj, TOKEN_MAJOR, 1, 1, 0, 1e-6, 0};
   rmsnorm_config cfg = config_of(&c);
   rope_in R = rope_make(&c, 1e6);
   float *wq = weight_make(&c), *wk = weight_make(&c);
@@ -583,8 +721,8 @@ static int run_all(const tcase *c, const ins *in, int variant, outs *o) {
   o->y = variant == 1 ? x : grid_copy(&in->x);
   o->dx = variant == 1 ? dy : grid_copy(&in->dy);
   o->dx2 = grid_copy(&in->x);
-  o->rstd = malloc(T * H * as);
-  o->dw = malloc(d * 4), o->dw2 = malloc(d * 4);
+  o->rstd = malloc(nstat(c) * as);
+  o->dw = malloc(wlen(c) * 4), o->dw2 = malloc(wlen(c) * 4);
   o->cache = malloc(in->cache_bytes);
   memset(o->cache, 0x33, in->cache_bytes);
   rmsnorm_kv_cache kv;
@@ -628,10 +766,11 @@ static void free_outs(outs *o) {
 
 static int outs_same(const tcase *c, const ins *in, const outs *a, const outs *b,
                      int with_y) {
-  size_t as = c->dt == RMSNORM_F64 ? 8 : 4, rows = c->tokens * c->heads;
-  return (!with_y || grid_same(&a->y, &b->y)) && grid_same(&a->dx, &b->dx) && grid_same(&a->dx2, &b->dx2) &&
-         !memcmp(a->rstd, b->rstd, rows * as) && !memcmp(a->cache, b->cache, in->cache_bytes) &&
-         (!in->w || (!memcmp(a->dw, b->dw, c->hd * 4) && !memcmp(a->dw2, b->dw2, c->hd * 4)));
+  size_t as = c->dt == RMSNORM_F64 ? 8 : 4, nw = wlen(c) * 4;
+  return (!with_y || grid_same(&a->y, &b->y)) && grid_same(&a->dx, &b->dx) &&
+         grid_same(&a->dx2, &b->dx2) && !memcmp(a->rstd, b->rstd, nstat(c) * as) &&
+         !memcmp(a->cache, b->cache, in->cache_bytes) &&
+         (!in->w || (!memcmp(a->dw, b->dw, nw) && !memcmp(a->dw2, b->dw2, nw)));
 }
 
 /* Set for cases too large to run every variant: check_sets then runs the
@@ -654,9 +793,12 @@ static void check_sets(const tcase *c0, int special) {
   tcase cc = *c0;
   size_t T = cc.tokens, H = cc.heads, d = cc.hd, rows = T * H;
   special = special && rows >= 4 && d >= 4;
-  if (special) cc.eps = 0, cc.flags &= ~(unsigned)RMSNORM_FLAG_ROUND_BEFORE_WEIGHT;
+  if (special)
+    cc.eps = 0, cc.flags &= ~(unsigned)(RMSNORM_FLAG_ROUND_BEFORE_WEIGHT |
+                                        RMSNORM_FLAG_ROUND_BEFORE_ROTATION |
+                                        RMSNORM_FLAG_FLOAT_ROTATION);
   const tcase *c = &cc;
-  char what[200];
+  char what[240];
   case_name(c, what, sizeof what);
   ins in;
   in.x = grid_alloc(c->dt, T, H, d, c->lay), in.dy = grid_alloc(c->dt, T, H, d, c->lay);
@@ -677,7 +819,7 @@ static void check_sets(const tcase *c0, int special) {
     }
   }
   in.w = weight_make(c);
-  if (edge_weights && in.w) weight_edges(in.w, d);
+  if (edge_weights && in.w) weight_edges(in.w, wlen(c));
   in.R = rope_make(c, 10000);
   in.n_slots = 3 * T + 2; /* slots 3t + 1: distinct, scattered */
   in.slots = malloc(T * sizeof *in.slots);
@@ -723,32 +865,39 @@ static void check_sets(const tcase *c0, int special) {
   }
   if (special && ok) { /* the long double rows are right, not just equal */
     rope_opts o = {rot_of(c), c->gptj, 0};
-    ro_t xr[ROPE_ORACLE_MAX_D], wr[ROPE_ORACLE_MAX_D], yo[ROPE_ORACLE_MAX_D], mo[ROPE_ORACLE_MAX_D];
+    static ro_t xr[ROPE_ORACLE_MAX_N], wr[ROPE_ORACLE_MAX_N], yo[ROPE_ORACLE_MAX_N],
+        mo[ROPE_ORACLE_MAX_N];
     ro_t cs[ROPE_ORACLE_MAX_D], r;
-    for (size_t j = 0; j < d; j++) wr[j] = weight_at(c, in.w, j);
-    for (int k = 0; k < 4; k++) {
-      size_t t = sr[k][0], h = sr[k][1];
-      if (k == 2) { /* NaN: the whole row, and only it */
+    for (size_t j = 0; j < wlen(c); j++) wr[j] = weight_at(c, in.w, j);
+    /* the units (rows, or tokens) holding the special rows 0..3 */
+    size_t last = c->per_token ? 3 / H : 3;
+    for (size_t u = 0; u <= last; u++) {
+      unit un = unit_at(c, u);
+      size_t n = un.nh * d, first = un.t * H + un.h0; /* its rows: first .. first + nh - 1 */
+      if (first <= 2 && 2 < first + un.nh) { /* NaN: the whole unit, and only it */
         int nan = 1;
-        for (size_t j = 0; j < d; j++) nan &= isnan(gget(&ref.y, t, h, j)) != 0;
-        tu_check(nan, "%s: a NaN row gives NaN", what);
+        for (size_t j = 0; j < n; j++) nan &= isnan(gget(&ref.y, un.t, un.h0 + j / d, j % d)) != 0;
+        tu_check(nan, "%s: a NaN row gives NaN (its unit %zu)", what, u);
         continue;
       }
-      for (size_t j = 0; j < d; j++) xr[j] = gget(&in.x, t, h, j);
-      row_angles(c, &in.R, t, cs);
-      rope_forward_row(xr, in.w ? wr : NULL, d, &o, cs, yo, &r, mo);
+      unit_get(&in.x, un, xr);
+      row_angles(c, &in.R, un.t, cs);
+      rope_forward_token(xr, in.w ? wr : NULL, un.nh, d, &o, cs, yo, &r, mo);
       int good = 1;
-      for (size_t j = 0; j < d && good; j++) {
-        double got = gget(&ref.y, t, h, j);
-        long double bound = store_tol(c->dt) * fabsl(yo[j]) + compute_tol(c->dt) * mo[j] + 1e-30;
+      for (size_t j = 0; j < n && good; j++) {
+        double got = gget(&ref.y, un.t, un.h0 + j / d, j % d);
+        long double bound =
+            store_tol(c->dt) * fabsl(yo[j]) + compute_tol(c->dt) * mo[j] + store_abs(c->dt);
         good = tu_check(isfinite(got) && fabsl(got - yo[j]) <= bound,
-                        "%s: special row %d y[%zu] = %.9g, oracle %.12Lg", what, k, j, got, yo[j]);
+                        "%s: special unit %zu y[%zu] = %.9g, oracle %.12Lg", what, u, j, got,
+                        yo[j]);
       }
-      for (size_t j = 0; j < d && good && k == 0; j++) /* the huge row's gradient */
-        good = tu_check(isfinite(gget(&ref.dx, t, h, j)) && isfinite(gget(&ref.dx2, t, h, j)),
-                        "%s: special row %d: dx finite", what, k);
+      for (size_t j = 0; j < n && good && first == 0; j++) /* the huge row's gradient */
+        good = tu_check(isfinite(gget(&ref.dx, un.t, un.h0 + j / d, j % d)) &&
+                            isfinite(gget(&ref.dx2, un.t, un.h0 + j / d, j % d)),
+                        "%s: special unit %zu: dx finite", what, u);
     }
-    if (rows > 4) /* a plain row beside them */
+    if (rows > 4 && (!c->per_token || (rows - 1) / H > 2 / H)) /* a plain row beside them */
       tu_check(isfinite(gget(&ref.y, (rows - 1) / H, (rows - 1) % H, 0)), "%s: plain rows finite",
                what);
   }
@@ -837,6 +986,7 @@ static void check_errors(void) {
   FWD("eps outside", RMSNORM_ERROR_BAD_FLAGS, c_.flags = RMSNORM_FLAG_EPS_OUTSIDE);
   FWD("accumulate", RMSNORM_ERROR_BAD_FLAGS, c_.flags = RMSNORM_FLAG_ACCUMULATE);
   FWD("unknown flag", RMSNORM_ERROR_BAD_FLAGS, c_.flags = 1u << 9);
+  FWD("unknown flag next to the rounding ones", RMSNORM_ERROR_BAD_FLAGS, c_.flags = 1u << 6);
   FWD("negative eps", RMSNORM_ERROR_BAD_EPS, c_.eps = -1);
   FWD("partial", RMSNORM_ERROR_BAD_PARTIAL, c_.partial = 0.5);
   FWD("bad dtype", RMSNORM_ERROR_BAD_DTYPE, c_.dtype = (rmsnorm_dtype)5);
@@ -844,13 +994,16 @@ static void check_errors(void) {
   FWD("NULL rope", RMSNORM_ERROR_NULL_POINTER, rp_ = NULL);
   FWD("rope size 0", RMSNORM_ERROR_BAD_CONFIG, r_.size = 0);
   FWD("rope size 5000", RMSNORM_ERROR_BAD_CONFIG, r_.size = 5000);
-  FWD("unknown style", RMSNORM_ERROR_BAD_ARGUMENT, r_.style = 2);
-  FWD("odd rotary_dim", RMSNORM_ERROR_BAD_ARGUMENT, r_.rotary_dim = 3);
-  FWD("rotary_dim above head_dim", RMSNORM_ERROR_BAD_ARGUMENT, r_.rotary_dim = ED + 2);
-  FWD("odd head_dim, rotary_dim 0", RMSNORM_ERROR_BAD_ARGUMENT, D_ = 7);
-  FWD("head_dim 1", RMSNORM_ERROR_BAD_ARGUMENT, D_ = 1);
+  FWD("unknown style", RMSNORM_ERROR_BAD_ROPE, r_.style = 2);
+  FWD("unknown norm mode", RMSNORM_ERROR_BAD_ROPE, r_.norm = 2);
+  FWD("odd rotary_dim", RMSNORM_ERROR_BAD_ROPE, r_.rotary_dim = 3);
+  FWD("rotary_dim above head_dim", RMSNORM_ERROR_BAD_ROPE, r_.rotary_dim = ED + 2);
+  FWD("odd head_dim, rotary_dim 0", RMSNORM_ERROR_BAD_ROPE, D_ = 7);
+  FWD("head_dim 1", RMSNORM_ERROR_BAD_ROPE, D_ = 1);
   FWD("cache size 0", RMSNORM_ERROR_BAD_CONFIG, k_.size = 0);
-  FWD("heads 0", RMSNORM_ERROR_BAD_SIZE, H_ = 0);
+  /* no heads: no rows, success touching nothing (NULL buffers then too) */
+  FWD("heads 0", RMSNORM_OK, H_ = 0);
+  FWD("heads 0, NULL buffers", RMSNORM_OK, H_ = 0, x_ = NULL, y_ = NULL, kp_ = NULL);
   FWD("x head stride below head_dim", RMSNORM_ERROR_BAD_STRIDE, ldxh_ = ED - 1);
   FWD("y token stride overlapping", RMSNORM_ERROR_BAD_STRIDE, ldyt_ = ED);
   FWD("cache head stride below head_dim", RMSNORM_ERROR_BAD_STRIDE, k_.ld_head = ED - 1);
@@ -862,11 +1015,12 @@ static void check_errors(void) {
   FWD("NULL slots", RMSNORM_ERROR_NULL_POINTER, k_.slots = NULL);
   FWD("V cache without its source", RMSNORM_ERROR_NULL_POINTER, k_.v_src = NULL);
   FWD("NULL table", RMSNORM_ERROR_BAD_ARGUMENT, r_.cos_sin = NULL);
-  FWD("negative position", RMSNORM_ERROR_BAD_ARGUMENT, p_[1] = -1);
-  FWD("position past the table", RMSNORM_ERROR_BAD_ARGUMENT, p_[2] = 16);
-  FWD("tokens past the table", RMSNORM_ERROR_BAD_ARGUMENT, r_.positions = NULL, r_.n_positions = 2);
+  FWD("negative position", RMSNORM_ERROR_OUT_OF_RANGE, p_[1] = -1);
+  FWD("position past the table", RMSNORM_ERROR_OUT_OF_RANGE, p_[2] = 16);
+  FWD("tokens past the table", RMSNORM_ERROR_OUT_OF_RANGE, r_.positions = NULL,
+      r_.n_positions = 2);
   FWD("table size overflows", RMSNORM_ERROR_BAD_SIZE, r_.n_positions = SIZE_MAX / 8);
-  FWD("slot past the cache", RMSNORM_ERROR_BAD_ARGUMENT, s_[0] = 6);
+  FWD("slot past the cache", RMSNORM_ERROR_OUT_OF_RANGE, s_[0] = 6);
   FWD("two tokens in one slot", RMSNORM_ERROR_OVERLAP, s_[2] = 4);
   FWD("y overlapping x", RMSNORM_ERROR_OVERLAP, y_ = (float *)ex + 1);
   FWD("y = x with other strides", RMSNORM_ERROR_OVERLAP, y_ = (float *)ex, ldyh_ = ED + 1,
@@ -882,6 +1036,18 @@ static void check_errors(void) {
   FWD("rstd overlapping the table", RMSNORM_ERROR_OVERLAP, r_.cos_sin = erstd,
       r_.positions = NULL, r_.n_positions = 3);
 #undef FWD
+  { /* a caller built before rmsnorm_rope.norm: the field past its size is not
+     * read (per head), the same bits as today's struct */
+    rmsnorm_rope old = rope;
+    old.size = offsetof(rmsnorm_rope, positions) + sizeof(const int64_t *);
+    old.norm = 5;
+    float y1[EN], y2[EN];
+    TU_OK(rmsnorm_qk_norm_rope_forward(ctx, &cfg, ET, EH, ED, ex, EH * ED, ED, ew, &old, NULL, y1,
+                                       EH * ED, ED, NULL));
+    TU_OK(rmsnorm_qk_norm_rope_forward(ctx, &cfg, ET, EH, ED, ex, EH * ED, ED, ew, &rope, NULL, y2,
+                                       EH * ED, ED, NULL));
+    tu_check(!memcmp(y1, y2, sizeof y1), "a rope of the first version: per head");
+  }
   /* tokens == 0 touches nothing, NULL buffers accepted */
   tu_check(rmsnorm_qk_norm_rope_forward(ctx, &cfg, 0, EH, ED, NULL, 0, 0, NULL, &rope, NULL, NULL,
                                         0, 0, NULL) == RMSNORM_OK, "forward: no tokens");
@@ -907,14 +1073,19 @@ static void check_errors(void) {
   BWD("eps outside", RMSNORM_ERROR_BAD_FLAGS, c_.flags = RMSNORM_FLAG_EPS_OUTSIDE);
   BWD("partial", RMSNORM_ERROR_BAD_PARTIAL, c_.partial = 0.25);
   BWD("rope size 0", RMSNORM_ERROR_BAD_CONFIG, r_.size = 0);
-  BWD("unknown style", RMSNORM_ERROR_BAD_ARGUMENT, r_.style = 7);
+  BWD("unknown style", RMSNORM_ERROR_BAD_ROPE, r_.style = 7);
+  BWD("unknown norm mode", RMSNORM_ERROR_BAD_ROPE, r_.norm = 9);
   BWD("dweight without weight", RMSNORM_ERROR_BAD_ARGUMENT, w_ = NULL);
-  BWD("heads 0", RMSNORM_ERROR_BAD_SIZE, H_ = 0);
+  BWD("heads 0", RMSNORM_OK, H_ = 0); /* dweight not written, as with rows == 0 */
   BWD("dx stride", RMSNORM_ERROR_BAD_STRIDE, lddxh_ = 2);
   BWD("NULL dy", RMSNORM_ERROR_NULL_POINTER, dy_ = NULL);
   BWD("NULL dx", RMSNORM_ERROR_NULL_POINTER, dx_ = NULL);
   BWD("NULL table", RMSNORM_ERROR_BAD_ARGUMENT, r_.cos_sin = NULL);
-  BWD("position past the table", RMSNORM_ERROR_BAD_ARGUMENT, p_[0] = 99);
+  BWD("position past the table", RMSNORM_ERROR_OUT_OF_RANGE, p_[0] = 99);
+  /* dweight is heads*head_dim long per token: it meets an rstd that a
+   * head_dim long one would not */
+  BWD("per token: dweight of heads*head_dim overlapping rstd", RMSNORM_ERROR_OVERLAP,
+      r_.norm = RMSNORM_ROPE_NORM_TOKEN, w_ = ecache0, dw_ = ecache, rs_ = ecache + 12);
   BWD("dx overlapping dy", RMSNORM_ERROR_OVERLAP, dx_ = (float *)edy + 1);
   BWD("dx overlapping rstd", RMSNORM_ERROR_OVERLAP, rs_ = edx + 4);
   BWD("dweight overlapping dx", RMSNORM_ERROR_OVERLAP, dw_ = edx + 3);
@@ -983,12 +1154,32 @@ int main(void) {
           if (emu) T = 2, H = H > 2 ? 2 : H;
           unsigned flags = (k + di) % 3 == 1 ? RMSNORM_FLAG_WEIGHT_OFFSET : 0;
           tcase c = {dts[di], T, H, d, rots[ri], gptj, (layout)((k + di) % 3),
-                     (int)((k + di / 2) % 2), (int)(k % 5 != 3), flags, 1e-6};
+                     (int)((k + di / 2) % 2), (int)(k % 5 != 3), flags, 1e-6, 0};
           check_oracle(&c);
           if (dts[di] != RMSNORM_F64 && (k % 4 == 0 || dts[di] == RMSNORM_F16 ||
                                          dts[di] == RMSNORM_BF16)) {
-            c.flags |= RMSNORM_FLAG_ROUND_BEFORE_WEIGHT;
+            unsigned base = c.flags;
+            c.flags = base | RMSNORM_FLAG_ROUND_BEFORE_WEIGHT;
             check_oracle(&c);
+            /* Gemma 3's and OLMo 2's roundings, and Qwen3's norm rotated in float */
+            c.flags = base | RMSNORM_FLAG_ROUND_BEFORE_ROTATION |
+                      ((k + di) % 2 ? RMSNORM_FLAG_FLOAT_ROTATION : 0);
+            check_oracle(&c);
+            if (k % 3 == 0) {
+              c.flags = base | RMSNORM_FLAG_ROUND_BEFORE_WEIGHT | RMSNORM_FLAG_FLOAT_ROTATION;
+              check_oracle(&c);
+            }
+            c.flags = base;
+          }
+          /* one statistic per token over its heads (OLMo 2) */
+          if ((k + di) % 2 == 0 || H == 1) {
+            c.per_token = 1;
+            check_oracle(&c);
+            if (dts[di] == RMSNORM_BF16 || dts[di] == RMSNORM_F16) {
+              c.flags |= RMSNORM_FLAG_ROUND_BEFORE_ROTATION |
+                         (k % 2 ? RMSNORM_FLAG_FLOAT_ROTATION : 0);
+              check_oracle(&c);
+            }
           }
         }
     }
@@ -998,10 +1189,18 @@ int main(void) {
     check_identity(dts[di], 0, 0);
     check_identity(dts[di], RMSNORM_FLAG_WEIGHT_OFFSET, 1);
     check_identity(dts[di], RMSNORM_FLAG_ROUND_BEFORE_WEIGHT, 1);
+    check_identity_token(dts[di], 0, 1, 3, 64);
+    check_identity_token(dts[di], 0, 0, 8, 14);
+    check_identity_token(dts[di], 0, 1, 16, 128);
+    check_identity_token(dts[di], RMSNORM_FLAG_WEIGHT_OFFSET, 1, 16, 128);
+    check_identity_token(dts[di], RMSNORM_FLAG_ROUND_BEFORE_WEIGHT, 1, 2, 80);
+    check_flag_combinations(dts[di]);
   }
   for (int gptj = 0; gptj < 2; gptj++) {
-    check_fd(16, 0, gptj);
-    check_fd(24, 8, gptj);
+    check_fd(1, 16, 0, gptj, 0);
+    check_fd(1, 24, 8, gptj, 0);
+    check_fd(3, 16, 0, gptj, 1); /* one statistic over the token's heads */
+    check_fd(4, 24, 8, gptj, 1);
   }
   for (size_t di = 0; di < 4; di++) {
     check_qkv_cache(dts[di], 7, 8, 2, 64, 0);
@@ -1025,30 +1224,40 @@ int main(void) {
                    (layout)set_shapes[s][4], (int)(s & 1), (int)(s != 2),
                    (s % 3 == 1 ? RMSNORM_FLAG_WEIGHT_OFFSET : 0) |
                        (di >= 2 && (gptj || s % 2) ? RMSNORM_FLAG_ROUND_BEFORE_WEIGHT : 0),
-                   1e-6};
+                   1e-6, 0};
         check_sets(&c, 0);
         if (gptj == 0) check_sets(&c, 1);
+        if (s % 2 == 0 || gptj == 0) { /* per token, with Gemma 3's or OLMo 2's roundings */
+          c.per_token = 1;
+          if (di >= 2 && s % 3 != 1)
+            c.flags = (c.flags & ~(unsigned)RMSNORM_FLAG_ROUND_BEFORE_WEIGHT) |
+                      RMSNORM_FLAG_ROUND_BEFORE_ROTATION |
+                      (s % 2 ? RMSNORM_FLAG_FLOAT_ROTATION : 0);
+          check_sets(&c, gptj == 0);
+        }
       }
   }
   edge_weights = 1; /* every dtype, rows in groups and alone */
   for (size_t di = 0; di < 4; di++) {
-    tcase edges = {dts[di], 5, 4, 128, 0, 0, TOKEN_MAJOR, 0, 1, 0, 1e-6};
+    tcase edges = {dts[di], 5, 4, 128, 0, 0, TOKEN_MAJOR, 0, 1, 0, 1e-6, 0};
+    check_sets(&edges, 0);
+    edges.per_token = 1;
     check_sets(&edges, 0);
   }
   edge_weights = 0;
   if (!emu) { /* 2-byte rows from 1 MiB on: y and the backward's dx stream too */
-    tcase big = {RMSNORM_BF16, 4100, 1, 128, 0, 0, TOKEN_MAJOR, 1, 1, 0, 1e-6};
+    tcase big = {RMSNORM_BF16, 4100, 1, 128, 0, 0, TOKEN_MAJOR, 1, 1, 0, 1e-6, 0};
     check_sets(&big, 0);
     /* from 4 MiB of x and y, streamed 2-byte rows prefetch the next group */
     for (size_t di = 2; di < 4; di++) {
-      tcase dram = {dts[di], 8193, 1, 128, 0, 0, TOKEN_MAJOR, 1, 1, 0, 1e-6};
+      tcase dram = {dts[di], 8193, 1, 128, 0, 0, TOKEN_MAJOR, 1, 1, 0, 1e-6, 0};
       check_sets(&dram, 0);
     }
     /* calls of 32 MiB or more written in place: AVX-512 takes their rows one
      * at a time (fp32, fp64) */
     sets_in_place_only = 1;
-    tcase f32 = {RMSNORM_F32, 32769, 1, 128, 0, 0, TOKEN_MAJOR, 1, 1, 0, 1e-6};
-    tcase f64 = {RMSNORM_F64, 16385, 1, 128, 0, 0, TOKEN_MAJOR, 0, 1, 0, 1e-6};
+    tcase f32 = {RMSNORM_F32, 32769, 1, 128, 0, 0, TOKEN_MAJOR, 1, 1, 0, 1e-6, 0};
+    tcase f64 = {RMSNORM_F64, 16385, 1, 128, 0, 0, TOKEN_MAJOR, 0, 1, 0, 1e-6, 0};
     check_sets(&f32, 0);
     check_sets(&f64, 0);
     sets_in_place_only = 0;

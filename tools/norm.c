@@ -66,7 +66,9 @@ enum {
   O_STYLE = 1u << 29,
   O_START = 1u << 30
 };
-#define O_COS_SIN (1u << 31) /* beyond int's range, so not an enumerator */
+/* beyond int's range, so not enumerators: the option sets are 64 bits */
+#define O_COS_SIN (1u << 31)
+#define O_ACROSS_HEADS ((uint64_t)1 << 32)
 
 /* The quantized formats by their names on the command line, in the order
  * --help lists them. */
@@ -96,7 +98,7 @@ static int has_groups(const qformat_def *f) {
 
 typedef struct option_def {
   const char *name; /* without the leading "--" */
-  unsigned bit;
+  uint64_t bit;
   const char *arg;  /* the value's name, NULL for a switch */
   const char *help;
 } option_def;
@@ -129,6 +131,7 @@ static const option_def option_defs[] = {
   {"linear-factor", O_LINEAR_FACTOR, "F", "positions divided by F (linear scaling; default 1)"},
   {"start", O_START, "P", "the first token's position (default 0)"},
   {"cos-sin", O_COS_SIN, "FILE", "a table (positions, R): cos then sin ('<f4'; '<f8' data: '<f8')"},
+  {"across-heads", O_ACROSS_HEADS, NULL, "one r per token over all its heads (OLMo 2)"},
   {"eps", O_EPS, "E", "finite, >= 0 (default: 2^-23; 2^-52 for '<f8' data)"},
   {"eps-outside", O_EPS_OUTSIDE, NULL, "r = 1/(sqrt(mean(x^2)) + eps), the paper's code"},
   {"offset", O_OFFSET, NULL, "multiply by (1 + g) instead of g (Gemma)"},
@@ -147,7 +150,7 @@ typedef struct op_spec {
   int inputs;          /* 1: X; 2: X and DY (H and U, X and W) */
   const char *in_text; /* the inputs, for the usage error */
   const char *out_text; /* the output, for the usage error */
-  unsigned options;
+  uint64_t options;
   const char *synopsis;
   const char *about;
 } op_spec;
@@ -221,10 +224,10 @@ static const op_spec op_specs[] = {
    "divisor of the row; default the whole row)."},
   {"qk-rope", OP_QK_ROPE, 1, "X.npy", "Y.npy",
    O_OUT | O_EPS | O_OFFSET | O_WEIGHT | O_BF16 | O_RSTD | O_STYLE | O_ROTARY_DIM | O_THETA |
-       O_LINEAR_FACTOR | O_START | O_COS_SIN,
+       O_LINEAR_FACTOR | O_START | O_COS_SIN | O_ACROSS_HEADS,
    "X.npy -o Y.npy [--weight G.npy] [--style neox|gptj] [--rotary-dim R]\n"
    "               [--theta T] [--linear-factor F | --cos-sin TABLE.npy]\n"
-   "               [--start P] [--rstd R.npy] [options]",
+   "               [--start P] [--across-heads] [--rstd R.npy] [options]",
    "QK-norm + RoPE (Qwen3, OLMo 2, Gemma 3) of Q or K, X of shape\n"
    "(..., seq, heads, head_dim): each head's row is normalized over head_dim\n"
    "with the gain g (head_dim,), then its first R columns are rotated by the\n"
@@ -232,7 +235,9 @@ static const op_spec op_specs[] = {
    "  n = x * r * g,  (a, b) -> (a cos - b sin, b cos + a sin)\n"
    "over the pairs (i, i + R/2) (neox) or (2i, 2i + 1) (gptj), frequency i at\n"
    "theta^(-2i/R) / F. --cos-sin gives the table instead: row p holds the cos of\n"
-   "the R/2 frequencies at position p, then their sin."},
+   "the R/2 frequencies at position p, then their sin. --across-heads (OLMo 2)\n"
+   "normalizes each token's heads together, one r over heads*head_dim values,\n"
+   "with g of (heads*head_dim,) or (heads, head_dim); each head is then rotated."},
   {"linear", OP_LINEAR, 2, "X.npy W.npy", "Z.npy",
    O_OUT | O_RSTD | O_WEIGHT | O_LINEAR_BIAS | O_EPS | O_EPS_OUTSIDE | O_OFFSET | O_PARTIAL |
        O_BF16,
@@ -274,9 +279,9 @@ static void print_help(const op_spec *op) {
     else if (o->bit == O_RSTD && op->kind == OP_GATED)
       help = "each group's r: float32, X's row shape (and d/G with --group G)";
     else if (o->bit == O_RSTD && op->kind == OP_QK_ROPE)
-      help = "each head's r: float32, X's shape without head_dim";
+      help = "each r: float32, X's shape without head_dim (--across-heads: per token)";
     else if (o->bit == O_WEIGHT && op->kind == OP_QK_ROPE)
-      help = "the gain g: (head_dim,); '<f4' or X's dtype";
+      help = "the gain g: (head_dim,) (see --across-heads); '<f4' or X's dtype";
     printf("  %-22s %s\n", left, help);
   }
   printf("  %-22s %s\n", "-h, --help", "this help");
@@ -294,6 +299,7 @@ typedef struct norm_args {
   int norm_first;
   size_t gate_group;
   unsigned style;                                   /* qk-rope */
+  int across_heads;
   size_t rotary_dim, start;
   double theta, linear_factor;
   int have_theta, have_factor;
@@ -392,6 +398,7 @@ static int set_option(const op_spec *op, norm_args *a, const option_def *o, cons
       a->have_factor = 1;
       break;
     case O_COS_SIN: a->cos_sin = v; break;
+    case O_ACROSS_HEADS: a->across_heads = 1; break;
     case O_EPS_OUTSIDE: a->eps_outside = 1; break;
     case O_OFFSET: a->offset = 1; break;
     case O_BF16: a->bf16 = 1; break;
@@ -1123,7 +1130,17 @@ static int run_rope(const op_spec *op, const norm_args *a) {
     rn_cli_error("%s: --rotary-dim %zu must be even and at most head_dim %zu", x.path, rot, hd);
     goto done;
   }
-  if (a->weight && check_param(&w, "weight", &x, lead)) goto done;
+  /* the gain: (head_dim,), or across heads (heads*head_dim,) or (heads, head_dim) */
+  if (a->weight && a->across_heads && w.info.ndim == 1 && heads <= SIZE_MAX / hd &&
+      w.info.shape[0] == heads * hd) {
+    if (w.info.dtype != NPY_F32 && w.info.dtype != xi->dtype) {
+      rn_cli_error("%s: weight dtype '%s' must be '<f4' or the data's dtype '%s'", w.path,
+                   w.info.descr, xi->descr);
+      goto done;
+    }
+  } else if (a->weight && check_param(&w, "weight", &x, a->across_heads ? lead - 1 : lead)) {
+    goto done;
+  }
   npy_dtype param = a->weight ? w.info.dtype : xi->dtype;
   rmsnorm_dtype dt = dtype_of(xi->dtype);
   npy_dtype tdt = dt == RMSNORM_F64 ? NPY_F64 : NPY_F32;
@@ -1161,7 +1178,8 @@ static int run_rope(const op_spec *op, const norm_args *a) {
   size_t stat_size = dt == RMSNORM_F64 ? sizeof(double) : sizeof(float);
   y = alloc_bytes(xi->data_bytes, 0);
   pos = alloc_bytes(tokens * sizeof *pos, 0);
-  if (a->rstd) rstd = alloc_bytes(rows * stat_size, 0);
+  size_t nstat = a->across_heads ? tokens : rows; /* one r per token, or per head */
+  if (a->rstd) rstd = alloc_bytes(nstat * stat_size, 0);
   if (!y || !pos || (a->rstd && !rstd)) {
     rn_cli_error("%s: out of memory", op->name);
     goto done;
@@ -1169,7 +1187,8 @@ static int run_rope(const op_spec *op, const norm_args *a) {
   for (size_t i = 0; i < tokens; i++) pos[i] = (int64_t)(a->start + i % seq);
   output outv[] = {
     {a->out, -1, xi->dtype, xi->ndim, xi->shape, y, xi->data_bytes, 0},
-    {a->rstd, -1, NPY_F32, lead, xi->shape, rstd, rows * sizeof(float), 1},
+    {a->rstd, -1, NPY_F32, a->across_heads ? lead - 1 : lead, xi->shape, rstd,
+     nstat * sizeof(float), 1},
   };
   size_t n_out = sizeof outv / sizeof outv[0];
   if (register_outputs(outs, outv, n_out) != 0) goto done;
@@ -1186,6 +1205,7 @@ static int run_rope(const op_spec *op, const norm_args *a) {
     rope.cos_sin = table ? table : t.data;
     rope.n_positions = n_pos;
     rope.positions = pos;
+    rope.norm = a->across_heads ? RMSNORM_ROPE_NORM_TOKEN : RMSNORM_ROPE_NORM_HEAD;
     st = rmsnorm_qk_norm_rope_forward(ctx, &cfg, tokens, heads, hd, x.data, heads * hd, hd,
                                       a->weight ? w.data : NULL, &rope, NULL, y, heads * hd, hd,
                                       rstd);

@@ -18,7 +18,9 @@ class Error(Exception):
 
 
 class ArgumentError(Error, ValueError):
-    """An invalid size, stride, eps, partial fraction, flag or buffer overlap."""
+    """An invalid size, stride, eps, partial fraction, flag or buffer overlap, a position or
+    cache slot out of range (RMSNORM_ERROR_OUT_OF_RANGE), or a rotation that cannot be
+    (RMSNORM_ERROR_BAD_ROPE)."""
 
 
 class DtypeError(Error, TypeError):

@@ -16,7 +16,7 @@ from . import _ops, _quant
 _C = sys.modules["rmsnorm._torch"]
 FLOATS = tuple(getattr(torch, name) for name in _C.dtypes())  # by rmsnorm_dtype code
 _MSG = _C.messages()
-_INDEX_ARGS = ("positions",)  # tensors of integers (rmsnorm_rope's positions)
+_INDEX_ARGS = ("positions", "slots")  # tensors of integers (rope's positions, cache slots)
 
 
 def _text(op: str, key: str, **fields) -> str:
@@ -74,6 +74,10 @@ def _checks(op: str, a: dict, x, what: str):
         _check(op, x.dim() >= 2, "heads", what=what, shape=list(x.shape))
         if "cos_sin" in a:
             _rope_checks(op, a, x)
+            if a.get("across_heads"):  # one statistic per token over its heads
+                shapes = {"weight": (x.shape[-2] * x.shape[-1],)}
+        if "k_cache" in a:
+            _cache_checks(op, a, x)
     for name, shape in shapes.items():
         if (p := a.get(name)) is not None:
             _check(op, _same(p, shape), "param_shape", what=name, shape=list(p.shape),
@@ -99,10 +103,42 @@ def _rope_checks(op: str, a: dict, x):
     for n in x.shape[:-2]:
         tokens = tokens * n
     if pos is not None:
-        _check(op, pos.numel() == tokens, "rope_positions", n=pos.numel(),
-               shape=list(pos.shape), tokens=tokens)
+        _check(op, pos.numel() == tokens or _broadcasts(pos.shape, x.shape[:-2]),
+               "rope_positions", n=pos.numel(), shape=list(pos.shape), tokens=tokens)
     else:
         _check(op, cs.shape[0] >= tokens, "rope_rows", n=cs.shape[0], tokens=tokens)
+
+
+def _cache_checks(op: str, a: dict, x):
+    """qk_norm_rope_cache's caches (core.hpp's cache_of): (*slots, heads, head_dim) of x's
+    dtype, v like x and v_cache like k_cache, one slot per token."""
+    for name, ref in (("k_cache", x), ("v_cache", x)):
+        c = a.get(name)
+        if c is None:
+            continue
+        _check(op, c.dim() >= 2 and _same(c[(0,) * (c.dim() - 2)], x.shape[-2:]), "heads",
+               what=name, shape=list(c.shape))
+        torch._check_type(c.dtype == ref.dtype, lambda: _text(
+            op, "same_dtype", what=name, dtype=str(c.dtype)[6:], ref="input",
+            ref_dtype=str(ref.dtype)[6:]))
+    v, vc = a.get("v"), a.get("v_cache")
+    torch._check_value((v is None) == (vc is None), lambda: f"rmsnorm::{op}: v and v_cache "
+                       "come together (the V heads to copy and where to)")
+    if v is not None:
+        _check(op, _same(v, x.shape), "same_shape", what="v", shape=list(v.shape), ref="input",
+               ref_shape=list(x.shape))
+    tokens = 1
+    for n in x.shape[:-2]:
+        tokens = tokens * n
+    torch._check_value(a["slots"].numel() == tokens, lambda: f"rmsnorm::{op}: slots has "
+                       f"{a['slots'].numel()} values; expected one per token, {tokens}")
+
+
+def _broadcasts(shape, lead) -> bool:
+    """Whether positions of `shape` broadcast to the leading dims (core.hpp's
+    spread_positions)."""
+    return len(shape) <= len(lead) and all(
+        p == q or p == 1 for p, q in zip(reversed(shape), reversed(lead)))
 
 
 def _stats(x, k, dtype=None):
@@ -150,13 +186,15 @@ def _output(op: _ops.Op, a: dict, x, name: str, i: int):
     if name.startswith("grad_") and name != "grad_input" and name[5:] in a:  # a parameter's
         p = a.get(name[5:])
         return None if p is None else p.new_empty(p.shape)
+    if name in ("grad_weight", "grad_bias"):  # a backward that takes no parameter gives it none
+        return None
     if name == "rstd" and "gate" in a:  # one per group
         group = a["group_size"]
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         return x.new_empty(tuple(x.shape[:-1]) + (x.shape[-1] // group if group else 1,),
                            dtype=dtype)
     if name in ("rstd", "mean"):
-        return _stats(x, k)
+        return _stats(x, 2 if a.get("across_heads") else k)
     if name == "scale":
         if a["scale"] is None:
             return _stats(x, k, torch.float32)
@@ -180,17 +218,24 @@ def _register(op: _ops.Op) -> None:
 
     def fake(*pos, **kw):
         a = {**defaults, **dict(zip((arg.name for arg in args), pos)), **kw}
+        first = None  # the first tensor argument: the others must be on its device
         for arg in args:  # in the schema's order
             t = a.get(arg.name)
             if isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "meta"):
                 raise TypeError(_text(op.name, "device", what=arg.name, device=t.device))
+            if isinstance(t, torch.Tensor) and first is None:
+                first = arg.name
+            elif isinstance(t, torch.Tensor) and t.device != a[first].device:
+                # a meta tensor among CPU ones (an unmaterialized weight) has no data to read
+                raise RuntimeError(_text(op.name, "same_device", device=t.device, what=arg.name,
+                                         ref_device=a[first].device, ref=first))
             if isinstance(t, torch.Tensor) and arg.name in _INDEX_ARGS:
                 if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
                     raise TypeError(_text(op.name, "index_dtype", what=arg.name,
                                           dtype=str(t.dtype)[6:]))
             elif isinstance(t, torch.Tensor) and t.dtype not in FLOATS:
                 raise TypeError(_text(op.name, "dtype", what=arg.name, dtype=str(t.dtype)[6:]))
-        what = "new_residual" if "new_residual" in a else "input"
+        what = next(n for n in ("new_residual", "input", "grad_new_residual") if n in a)
         x = a[what]
         _checks(op.name, a, x, what)
         outs = tuple(_output(op, a, x, name, i) for i, name in enumerate(returns))

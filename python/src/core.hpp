@@ -89,6 +89,9 @@ inline void check(rmsnorm_status st, const char *fn) {
 inline constexpr std::pair<const char *, const char *> kMessages[] = {
     {"device", "{what} is on device {device}; rmsnorm runs on CPU tensors only (move it with "
                ".cpu(), or use torch's own norm on that device)"},
+    {"same_device", "Tensor on device {device} is not on the expected device {ref_device}! "
+                    "({what} is on {device}, {ref} on {ref_device}: materialize every argument "
+                    "on one device)"},
     {"dtype", "{what} has dtype {dtype}; rmsnorm takes float32, float16, bfloat16 or float64"},
     {"empty_norm", "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
                    "least one element, but got normalized_shape = []"},
@@ -126,7 +129,7 @@ inline constexpr std::pair<const char *, const char *> kMessages[] = {
     {"rope_table", "cos_sin has shape {shape}; expected (n_positions, {rotary_dim}): per position "
                    "the cos of the rotary_dim/2 frequencies, then their sin"},
     {"rope_positions", "positions has {n} values (shape {shape}); expected one per token, "
-                       "{tokens}"},
+                       "{tokens}, or a shape that broadcasts to the input's leading dims"},
     {"rope_rows", "cos_sin has {n} rows; without positions token t takes row t, so it needs one "
                   "per token, {tokens}"},
 };
@@ -387,7 +390,8 @@ void *ptr_or_null(const Array<B> &a) {
 
 /* x (named what) of a norm over normalized_shape (QK: over x's last dim), checked in the
  * order of the messages: normalized_shape, x's dtype and shape, the arrays of x's shape and
- * dtype (`same`: array and name; absent ones skipped), the parameters, the flags. */
+ * dtype (`same`: array and name; absent ones skipped), the parameters, the flags.
+ * across_heads (QK only): the parameters span a token's heads, (heads * head_dim,). */
 template <class B>
 struct NormIn {
   int dt;
@@ -398,7 +402,8 @@ struct NormIn {
 template <class B>
 NormIn<B> norm_in(B &b, Norm kind, const Array<B> &x, const char *what, Dims norm,
                   const Array<B> &weight, const Array<B> &bias, const Options &o,
-                  std::initializer_list<std::pair<const Array<B> *, const char *>> same = {}) {
+                  std::initializer_list<std::pair<const Array<B> *, const char *>> same = {},
+                  bool across_heads = false) {
   if (kind != QK && norm.empty()) value_error(message("empty_norm", {}));
   for (int64_t v : norm)
     if (v < 0) value_error("normalized_shape must not be negative, got " + list(norm));
@@ -411,7 +416,8 @@ NormIn<B> norm_in(B &b, Norm kind, const Array<B> &x, const char *what, Dims nor
   check_input(shape, norm, what);
   for (const auto &[a, name] : same)
     if (B::defined(*a)) check_same<B>(*a, shape, dt, name, what);
-  Params<B> p = params(b, dt, norm, weight, bias);
+  int64_t flat[1] = {kind == QK ? shape[shape.size() - 2] * shape.back() : 0};
+  Params<B> p = params(b, dt, across_heads ? Dims(flat, 1) : norm, weight, bias);
   if (kind == LAYER && (o.flags & RMSNORM_FLAG_EPS_OUTSIDE))
     value_error("eps_outside applies to rms_norm only");
   return {dt, shape, std::move(p)};
@@ -645,6 +651,8 @@ Options options(A &a) {
   if (a.flag("offset")) o.flags |= RMSNORM_FLAG_WEIGHT_OFFSET;
   if (a.flag("eps_outside")) o.flags |= RMSNORM_FLAG_EPS_OUTSIDE;
   if (a.flag("round_before_weight")) o.flags |= RMSNORM_FLAG_ROUND_BEFORE_WEIGHT;
+  if (a.flag("round_before_rotation")) o.flags |= RMSNORM_FLAG_ROUND_BEFORE_ROTATION;
+  if (a.flag("float_rotation")) o.flags |= RMSNORM_FLAG_FLOAT_ROTATION;
   return o;
 }
 
@@ -853,7 +861,8 @@ void qk_norm_backward(A &a) {
 }
 
 /* ---- QK-norm + RoPE: RMSNorm of every head, then its rotation -------------------------
- * input (*, heads, head_dim) as QK-norm's, one weight (head_dim,); the rotation's table
+ * input (*, heads, head_dim) as QK-norm's, one weight (head_dim,) (across_heads: one
+ * statistic per token over its heads, weight (heads * head_dim,)); the rotation's table
  * cos_sin (n_positions, rotary_dim) (a position's cos of the rotary_dim/2 frequencies, then
  * their sin; any float dtype, used in the compute type), token t at row positions[t] (any
  * integers, as int64) or t. See rmsnorm.h for the formulas. */
@@ -862,18 +871,46 @@ template <class B>
 struct RopeIn {
   rmsnorm_rope rope;
   Array<B> table, positions;  // what rope points into
+  std::vector<int64_t> spread;  // or positions broadcast over the leading dims
 };
+
+/* positions of shape `pos` broadcast to the leading dims `lead` (numpy's rules: aligned at
+ * the right, each dim equal or 1), one per token in order; false when they do not
+ * broadcast. As transformers passes position_ids of (1, seq) for a batch. */
+inline bool spread_positions(const int64_t *p, Dims pos, Dims lead, std::vector<int64_t> &out) {
+  if (pos.size() > lead.size()) return false;
+  std::size_t off = lead.size() - pos.size();
+  std::vector<int64_t> stride(lead.size(), 0);  // pos's element stride per lead dim (0: broadcast)
+  int64_t st = 1;
+  for (std::size_t i = pos.size(); i-- > 0;) {
+    if (pos[i] != lead[off + i] && pos[i] != 1) return false;
+    stride[off + i] = pos[i] == 1 ? 0 : st;
+    st *= pos[i];
+  }
+  out.assign(static_cast<std::size_t>(prod(lead)), 0);
+  std::vector<int64_t> idx(lead.size(), 0);
+  for (std::size_t t = 0; t < out.size(); t++) {
+    int64_t at = 0;
+    for (std::size_t i = 0; i < lead.size(); i++) at += idx[i] * stride[i];
+    out[t] = p[at];
+    for (std::size_t i = lead.size(); i-- > 0;)  // the next index, last dim fastest
+      if (++idx[i] < lead[i]) break;
+      else idx[i] = 0;
+  }
+  return true;
+}
 
 /* The rotation of the arguments style, rotary_dim, cos_sin and positions for rows laid out
  * as l, checked (the messages the fake kernels give too). */
 template <class A, class B = typename A::B>
-RopeIn<B> rope_of(A &a, int dt, const HeadLayout &l) {
+RopeIn<B> rope_of(A &a, int dt, const HeadLayout &l, Dims shape) {
   B &b = a.backend();
   RopeIn<B> r;
   std::string style = a.text("style");
   if (style != "neox" && style != "gptj")
     value_error(message("rope_style", {{"style", "'" + style + "'"}}));
   rmsnorm_rope_init(&r.rope, style == "neox" ? RMSNORM_ROPE_NEOX : RMSNORM_ROPE_GPTJ);
+  if (a.flag("across_heads")) r.rope.norm = RMSNORM_ROPE_NORM_TOKEN;
   int64_t rot = a.integer("rotary_dim");
   if (rot < 0 || rot % 2 || rot > l.head_dim)
     value_error(message("rope_dim", {{"head_dim", std::to_string(l.head_dim)},
@@ -893,16 +930,56 @@ RopeIn<B> rope_of(A &a, int dt, const HeadLayout &l) {
   if (B::defined(pos)) {
     r.positions = b.index(pos, "positions");
     int64_t n = prod(B::shape(pos));
-    if (n != l.tokens)
+    const auto *p = static_cast<const int64_t *>(B::ptr(r.positions));
+    if (n != l.tokens && !spread_positions(p, B::shape(pos), shape.first(shape.size() - 2),
+                                           r.spread))
       value_error(message("rope_positions", {{"n", std::to_string(n)},
                                              {"shape", list(B::shape(pos))},
                                              {"tokens", std::to_string(l.tokens)}}));
-    r.rope.positions = static_cast<const int64_t *>(B::ptr(r.positions));
+    r.rope.positions = n == l.tokens ? p : r.spread.data();
   } else if (cshape[0] < l.tokens) {
     value_error(message("rope_rows", {{"n", std::to_string(cshape[0])},
                                       {"tokens", std::to_string(l.tokens)}}));
   }
   return r;
+}
+
+/* Where the library found a position or a slot out of range (RMSNORM_ERROR_OUT_OF_RANGE;
+ * it writes nothing then): the first offending entry, in the order it checks them (the
+ * cache's slots, then the positions), named with its value and its bound. */
+[[noreturn]] inline void rope_range_error(const rmsnorm_rope &r, const rmsnorm_kv_cache *c,
+                                          int64_t tokens) {
+  std::string m = "a position or cache slot is out of range";
+  auto at = [](const char *what, int64_t i, int64_t v) {
+    return std::string(what) + "[" + std::to_string(i) + "] = " + std::to_string(v);
+  };
+  bool found = false;
+  for (int64_t t = 0; c && t < tokens && !found; t++)
+    if (c->slots[t] >= 0 && static_cast<uint64_t>(c->slots[t]) >= c->n_slots) {
+      m = at("slots", t, c->slots[t]) + " is past the cache's " + std::to_string(c->n_slots) +
+          " slots";
+      found = true;
+    }
+  for (int64_t t = 0; r.positions && t < tokens && !found; t++)
+    if (r.positions[t] < 0 || static_cast<uint64_t>(r.positions[t]) >= r.n_positions) {
+      m = at("positions", t, r.positions[t]) + " is outside [0, " +
+          std::to_string(r.n_positions) + "), the rows of cos_sin";
+      found = true;
+    }
+  throw Error{Kind::Value, m + " (" + rmsnorm_status_name(RMSNORM_ERROR_OUT_OF_RANGE) + ")",
+              static_cast<int>(RMSNORM_ERROR_OUT_OF_RANGE)};
+}
+
+/* run() for the library's QK-norm + RoPE calls: a range error names its entry. */
+template <class B, class F>
+void rope_run(B &b, int dt, int param_dtype, const Options &o, int64_t elements, const char *fn,
+              const rmsnorm_rope &r, const rmsnorm_kv_cache *c, int64_t tokens, F &&f) {
+  try {
+    run(b, dt, param_dtype, o, elements, fn, std::forward<F>(f));
+  } catch (const Error &e) {
+    if (e.status == static_cast<int>(RMSNORM_ERROR_OUT_OF_RANGE)) rope_range_error(r, c, tokens);
+    throw;
+  }
 }
 
 /* A KV cache of the arguments k_cache, slots, v and v_cache (rmsnorm_kv_cache): caches of
@@ -969,25 +1046,28 @@ CacheIn<B> cache_of(A &a, int dt, Dims shape, const HeadLayout &l) {
   return k;
 }
 
-/* y (new, contiguous; rstd (*, heads, 1) with the statistics), or with `cache` only the
- * cache's slots (k_cache, and v copied into v_cache), returned as (k_cache, v_cache). */
+/* y (new, contiguous; rstd (*, heads, 1) with the statistics, (*, 1, 1) across heads), or
+ * with `cache` only the cache's slots (k_cache, and v copied into v_cache), returned as
+ * (k_cache, v_cache). */
 template <class A, class B = typename A::B>
 void rope_forward(A &a, bool cache) {
   B &b = a.backend();
-  bool want = a.want_stats();
+  bool want = a.want_stats(), across = a.flag("across_heads");
   auto x = a.in("input");
   Options o = options(a);
-  auto [dt, shape, p] = norm_in(b, QK, x, "input", {}, a.in("weight", true), Array<B>(), o);
+  auto [dt, shape, p] =
+      norm_in(b, QK, x, "input", {}, a.in("weight", true), Array<B>(), o, {}, across);
   HeadRows<B> xr = as_heads(b, x);
   const HeadLayout &l = xr.l;
-  RopeIn<B> r = rope_of(a, dt, l);
+  RopeIn<B> r = rope_of(a, dt, l, shape);
   CacheIn<B> c;
   if (cache) c = cache_of(a, dt, shape, l);
   auto y = cache ? Array<B>() : b.empty(shape, dt);
-  auto rstd = per_row_out(b, want, shape, 1, stats_dtype(dt), NAN);
+  auto rstd = per_row_out(b, want, shape, across ? 2 : 1, stats_dtype(dt), NAN);
   if (l.head_dim)
-    run(b, dt, p.param_dtype, o, l.tokens * l.heads * l.head_dim,
-        "rmsnorm_qk_norm_rope_forward", [&](auto ctx, auto cfg) {
+    rope_run(b, dt, p.param_dtype, o, l.tokens * l.heads * l.head_dim,
+             "rmsnorm_qk_norm_rope_forward", r.rope, cache ? &c.c : nullptr, l.tokens,
+             [&](auto ctx, auto cfg) {
       return rmsnorm_qk_norm_rope_forward(ctx, cfg, l.tokens, l.heads, l.head_dim,
                                           B::ptr(xr.array), l.ld_token, l.ld_head,
                                           ptr_or_null<B>(p.weight), &r.rope,
@@ -1003,25 +1083,27 @@ void rope_forward(A &a, bool cache) {
 template <class A> void qk_norm_rope(A &a) { rope_forward(a, false); }
 template <class A> void qk_norm_rope_cache(A &a) { rope_forward(a, true); }
 
-/* (dx, dweight): dweight summed over tokens and heads, only when asked for and weight is
- * given. rstd none: recomputed. */
+/* (dx, dweight): dweight summed over tokens and heads (across heads: over tokens, of
+ * heads * head_dim), only when asked for and weight is given. rstd none: recomputed. */
 template <class A, class B = typename A::B>
 void qk_norm_rope_backward(A &a) {
   B &b = a.backend();
   auto dy = a.in("grad_output"), x = a.in("input"), rstd = a.in("rstd");
+  bool across = a.flag("across_heads");
   Options o = options(a);
   auto [dt, shape, p] = norm_in(b, QK, x, "input", {}, a.in("weight", true), Array<B>(), o,
-                                {{&dy, "grad_output"}});
+                                {{&dy, "grad_output"}}, across);
   HeadRows<B> xr = as_heads(b, x), dyr = as_heads(b, dy);
   const HeadLayout &l = xr.l;
-  RopeIn<B> r = rope_of(a, dt, l);
-  int64_t rows = l.tokens * l.heads;
+  RopeIn<B> r = rope_of(a, dt, l, shape);
+  int64_t rows = l.tokens * l.heads, flat[1] = {l.heads * l.head_dim};
   auto dx = b.empty(shape, dt);
-  auto dw = new_grad(b, a.mask(1) && B::defined(p.weight), shape.last(1), p.param_dtype, rows);
+  auto dw = new_grad(b, a.mask(1) && B::defined(p.weight), across ? Dims(flat, 1) : shape.last(1),
+                     p.param_dtype, rows);
   if (l.head_dim) {
-    auto rs = per_row_arg(b, rstd, "rstd", dt, rows);
-    run(b, dt, p.param_dtype, o, rows * l.head_dim, "rmsnorm_qk_norm_rope_backward",
-        [&](auto ctx, auto cfg) {
+    auto rs = per_row_arg(b, rstd, "rstd", dt, across ? l.tokens : rows);
+    rope_run(b, dt, p.param_dtype, o, rows * l.head_dim, "rmsnorm_qk_norm_rope_backward",
+             r.rope, nullptr, l.tokens, [&](auto ctx, auto cfg) {
       return rmsnorm_qk_norm_rope_backward(
           ctx, cfg, l.tokens, l.heads, l.head_dim, B::ptr(xr.array), l.ld_token, l.ld_head,
           B::ptr(dyr.array), dyr.l.ld_token, dyr.l.ld_head, ptr_or_null<B>(p.weight), &r.rope,
@@ -1043,12 +1125,26 @@ void rope_table(A &a) {
     type_error(std::string("rope_table: dtype must be float32 or float64, got ") +
                (dt < 0 ? "another dtype" : dtype_name(dt)));
   if (n < 0) value_error("rope_table: n_positions must be >= 0, got " + std::to_string(n));
-  if (rot < 0) value_error("rope_table: rotary_dim must be > 0, got " + std::to_string(rot));
+  if (rot <= 0) value_error("rope_table: rotary_dim must be > 0, got " + std::to_string(rot));
   int64_t s[2] = {n, rot};
+  double theta = *a.real("theta"), factor = *a.real("linear_factor");
   auto t = b.empty(Dims(s, 2), dt);
-  check(rmsnorm_rope_table(B::ptr(t), static_cast<rmsnorm_dtype>(dt), static_cast<size_t>(n),
-                           static_cast<size_t>(rot), *a.real("theta"), *a.real("linear_factor")),
-        "rmsnorm_rope_table");
+  rmsnorm_status st = rmsnorm_rope_table(B::ptr(t), static_cast<rmsnorm_dtype>(dt),
+                                         static_cast<size_t>(n), static_cast<size_t>(rot), theta,
+                                         factor);
+  if (st == RMSNORM_ERROR_BAD_ROPE) {  // the argument that makes no rotation, named
+    auto repr = [](double v) {  // as Python's repr writes a float: 1.0, not 1
+      std::string txt = number_text(v);
+      return txt.find_first_not_of("-0123456789") == std::string::npos ? txt + ".0" : txt;
+    };
+    std::string m = rot % 2 ? "rotary_dim = " + std::to_string(rot) + " must be even"
+                    : !(theta > 1 && std::isfinite(theta))
+                        ? "theta = " + repr(theta) + " must be a finite number > 1"
+                        : "linear_factor = " + repr(factor) + " must be a finite number > 0";
+    throw Error{Kind::Value, "rope_table: " + m + " (" + rmsnorm_status_name(st) + ")",
+                static_cast<int>(st)};
+  }
+  check(st, "rmsnorm_rope_table");
   a.ret({t});
 }
 
@@ -1329,6 +1425,15 @@ void quantized(A &a, bool add) {
 
 template <class A> void rms_norm_quant(A &a) { quantized(a, false); }
 template <class A> void fused_add_rms_norm_quant(A &a) { quantized(a, true); }
+
+/* The gradient of fused_add_rms_norm_quant: that of new_residual = input + residual, for both
+ * (the codes and scales are not differentiable, so weight and bias get none). */
+template <class A, class B = typename A::B>
+void fused_add_rms_norm_quant_backward(A &a) {
+  B &b = a.backend();
+  auto g = a.in("grad_new_residual");
+  a.ret({b.cast(g, B::dtype(g)), Array<B>(), Array<B>()});  // a new tensor: ops return no alias
+}
 
 /* ---- RMSNorm + linear, gain folded ------------------------------------------------------ */
 

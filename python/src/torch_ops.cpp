@@ -542,6 +542,27 @@ bool autograd_needed(const c10::OperatorHandle &op, const torch::jit::Stack &s) 
   return false;
 }
 
+/* Refuses tensors on different devices (a meta weight among CPU tensors), as torch's own
+ * ops and the fake kernels do, for the paths that reach neither: the backward ops'
+ * compositions in aten ops, which could leave an argument unread. */
+void same_device(const c10::OperatorHandle &op, const torch::jit::Stack &s) {
+  const auto &args = op.schema().arguments();
+  const Tensor *first = nullptr;
+  std::size_t at = 0;
+  for (std::size_t i = 0, base = s.size() - args.size(); i < args.size(); i++) {
+    if (!s[base + i].isTensor()) continue;
+    const Tensor &t = s[base + i].toTensor();
+    if (!first) {
+      first = &t, at = i;
+    } else if (t.device() != first->device()) {
+      std::string dev = t.device().str(), ref = first->device().str();
+      TORCH_CHECK(false, op_name(op), ": ", rncore::message("same_device", {
+          {"device", dev}, {"what", args[i].name()}, {"ref_device", ref},
+          {"ref", args[at].name()}}));
+    }
+  }
+}
+
 /* ---- autograd: forward-mode tangents of the differentiable ops (ops.def's DIFF rows) ---- */
 
 using Outs = std::vector<Tensor>;
@@ -568,6 +589,16 @@ void fused_add_rms_norm_jvp(const Args &a, const Outs &o) {
   norm_tangent(o[0], rncore::RMS, h, th, a.k(), w, b, a.eps(), a.flag("offset"),
                a.flag("eps_outside"), a.partial());
   if (th.defined()) h._set_fw_grad(th, 0, false);
+}
+
+/* Residual add + RMSNorm into a quantized format: only new_residual = input + residual has a
+ * tangent, t_input + t_residual. */
+void fused_add_rms_norm_quant_jvp(const Args &a, const Outs &o) {
+  Tensor x = a.raw("input"), r = a.raw("residual");
+  if (!any_tangent({&x, &r})) return;
+  Tensor ti = tangent(x), tr = tangent(r);
+  Tensor th = ti.defined() && tr.defined() ? ti + tr : ti.defined() ? ti : tr;
+  set_tangent(o[2], th.to(o[2].scalar_type()));
 }
 
 /* RMSNorm + linear: z = (xhat * G) W + bias, G = g (or 1 + g). Its tangent is
@@ -704,7 +735,8 @@ void sandwich_rms_norm_jvp(const Args &a, const Outs &o) {
 }
 
 /* ---- QK-norm + RoPE in aten ops ------------------------------------------------------------
- * Row (t, h) of head_dim D: n = xhat W (RMSNorm with its gain), y = R_t n, where R_t rotates
+ * Row (t, h) of head_dim D: n = xhat W (RMSNorm with its gain; across heads, the RMSNorm of
+ * the token's heads * D values with a gain of as many), y = R_t n, where R_t rotates
  * each pair (a, b) of the first rotary_dim columns by the angle of token t's table row
  * (c, s its cos and sin) and passes the rest:
  *   y_a = a c - b s,   y_b = b c + a s.
@@ -733,7 +765,12 @@ Rotation rotation_of(const Args &a, const Tensor &v) {
   r.half = r.rot / 2;
   r.gptj = a.text("style") == "gptj";
   Tensor table = primal(a.raw("cos_sin")), pos = a.raw("positions");
-  Tensor cs = pos.defined() ? table.index_select(0, pos.reshape(-1))
+  if (pos.defined()) {  // broadcast over the leading dims (x's but its last two), as the op
+    c10::SymIntArrayRef xs = a.raw("input").sym_sizes();
+    if (pos.sym_numel() != v.sym_size(0)) pos = pos.expand_symint(xs.slice(0, xs.size() - 2));
+  }
+  // index_select takes int32/int64 indices only; the op takes any integer dtype
+  Tensor cs = pos.defined() ? table.index_select(0, pos.reshape(-1).to(at::kLong))
                             : table.narrow_symint(0, 0, v.sym_size(0));
   cs = cs.to(opmath(v)).unsqueeze(1);
   r.cos = cs.narrow(-1, 0, r.half);
@@ -758,14 +795,17 @@ Tensor rotate(const Rotation &r, const Tensor &v, bool transpose) {
   return r.rot == d ? y : at::cat({y, v.narrow(-1, r.rot, d - r.rot)}, -1);
 }
 
+/* The norm's dims: head_dim, or across heads (one statistic per token) heads and head_dim. */
+int64_t rope_norm_dims(const Args &a) { return a.flag("across_heads") ? 2 : 1; }
+
 void qk_norm_rope_jvp(const Args &a, const Outs &o) {
   Tensor x = a.raw("input"), w = a.raw("weight");
   if (!any_tangent({&x, &w})) return;
   Tensor xp = primal(x);
-  auto [xhat, dxhat] = xhat_tangent(rncore::RMS, xp, tangent(x), 1, eps_value(a.eps(), xp),
-                                    false, 1.0);
+  auto [xhat, dxhat] = xhat_tangent(rncore::RMS, xp, tangent(x), rope_norm_dims(a),
+                                    eps_value(a.eps(), xp), false, 1.0);
   Tensor dn = affine_tangent(xhat, dxhat, primal(w), tangent(w), Tensor(), a.flag("offset"));
-  Tensor rows = token_rows(dn);
+  Tensor rows = token_rows(dn.reshape_symint(xp.sym_sizes()));
   set_tangent(o[0], rotate(rotation_of(a, rows), rows, false));
 }
 
@@ -816,6 +856,7 @@ struct DiffKernel final : c10::OperatorKernel {
   std::optional<c10::OperatorHandle> record, bwd;
   std::vector<long> edge_of;  // by argument of the op: its edge, -1 for a non-tensor
   std::size_t ngrad = 0;      // the leading grad_* arguments of bwd: the differentiable outputs
+  std::vector<std::size_t> grad_out;  // by grad_* argument: the output it is the gradient of
   std::vector<Source> src;    // by argument of bwd
   std::vector<std::vector<std::size_t>> edges;  // by output of bwd: the edges it is the gradient of
   std::vector<std::size_t> constants;  // the tensor arguments no output of bwd is the gradient of
@@ -847,8 +888,13 @@ void DiffKernel::resolve(const c10::OperatorHandle &op) {
   for (const c10::Argument &a : bwd->schema().arguments()) {
     const std::string &n = a.name();
     long i = index_of(args, n), o = index_of(record->schema().returns(), n);
-    if (ngrad == src.size() && n.rfind("grad_", 0) == 0)
+    if (ngrad == src.size() && n.rfind("grad_", 0) == 0) {
+      // grad_<an output's name> is that output's (the others have none); else the output at
+      // its position
+      long named = index_of(record->schema().returns(), n.substr(5));
+      grad_out.push_back(named >= 0 ? std::size_t(named) : ngrad);
       src.push_back({Source::GRAD, ngrad++, optional(a)});
+    }
     else if (n == "output_mask") src.push_back({Source::MASK});
     else if (i >= 0) src.push_back({Source::ARG, std::size_t(i), edge_of[std::size_t(i)] >= 0});
     else if (o >= 0) src.push_back({Source::OUT, std::size_t(o)});
@@ -905,7 +951,8 @@ void DiffKernel::operator()(const c10::OperatorHandle &op, c10::DispatchKeySet,
   for (auto it = s->end() - m; it != s->end(); ++it) outs.push_back(it->toTensor());
   s->erase(s->end() - (m - std::ptrdiff_t(op.schema().returns().size())), s->end());
   if (node) {
-    std::vector<Tensor> diff(outs.begin(), outs.begin() + std::ptrdiff_t(ngrad));
+    std::vector<Tensor> diff;
+    for (std::size_t o : grad_out) diff.push_back(outs[o]);
     torch::autograd::set_history(diff, node);
   }
   jvp(Args(op, &args, name.c_str()), outs);
@@ -976,6 +1023,7 @@ struct BackwardKernel final : c10::OperatorKernel {
       Guard guard;
       return op.callBoxed(s);
     }
+    same_device(op, *s);
     Args a(op, s, name.c_str());
     composite(a);
   }
@@ -998,6 +1046,11 @@ void layer_norm_backward_composite(Args &a) { norm_composite(a, rncore::LAYER, "
 void qk_norm_backward_composite(Args &a) { norm_composite(a, rncore::RMS, "input"); }
 void fused_add_rms_norm_backward_composite(Args &a) {
   norm_composite(a, rncore::RMS, "new_residual");
+}
+
+/* new_residual's gradient, for input and residual alike. */
+void fused_add_rms_norm_quant_backward_composite(Args &a) {
+  a.ret({a.raw("grad_new_residual") * 1, Tensor(), Tensor()});
 }
 
 /* Z = (xhat * w) W + bias: dY = dZ W^T is the norm's upstream gradient,
@@ -1064,11 +1117,13 @@ void sandwich_rms_norm_backward_composite(Args &a) {
 
 /* QK-norm + RoPE: the norm's gradients for dn = R^T dy (formulas above Rotation). */
 void qk_norm_rope_backward_composite(Args &a) {
-  Tensor x = a.raw("input"), dy = token_rows(a.raw("grad_output").to(opmath(x)));
+  Tensor x = a.raw("input"), w = a.raw("weight");
+  Tensor dy = token_rows(a.raw("grad_output").to(opmath(x)));
   Tensor dn = rotate(rotation_of(a, dy), dy, true).reshape_symint(x.sym_sizes());
   auto [dx, dw, no_bias] = backward_composite(
-      rncore::RMS, dn, x, 1, a.raw("weight"), Tensor(), eps_value(a.eps(), x), a.flag("offset"),
-      false, 1.0, {a.mask(0), a.mask(1), false});
+      rncore::RMS, dn, x, rope_norm_dims(a), w, Tensor(), eps_value(a.eps(), x),
+      a.flag("offset"), false, 1.0, {a.mask(0), a.mask(1), false});
+  if (dw.defined()) dw = dw.reshape_symint(w.sym_sizes());  // across heads: (heads * D,)
   a.ret({dx, dw});
 }
 
@@ -1094,8 +1149,8 @@ void inplace_or_view(const c10::OperatorHandle &op, torch::jit::Stack *s) {
   const auto &args = op.schema().arguments();
   std::vector<Tensor> written;  // the (a!) arguments
   for (std::size_t i = 0, base = s->size() - args.size(); i < args.size(); i++)
-    if (args[i].alias_info() && args[i].alias_info()->isWrite())
-      written.push_back((*s)[base + i].toTensor());
+    if (args[i].alias_info() && args[i].alias_info()->isWrite() && !(*s)[base + i].isNone())
+      written.push_back((*s)[base + i].toTensor());  // (an optional one may be absent)
   for (const Tensor &t : written)
     TORCH_CHECK(!t.is_inference() || c10::InferenceMode::is_enabled(), op_name(op),
                 ": cannot write an inference tensor (made under torch.inference_mode()) outside "

@@ -295,9 +295,15 @@ def test_torch_bad_inputs(rt):
 def test_torch_patch_refuses_gpu_models(rt):
     import torch
 
-    m = torch.nn.Sequential(torch.nn.RMSNorm(8, device="meta"))
-    with pytest.raises(TypeError, match="parameters on meta"):
+    class OnGpu(torch.nn.RMSNorm):  # what patch() sees of a module moved to a GPU
+        def parameters(self, recurse=True):
+            yield _cuda_like(torch, (8,))
+
+    m = torch.nn.Sequential(OnGpu(8))
+    with pytest.raises(TypeError, match="parameters on cuda:0"):
         rt.patch(m)
+    meta = torch.nn.Sequential(torch.nn.RMSNorm(8, device="meta"))  # patched, then materialized
+    assert isinstance(rt.patch(meta)[0], rt.RMSNorm)
 
 
 @pytest.mark.parametrize("scale, message", BAD_SCALES, ids=[repr(v) for v, _ in BAD_SCALES])

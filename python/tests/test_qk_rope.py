@@ -3,13 +3,16 @@ and torch ops against float64 oracles (torch's RMSNorm and transformers' own
 apply_rotary_pos_emb for NeoX, a hand-written interleaved rotation for GPT-J; transformers'
 Qwen3RMSNorm and rotary embedding where float32 suffices), partial
 rotary, GQA, Q and K read in place from a fused QKV array, every dtype, transformers'
-roundings in bfloat16, rope_table against numpy, the KV-cache write, the refusals,
+roundings in bfloat16, OLMo 2's norm across heads against its own modules in float64,
+Gemma 3's and OLMo 2's roundings bit for bit in bfloat16 and float16, zero heads, range
+errors that name their entry, rope_table against numpy, the KV-cache write, the refusals,
 gradcheck/gradgradcheck in float64 (forward mode too), opcheck, compile and export, and
 patch(model, qk_rope=True) on a tiny random Qwen3: logits, a training step's gradients and
 a cached decoding step of the unpatched model, compile(fullgraph=True) without a graph
 break."""
 
 import copy
+import re
 import warnings
 
 import numpy as np
@@ -22,6 +25,8 @@ transformers = pytest.importorskip("transformers")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 import rmsnorm.torch as rt  # noqa: E402
+from transformers.models.gemma3 import modeling_gemma3 as hf_gemma3  # noqa: E402
+from transformers.models.olmo2 import modeling_olmo2 as hf_olmo2  # noqa: E402
 from transformers.models.qwen3 import modeling_qwen3 as hf_qwen3  # noqa: E402
 
 NP_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.float64]
@@ -52,16 +57,21 @@ def table64(n, rot, theta=10000.0, factor=1.0):
     return np.concatenate([np.cos(angle), np.sin(angle)], axis=-1)
 
 
-def ref(x, w, cs, pos=None, eps=1e-6, style="neox", rot=0, offset=False):
+def ref(x, w, cs, pos=None, eps=1e-6, style="neox", rot=0, offset=False, across=False):
     """QK-norm + RoPE as float64 torch: RMSNorm (torch's; transformers' Qwen3RMSNorm computes
-    in float32 whatever the input), then transformers' apply_rotary_pos_emb (neox) or an
+    in float32 whatever the input) over head_dim, or across heads over a token's heads as
+    Olmo2RMSNorm over the projection, then transformers' apply_rotary_pos_emb (neox) or an
     interleaved rotation (gptj) of the first rot columns with each token's table row
     (positions, or the token's index)."""
     d = x.shape[-1]
     rot = rot or d
     half = rot // 2
     gain = None if w is None else (1 + w if offset else w)
-    n = torch.nn.functional.rms_norm(x, (d,), gain, eps)
+    if across:
+        n = torch.nn.functional.rms_norm(x.flatten(-2), (x.shape[-2] * d,), gain, eps)
+        n = n.unflatten(-1, x.shape[-2:])
+    else:
+        n = torch.nn.functional.rms_norm(x, (d,), gain, eps)
     lead = x.shape[:-2]
     tokens = int(np.prod(lead, dtype=np.int64))
     rows = cs[pos.reshape(-1)] if pos is not None else cs[:tokens]
@@ -78,25 +88,35 @@ def ref(x, w, cs, pos=None, eps=1e-6, style="neox", rot=0, offset=False):
     return torch.cat((r, n[..., rot:]), -1)
 
 
-def ref_rstd(x, eps):
-    return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+def ref_rstd(x, eps, across=False):
+    dims = (-2, -1) if across else (-1,)
+    return torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
 
 
+# across: OLMo 2's norm, one statistic per token over its heads
 CASES = [dict(), dict(positions=True), dict(style="gptj"), dict(rot=8, positions=True),
-         dict(style="gptj", rot=10, offset=True), dict(no_weight=True, style="gptj")]
+         dict(style="gptj", rot=10, offset=True), dict(no_weight=True, style="gptj"),
+         dict(across=True, positions=True), dict(across=True, style="gptj", rot=10, offset=True)]
 
 
 def case_kw(case):
     return dict(style=case.get("style", "neox"), rotary_dim=case.get("rot", 0),
-                offset=case.get("offset", False))
+                offset=case.get("offset", False), across_heads=case.get("across", False))
+
+
+def ref_kw(case):
+    """case_kw under ref's names."""
+    return dict(style=case.get("style", "neox"), rot=case.get("rot", 0),
+                offset=case.get("offset", False), across=case.get("across", False))
 
 
 def case_args(rng, case, dt, shape=(2, 3, 4, 16), n_positions=9):
     d = shape[-1]
     rot = case.get("rot", 0) or d
     x = (2 * rng.standard_normal(shape)).astype(dt)
+    nw = shape[-2] * d if case.get("across") else d
     w = None if case.get("no_weight") else (
-        0.3 * rng.standard_normal(d) + (0 if case.get("offset") else 1)).astype(dt)
+        0.3 * rng.standard_normal(nw) + (0 if case.get("offset") else 1)).astype(dt)
     tokens = int(np.prod(shape[:-2]))
     cs = table64(max(n_positions, tokens), rot, theta=50.0)
     pos = rng.integers(0, cs.shape[0], tokens) if case.get("positions") else None
@@ -115,13 +135,13 @@ def test_numpy_matches_hf_in_float64(rng, dt, case):
     y, rstd = rmsnorm.qk_norm_rope(x, w, table, 1e-6, positions=pos, **case_kw(case),
                                    return_rstd=True)
     assert y.dtype == x.dtype and y.shape == x.shape and y.flags.c_contiguous
-    assert rstd.shape == x.shape[:-1] + (1,)
+    across = case.get("across", False)
+    assert rstd.shape == (x.shape[:-2] + (1, 1) if across else x.shape[:-1] + (1,))
     assert rstd.dtype == (np.float64 if dt == np.float64 else np.float32)
     want = ref(t64(x), None if w is None else t64(w), t64(table),
-               None if pos is None else torch.from_numpy(pos), 1e-6, case.get("style", "neox"),
-               case.get("rot", 0), case.get("offset", False))
+               None if pos is None else torch.from_numpy(pos), 1e-6, **ref_kw(case))
     close(y, want, 2 * TOL[TORCH_OF[np.dtype(dt)]])
-    close(rstd, ref_rstd(t64(x), 1e-6), 1e-6 if dt != np.float64 else 1e-13)
+    close(rstd, ref_rstd(t64(x), 1e-6, across), 1e-6 if dt != np.float64 else 1e-13)
     np.testing.assert_array_equal(x, x0)
     # another float dtype of table is converted: a float64 table gives float32's rounding
     if dt != np.float64:
@@ -141,7 +161,7 @@ def test_numpy_backward(rng, dt, case):
     tx = t64(x).requires_grad_()
     tw = None if w is None else t64(w).requires_grad_()
     y = ref(tx, tw, t64(table), None if pos is None else torch.from_numpy(pos), 1e-5,
-            case.get("style", "neox"), case.get("rot", 0), case.get("offset", False))
+            **ref_kw(case))
     (y * t64(dy)).sum().backward()
     for r in (rstd, None):
         dx, dw = rmsnorm.qk_norm_rope_backward(dy, x, w, table, 1e-5, rstd=r, positions=pos,
@@ -211,9 +231,9 @@ def test_rope_table(n, rot, theta, factor):
     np.testing.assert_allclose(t64_, want, rtol=0, atol=1e-12)
     with pytest.raises(TypeError, match="float32 or float64"):
         rmsnorm.rope_table(4, 8, dtype=np.float16)
-    with pytest.raises(rmsnorm.ArgumentError, match="RMSNORM_ERROR_BAD_SIZE"):
+    with pytest.raises(rmsnorm.ArgumentError, match="RMSNORM_ERROR_BAD_ROPE"):
         rmsnorm.rope_table(4, 7)
-    with pytest.raises(rmsnorm.ArgumentError, match="RMSNORM_ERROR_BAD_ARGUMENT"):
+    with pytest.raises(rmsnorm.ArgumentError, match="RMSNORM_ERROR_BAD_ROPE"):
         rmsnorm.rope_table(4, 8, theta=1.0)
 
 
@@ -278,7 +298,7 @@ def test_kv_cache(rng):
     before = kv.copy()
     with pytest.raises(rmsnorm.ArgumentError, match="RMSNORM_ERROR_OVERLAP"):
         rmsnorm.qk_norm_rope_cache(k, w, cs, kc, np.array([1, 2, 1, 3, 4]), positions=pos)
-    with pytest.raises(rmsnorm.ArgumentError, match="RMSNORM_ERROR_BAD_ARGUMENT"):
+    with pytest.raises(rmsnorm.ArgumentError, match="slots.2. = 8 is past the cache's 8 slots"):
         rmsnorm.qk_norm_rope_cache(k, w, cs, kc, np.array([1, 2, 8, 3, 4]), positions=pos)
     with pytest.raises(ValueError, match="v and v_cache come together"):
         rmsnorm.qk_norm_rope_cache(k, w, cs, kc, slots, v=v, positions=pos)
@@ -314,7 +334,7 @@ def test_numpy_errors(rng):
         rmsnorm.qk_norm_rope(x, None, cs, positions=np.zeros(3, np.float32))
     with pytest.raises(ValueError, match="cos_sin has 2 rows; .* one per token, 3"):
         rmsnorm.qk_norm_rope(x, None, cs[:2])
-    with pytest.raises(rmsnorm.ArgumentError, match="RMSNORM_ERROR_BAD_ARGUMENT"):
+    with pytest.raises(rmsnorm.ArgumentError, match="RMSNORM_ERROR_OUT_OF_RANGE"):
         rmsnorm.qk_norm_rope(x, None, cs, positions=[0, 4, 1])  # past the table
     with pytest.raises(ValueError, match="must have shape \\(\\*, heads, head_dim\\)"):
         rmsnorm.qk_norm_rope(x[0, 0], None, cs)
@@ -324,12 +344,290 @@ def test_numpy_errors(rng):
         rmsnorm.qk_norm_rope_backward(x, x, None, cs, rstd=np.ones(2, np.float32))
 
 
+# ---- OLMo 2's norm across heads, Gemma 3's and OLMo 2's roundings --------------------------
+
+
+class _KeepFloat64(torch.overrides.TorchFunctionMode):
+    """Runs transformers' modules in float64: their casts of float64 tensors to float32
+    (Olmo2RMSNorm computes in float32 whatever the input) leave them as they are."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to and args[0].dtype == torch.float64 and (
+                torch.float32 in args[1:] or kwargs.get("dtype") == torch.float32):
+            return args[0]
+        return func(*args, **kwargs)
+
+
+def olmo2_rotary(h, d, b, s, theta=500.0):
+    """transformers' Olmo2RotaryEmbedding: cos and sin in float32 for positions 0..s-1."""
+    cfg = transformers.Olmo2Config(hidden_size=h * d, num_attention_heads=h, rope_theta=theta)
+    return hf_olmo2.Olmo2RotaryEmbedding(cfg)(torch.zeros(1), torch.arange(s)[None].expand(b, s))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_across_heads_is_olmo2_attention(dtype):
+    # Olmo2Attention: q_norm = Olmo2RMSNorm(heads * head_dim) of q_proj's output, then the
+    # heads rotated by apply_rotary_pos_emb; here in float64 from the same float32 cos/sin
+    gen = torch.Generator().manual_seed(41)
+    b, s, h, d = 2, 5, 4, 16
+    q = 2 * torch.randn(b, s, h * d, generator=gen, dtype=torch.float64)
+    w = 1 + 0.3 * torch.randn(h * d, generator=gen, dtype=torch.float64)
+    cos, sin = olmo2_rotary(h, d, b, s)
+    norm = hf_olmo2.Olmo2RMSNorm(h * d, 1e-6).double()
+    with torch.no_grad():
+        norm.weight.copy_(w)
+    qh = q.clone().requires_grad_()
+    with _KeepFloat64():
+        n = norm(qh).view(b, s, h, d).transpose(1, 2)
+        want = hf_olmo2.apply_rotary_pos_emb(n, n, cos.double(), sin.double())[0].transpose(1, 2)
+    assert want.dtype == torch.float64
+    table = rt.cos_sin_table(cos, sin).to(dtype)
+    x, wt = q.view(b, s, h, d).to(dtype), w.to(dtype)
+    tol = TOL[dtype] * 4
+    got = rt.qk_norm_rope(x, wt, table, 1e-6, across_heads=True)
+    close(got, want.detach(), tol)
+    y, rstd = rmsnorm.qk_norm_rope(x.numpy(), wt.numpy(), table.numpy(), 1e-6, across_heads=True,
+                                   return_rstd=True)
+    assert torch.equal(torch.from_numpy(y), got) and rstd.shape == (b, s, 1, 1)
+    close(rstd, ref_rstd(q.view(b, s, h, d), 1e-6, True), 1e-6 if dtype == torch.float32 else 1e-13)
+    # the gradients, against autograd through transformers' modules
+    dy = torch.randn(b, s, h, d, generator=gen, dtype=torch.float64)
+    (want * dy).sum().backward()
+    xa, wa = x.clone().requires_grad_(), wt.clone().requires_grad_()
+    (rt.qk_norm_rope(xa, wa, table, 1e-6, across_heads=True) * dy.to(dtype)).sum().backward()
+    close(xa.grad.flatten(-2), qh.grad, 8 * tol)
+    close(wa.grad, norm.weight.grad, 8 * tol * 10)
+    dx, dw = rmsnorm.qk_norm_rope_backward(dy.to(dtype).numpy(), x.numpy(), wt.numpy(),
+                                           table.numpy(), 1e-6, across_heads=True)
+    assert torch.equal(torch.from_numpy(dx), xa.grad) and torch.equal(torch.from_numpy(dw), wa.grad)
+
+
+def test_across_heads_reads_views_in_place(rng):
+    # Q and K inside one fused projection (batch, seq, (8 + 2 + 2) * 16), each normalized over
+    # its own heads: the same bits as contiguous copies
+    b, s, hq, hk, d = 2, 5, 8, 2, 16
+    qkv = rng.standard_normal((b, s, (hq + 2 * hk) * d)).astype(np.float32)
+    q = qkv[..., : hq * d].reshape(b, s, hq, d)
+    k = qkv[..., hq * d: (hq + hk) * d].reshape(b, s, hk, d)
+    wq = (1 + 0.2 * rng.standard_normal(hq * d)).astype(np.float32)
+    wk = (1 + 0.2 * rng.standard_normal(hk * d)).astype(np.float32)
+    cs = rmsnorm.rope_table(s, d)
+    pos = np.tile(np.arange(s), b)
+    for a, w in ((q, wq), (k, wk)):
+        assert np.shares_memory(a, qkv)
+        np.testing.assert_array_equal(
+            rmsnorm.qk_norm_rope(a, w, cs, 1e-6, positions=pos, across_heads=True),
+            rmsnorm.qk_norm_rope(np.ascontiguousarray(a), w, cs, 1e-6, positions=pos,
+                                 across_heads=True))
+    # head-major too (heads first, as transformers' (batch, heads, seq, head_dim))
+    hm = np.ascontiguousarray(q.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    np.testing.assert_array_equal(rmsnorm.qk_norm_rope(hm, wq, cs, positions=pos,
+                                                       across_heads=True),
+                                  rmsnorm.qk_norm_rope(np.ascontiguousarray(q), wq, cs,
+                                                       positions=pos, across_heads=True))
+    # the KV cache write of K, across heads
+    kc = np.zeros((2 * b * s, hk, d), np.float32)
+    slots = np.arange(b * s) * 2
+    rmsnorm.qk_norm_rope_cache(k, wk, cs, kc, slots, 1e-6, positions=pos, across_heads=True)
+    np.testing.assert_array_equal(kc[slots], rmsnorm.qk_norm_rope(
+        k, wk, cs, 1e-6, positions=pos, across_heads=True).reshape(b * s, hk, d))
+
+
+def ulps_apart(a, b):
+    return float((a != b).double().mean())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gemma3_roundings_bit_for_bit(dtype):
+    # Gemma3RMSNorm: x r (1 + w) in float32, rounded once; then apply_rotary_pos_emb in the
+    # model dtype with Gemma 3's cos/sin (rounded to it): round_before_rotation
+    gen = torch.Generator().manual_seed(43)
+    b, s, h, d = 2, 7, 4, 64
+    x = (3 * torch.randn(b, s, h, d, generator=gen)).to(dtype)
+    w = (0.3 * torch.randn(d, generator=gen)).to(dtype)
+    cfg = transformers.Gemma3TextConfig(hidden_size=h * d, num_attention_heads=h, head_dim=d,
+                                        num_hidden_layers=2)
+    cos, sin = hf_gemma3.Gemma3RotaryEmbedding(cfg)(x, torch.arange(s)[None].expand(b, s),
+                                                    "sliding_attention")
+    assert cos.dtype == dtype
+    table = rt.cos_sin_table(cos, sin)
+    kw = dict(offset=True, round_before_rotation=True)
+    got, rstd = rt.qk_norm_rope_with_rstd(x, w, table, 1e-6, **kw)
+
+    def rotate(n):
+        return hf_gemma3.apply_rotary_pos_emb(n.transpose(1, 2), n.transpose(1, 2), cos,
+                                              sin)[0].transpose(1, 2)
+
+    # Gemma3RMSNorm's formula with the library's r: the same bits everywhere
+    mine = (x.float() * rstd) * (1.0 + w.float())
+    assert torch.equal(got, rotate(mine.type_as(x)))
+    np_got = rmsnorm.qk_norm_rope(x.view(torch.int16).numpy().view(
+        ml_dtypes.bfloat16 if dtype == torch.bfloat16 else np.float16), w.float().numpy(),
+        table.numpy(), 1e-6, **kw)
+    assert np.array_equal(np_got.view(np.int16), got.view(torch.int16).numpy())
+    # transformers' own module: its float32 r may differ in a last bit, moving a rare element
+    norm = hf_gemma3.Gemma3RMSNorm(d, 1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        want = rotate(norm(x))
+    assert ulps_apart(got, want) < 0.01
+    # without the flag: Qwen3's roundings (x r rounded before the weight), or none, are not
+    # Gemma 3's on many elements
+    assert ulps_apart(rt.qk_norm_rope(x, w, table, 1e-6, offset=True, round_before_weight=True),
+                      want) > 0.1
+    assert ulps_apart(rt.qk_norm_rope(x, w, table, 1e-6, offset=True), want) > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_olmo2_roundings_bit_for_bit(dtype):
+    # Olmo2RMSNorm: w (x r) over the projection in float32, rounded once; then
+    # apply_rotary_pos_emb with OLMo 2's float32 cos/sin: the rotation in float32, rounded
+    # once: across_heads, round_before_rotation and float_rotation
+    gen = torch.Generator().manual_seed(47)
+    b, s, h, d = 2, 6, 4, 32
+    q = (3 * torch.randn(b, s, h * d, generator=gen)).to(dtype)
+    w = (1 + 0.3 * torch.randn(h * d, generator=gen)).to(dtype)
+    cos, sin = olmo2_rotary(h, d, b, s)
+    assert cos.dtype == torch.float32
+    table = rt.cos_sin_table(cos, sin)
+    kw = dict(across_heads=True, round_before_rotation=True, float_rotation=True)
+    x = q.view(b, s, h, d)
+    got, rstd = rt.qk_norm_rope_with_rstd(x, w, table, 1e-6, **kw)
+
+    def rotate(n):
+        n = n.view(b, s, h, d).transpose(1, 2)
+        return hf_olmo2.apply_rotary_pos_emb(n, n, cos, sin)[0].transpose(1, 2)
+
+    mine = (w * (q.float() * rstd.view(b, s, 1))).to(dtype)  # Olmo2RMSNorm with our r
+    assert torch.equal(got, rotate(mine))
+    norm = hf_olmo2.Olmo2RMSNorm(h * d, 1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        want = rotate(norm(q))
+    assert ulps_apart(got, want) < 0.01
+    # the rotation in the model dtype (Gemma 3's) is not OLMo 2's
+    assert ulps_apart(rt.qk_norm_rope(x, w, table, 1e-6, across_heads=True,
+                                      round_before_rotation=True), want) > 0.05
+    # the flags are the identity in the backward, and change nothing in float32
+    x32, w32 = x.float(), w.float()
+    assert torch.equal(rt.qk_norm_rope(x32, w32, table, 1e-6, **kw),
+                       rt.qk_norm_rope(x32, w32, table, 1e-6, across_heads=True))
+
+
+def test_zero_heads_give_empty_outputs():
+    # (tokens, 0, head_dim): no rows, as torch's rms_norm of an empty tensor; the weight's
+    # gradient is zeros
+    cs = rmsnorm.rope_table(4, 8)
+    for dt in (np.float32, np.float64):
+        x = np.zeros((3, 0, 8), dt)
+        w = np.ones(8, dt)
+        assert rmsnorm.qk_norm(x, w).shape == x.shape
+        dx, dw, db = rmsnorm.qk_norm_backward(x, x, w, bias=w)
+        assert dx.shape == x.shape and (dw == 0).all() and (db == 0).all()
+        y, r = rmsnorm.qk_norm_rope(x, w, cs.astype(dt), return_rstd=True)
+        assert y.shape == x.shape and r.shape == (3, 0, 1)
+        dx, dw = rmsnorm.qk_norm_rope_backward(x, x, w, cs.astype(dt))
+        assert dx.shape == x.shape and dw.shape == (8,) and (dw == 0).all()
+        y, r = rmsnorm.qk_norm_rope(x, np.ones(0, dt), cs.astype(dt), across_heads=True,
+                                    return_rstd=True)
+        assert y.shape == x.shape and r.shape == (3, 1, 1)
+        dx, dw = rmsnorm.qk_norm_rope_backward(x, x, np.ones(0, dt), cs.astype(dt),
+                                               across_heads=True)
+        assert dx.shape == x.shape and dw.shape == (0,)
+    x = torch.zeros(3, 0, 8, requires_grad=True)
+    w = torch.ones(8, requires_grad=True)
+    tcs = torch.from_numpy(cs)
+    for f in (lambda: rt.qk_norm(x, w, 1e-6), lambda: rt.qk_norm_rope(x, w, tcs, 1e-6)):
+        x.grad = w.grad = None
+        y = f()
+        assert y.shape == x.shape
+        y.sum().backward()
+        assert x.grad.shape == x.shape and torch.equal(w.grad, torch.zeros(8))
+    wa = torch.ones(0, requires_grad=True)
+    y = rt.qk_norm_rope(x, wa, tcs, 1e-6, across_heads=True)
+    y.sum().backward()
+    assert y.shape == x.shape and wa.grad.shape == (0,)
+    assert torch.equal(rt.qk_norm(x.detach(), w.detach()), torch.nn.functional.rms_norm(
+        x.detach(), (8,), w.detach()))
+
+
+def test_range_errors_name_their_cause():
+    x = np.ones((3, 2, 8), np.float32)
+    cs = rmsnorm.rope_table(10, 8)
+    with pytest.raises(rmsnorm.ArgumentError, match=re.escape(
+            "positions[1] = 10 is outside [0, 10), the rows of cos_sin "
+            "(RMSNORM_ERROR_OUT_OF_RANGE)")) as info:
+        rmsnorm.qk_norm_rope(x, None, cs, positions=[0, 10, 1])
+    assert info.value.status == 13 and info.value.name == "RMSNORM_ERROR_OUT_OF_RANGE"
+    with pytest.raises(rmsnorm.ArgumentError, match=re.escape("positions[2] = -1 is outside")):
+        rmsnorm.qk_norm_rope_backward(x, x, None, cs, positions=[0, 1, -1])
+    kc = np.zeros((8, 2, 8), np.float32)
+    with pytest.raises(rmsnorm.ArgumentError, match=re.escape(
+            "slots[2] = 9 is past the cache's 8 slots (RMSNORM_ERROR_OUT_OF_RANGE)")):
+        rmsnorm.qk_norm_rope_cache(x, None, cs, kc, np.array([0, -1, 9]))
+    assert (kc == 0).all()
+    for kw, text in ((dict(rotary_dim=63), "rotary_dim = 63 must be even"),
+                     (dict(rotary_dim=8, theta=1.0), "theta = 1.0 must be a finite number > 1"),
+                     (dict(rotary_dim=8, theta=float("nan")), "theta = nan must be"),
+                     (dict(rotary_dim=8, linear_factor=-2.5),
+                      "linear_factor = -2.5 must be a finite number > 0")):
+        with pytest.raises(rmsnorm.ArgumentError, match=re.escape(f"rope_table: {text}")) as info:
+            rmsnorm.rope_table(4, **kw)
+        assert info.value.name == "RMSNORM_ERROR_BAD_ROPE" and info.value.status == 14
+    with pytest.raises(ValueError, match=re.escape("rope_table: rotary_dim must be > 0, got 0")):
+        rmsnorm.rope_table(4, 0)
+    tx, tcs = torch.from_numpy(x), torch.from_numpy(cs)
+    with pytest.raises(ValueError, match=re.escape(
+            "rmsnorm::qk_norm_rope: positions[1] = 10 is outside [0, 10), the rows of cos_sin")):
+        rt.qk_norm_rope(tx, None, tcs, positions=torch.tensor([0, 10, 1]))
+    with pytest.raises(ValueError, match=re.escape(
+            "rmsnorm::qk_norm_rope_backward: positions[0] = 12 is outside [0, 10)")):
+        ops.qk_norm_rope_backward(tx, tx, None, tcs, None, None, [True, False],
+                                  positions=torch.tensor([12, 0, 1]))
+
+
+def test_across_heads_fake_and_autograd_modes():
+    x = torch.empty(5, 3, 16, device="meta")
+    cs = torch.empty(9, 16, device="meta")
+    y, rstd = rt.qk_norm_rope_with_rstd(x, torch.empty(48, device="meta"), cs, across_heads=True)
+    assert y.shape == x.shape and rstd.shape == (5, 1, 1)
+    real = torch.randn(5, 3, 16), torch.from_numpy(rmsnorm.rope_table(9, 16))
+    for a in ((x, cs), real):  # the fake kernel and the CPU kernel say the same
+        with pytest.raises(ValueError, match=r"rmsnorm::qk_norm_rope: Expected weight to be of "
+                                             r"same shape as normalized_shape, but got weight of "
+                                             r"shape \[16\] and normalized_shape = \[48\]"):
+            rt.qk_norm_rope(a[0], torch.ones(16, device=a[0].device), a[1], across_heads=True)
+    torch.library.opcheck(ops.qk_norm_rope_forward.default,
+                          (torch.randn(2, 3, 2, 12, dtype=torch.float64).requires_grad_(),
+                           torch.randn(24, dtype=torch.float64).requires_grad_(),
+                           real[1][:, :12].double().contiguous()),
+                          dict(across_heads=True, style="gptj"))
+    # batched gradients and forward-mode AD (vmap over the leading dim)
+    gen = torch.Generator().manual_seed(13)
+    xs, w = f64(3, 2, 2, 8, gen=gen), f64(16, gen=gen, shift=1.0)
+    cs8 = torch.from_numpy(table64(8, 8, 30.0))
+
+    def f(x, w):
+        return rt.qk_norm_rope(x, w, cs8, 1e-3, across_heads=True,
+                               positions=torch.tensor([1, 5]))
+
+    assert torch.autograd.gradcheck(lambda x, w: f(x[0], w), (xs, w), check_forward_ad=True,
+                                    check_batched_grad=True)
+    got = torch.func.jacfwd(f, argnums=(0, 1))(xs[0], w)
+    want = torch.func.jacrev(f, argnums=(0, 1))(xs[0], w)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r)
+    torch.testing.assert_close(torch.vmap(f, in_dims=(0, None))(xs, w),
+                               torch.stack([f(x, w) for x in xs]))
+
+
 # ---- torch: values and gradients ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64],
                          ids=str)
-@pytest.mark.parametrize("case", CASES[1:4], ids=str)
+@pytest.mark.parametrize("case", CASES[1:4] + CASES[6:], ids=str)
 def test_torch_matches_numpy_and_hf(dtype, case):
     rng = np.random.default_rng(5)
     npdt = {torch.float32: np.float32, torch.float16: np.float16,
@@ -342,7 +640,7 @@ def test_torch_matches_numpy_and_hf(dtype, case):
     tpos = None if pos is None else torch.from_numpy(pos)
     kw = case_kw(case)
     y, rstd = rt.qk_norm_rope_with_rstd(tx, tw, tcs, 1e-6, positions=tpos, **kw)
-    assert not rstd.requires_grad and rstd.shape == (3, 4, 1)
+    assert not rstd.requires_grad and rstd.shape == ((3, 1, 1) if kw["across_heads"] else (3, 4, 1))
     want_y, want_r = rmsnorm.qk_norm_rope(x, w, tcs.numpy(), 1e-6, positions=pos, **kw,
                                           return_rstd=True)
     assert torch.equal(y.double(), t64(want_y)) and torch.equal(rstd, torch.from_numpy(want_r))
@@ -352,7 +650,7 @@ def test_torch_matches_numpy_and_hf(dtype, case):
     a, b = tx.clone().requires_grad_(), tw.clone().requires_grad_()
     rt.qk_norm_rope(a, b, tcs, 1e-6, positions=tpos, **kw).backward(dy)
     a64, b64 = tx.double().requires_grad_(), tw.double().requires_grad_()
-    ref(a64, b64, tcs.double(), tpos, 1e-6, kw["style"], kw["rotary_dim"]).backward(dy.double())
+    ref(a64, b64, tcs.double(), tpos, 1e-6, **ref_kw(case)).backward(dy.double())
     assert a.grad.dtype == dtype and b.grad.dtype == dtype
     close(a.grad, a64.grad, 8 * TOL[dtype])
     close(b.grad, b64.grad, 8 * TOL[dtype] * 12)
@@ -367,7 +665,8 @@ def test_gradcheck(case):
     gen = torch.Generator().manual_seed(3)
     d = 16
     x = f64(2, 2, 2, d, gen=gen)
-    w = None if case.get("no_weight") else f64(d, gen=gen, shift=0 if case.get("offset") else 1)
+    nw = 2 * d if case.get("across") else d
+    w = None if case.get("no_weight") else f64(nw, gen=gen, shift=0 if case.get("offset") else 1)
     rot = case.get("rot", 0) or d
     cs = torch.from_numpy(table64(8, rot, 30.0))
     pos = torch.tensor([7, 0, 3, 3]) if case.get("positions") else None

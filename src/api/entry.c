@@ -18,22 +18,33 @@ void rn_entry_set(rn_entry *e, rmsnorm_context *ctx) {
   e->kernels = NULL;
 }
 
-rmsnorm_status rn_entry_config(rn_entry *e, const rmsnorm_config **cfgp, rn_norm norm,
-                               unsigned refused) {
-  rmsnorm_status st = rn_check_config(*cfgp, &e->cfg, norm, refused);
+static rmsnorm_status entry_config(rn_entry *e, const rmsnorm_config **cfgp, rn_norm norm,
+                                   unsigned refused, unsigned own) {
+  rmsnorm_status st = rn_check_config_own(*cfgp, &e->cfg, norm, refused, own);
   if (st != RMSNORM_OK) return st;
   *cfgp = &e->cfg;
   rn_entry_set(e, NULL);
   return RMSNORM_OK;
 }
 
-rmsnorm_status rn_entry_begin(rn_entry *e, rmsnorm_context *ctx, const rmsnorm_config **cfgp,
-                              rn_norm norm, unsigned refused, size_t d) {
+rmsnorm_status rn_entry_config(rn_entry *e, const rmsnorm_config **cfgp, rn_norm norm,
+                               unsigned refused) {
+  return entry_config(e, cfgp, norm, refused, 0);
+}
+
+rmsnorm_status rn_entry_begin_own(rn_entry *e, rmsnorm_context *ctx,
+                                  const rmsnorm_config **cfgp, rn_norm norm, unsigned refused,
+                                  unsigned own, size_t d) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
-  rmsnorm_status st = rn_entry_config(e, cfgp, norm, refused);
+  rmsnorm_status st = entry_config(e, cfgp, norm, refused, own);
   if (st != RMSNORM_OK) return st;
   e->ctx = ctx;
   return d == 0 ? RMSNORM_ERROR_BAD_SIZE : RMSNORM_OK;
+}
+
+rmsnorm_status rn_entry_begin(rn_entry *e, rmsnorm_context *ctx, const rmsnorm_config **cfgp,
+                              rn_norm norm, unsigned refused, size_t d) {
+  return rn_entry_begin_own(e, ctx, cfgp, norm, refused, 0, d);
 }
 
 rmsnorm_status rn_entry_matrices(const rn_entry *e, size_t rows, size_t d, const size_t *lds,

@@ -42,6 +42,11 @@ typedef struct rn_entry {
  * d > 0. */
 rmsnorm_status rn_entry_begin(rn_entry *e, rmsnorm_context *ctx, const rmsnorm_config **cfgp,
                               rn_norm norm, unsigned refused, size_t d);
+/* rn_entry_begin for an operation that also takes the flags `own` of its
+ * family (validate.h: RN_ROPE_FLAGS), which every other one refuses. */
+rmsnorm_status rn_entry_begin_own(rn_entry *e, rmsnorm_context *ctx,
+                                  const rmsnorm_config **cfgp, rn_norm norm, unsigned refused,
+                                  unsigned own, size_t d);
 /* The config alone, for the entry points without a context. */
 rmsnorm_status rn_entry_config(rn_entry *e, const rmsnorm_config **cfgp, rn_norm norm,
                                unsigned refused);

@@ -167,8 +167,10 @@ typedef struct lin_fwd {
  * which is xhat_j within a factor of two: it overflows only where
  * RMSNorm(X) W' does. r comes from the rescue path in its scaled form
  * r = rs * 2^-e, so it never leaves double's range either; the remaining
- * factor r / 2^s lies in [1, 2). A row whose statistic meets a NaN/Inf keeps
- * the NaNs the normal pass gave it. */
+ * factor r / 2^s lies in [1, 2). A row whose statistic meets a NaN (r NaN)
+ * or an infinity (r = 0, and xhat NaN at the infinity) has every
+ * z_k = sum_j xhat_j W'_jk NaN: it is written so (docs/numerics.md,
+ * "Non-finite inputs"). */
 static void lin_redo_row(const lin_fwd *f, size_t row, void *zrow) {
   rmsnorm_dtype dt = f->cfg->dtype;
   int f64 = rn_acc_is_f64(dt);
@@ -176,8 +178,13 @@ static void lin_redo_row(const lin_fwd *f, size_t row, void *zrow) {
   double rs;
   int e;
   rn_rescue_row_r(&f->stats, row, &rs, &e);
-  if (!isfinite(rs)) return;
   const char *x = (const char *)f->stats.x + row * f->stats.ldx * rn_dtype_size(dt);
+  int inf = 0;
+  for (size_t j = 0; j < f->stats.k && rs == 0; j++) inf |= isinf(rn_load(x, dt, j)) != 0;
+  if (isnan(rs) || inf) {
+    for (size_t k = 0; k < n; k++) rn_store(zrow, dt, k, NAN);
+    return;
+  }
   if (rs == 0) { /* a zero row with eps = 0 maps to the bias */
     for (size_t k = 0; k < n; k++) rn_store(zrow, dt, k, f->b ? rn_load_acc(f->b, f64, k) : 0.0);
     return;

@@ -54,8 +54,7 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
   rmsnorm_status st =
       rn_entry_begin(&e, ctx, &cfg, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE, head_dim);
   if (st != RMSNORM_OK) return st;
-  if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
-  if (tokens == 0) return RMSNORM_OK;
+  if (tokens == 0 || heads == 0) return RMSNORM_OK; /* no rows: as rmsnorm_forward's */
   size_t *const ld[2][2] = {{&ldx_token, &ldx_head}, {&ldy_token, &ldy_head}};
   if ((st = rn_check_grids(tokens, heads, head_dim, e.es, ld, 2, &rows, &flat)) != RMSNORM_OK)
     return st;
@@ -122,9 +121,8 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
   int flat;
   rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, RN_RMSNORM, 0, head_dim);
   if (st != RMSNORM_OK) return st;
-  if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
   if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
-  if (tokens == 0) return RMSNORM_OK;
+  if (tokens == 0 || heads == 0) return RMSNORM_OK; /* no rows: nothing written */
   size_t *const ld[3][2] = {
       {&ldx_token, &ldx_head}, {&lddy_token, &lddy_head}, {&lddx_token, &lddx_head}};
   if ((st = rn_check_grids(tokens, heads, head_dim, e.es, ld, 3, &rows, &flat)) != RMSNORM_OK)

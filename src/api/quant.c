@@ -5,6 +5,7 @@
  * type (ref/fused_ref.inc), or hand the row's y, rounded to float, to the
  * format's encoder (ref/blocks_ref.c is the spec of each). */
 #include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -97,6 +98,14 @@ static void quant_rows(const void *p, size_t r0, size_t r1, int task) {
   }
 }
 
+/* Whether a converted parameter (d values of the compute type, or NULL)
+ * holds a NaN or an infinity: then any row's y may hold a NaN. */
+static int param_nonfinite(const void *p, size_t d, int f64) {
+  for (size_t j = 0; p && j < d; j++)
+    if (!isfinite(rn_load_acc(p, f64, j))) return 1;
+  return 0;
+}
+
 /* Both entry points: x is h (updated to h + u first) when u is given. */
 static rmsnorm_status quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t rows,
                                 size_t d, void *x, size_t ldx, int add, const void *u, size_t ldu,
@@ -158,6 +167,8 @@ static rmsnorm_status quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg,
   job.args.group = q.group;
   job.args.scales = scales;
   job.args.lds = lds;
+  job.args.nan_rows = param_nonfinite(e.weight, d, rn_acc_is_f64(cfg->dtype)) ||
+                      param_nonfinite(e.bias, d, rn_acc_is_f64(cfg->dtype));
   if (q.group || (q.format != RMSNORM_QF_INT8 && q.format != RMSNORM_QF_FP8_E4M3))
     job.args.encode = e.kernels->encode;
   else

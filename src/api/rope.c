@@ -13,7 +13,8 @@
 #include "api/grid.h"
 #include "numerics/dtype.h"
 
-/* The descriptors' first versions end after their last fields. */
+/* The descriptors' first versions end after their last fields (rmsnorm_rope's
+ * `norm` came after). */
 #define RN_ROPE_SIZE_V1 (offsetof(rmsnorm_rope, positions) + sizeof(const int64_t *))
 #define RN_KV_CACHE_SIZE_V1 (offsetof(rmsnorm_kv_cache, ldv_head) + sizeof(size_t))
 
@@ -27,9 +28,10 @@ rmsnorm_status rmsnorm_rope_table(void *cos_sin, rmsnorm_dtype dtype, size_t n_p
                                   size_t rotary_dim, double theta, double linear_factor) {
   if (!cos_sin && n_positions) return RMSNORM_ERROR_NULL_POINTER;
   if (dtype != RMSNORM_F32 && dtype != RMSNORM_F64) return RMSNORM_ERROR_BAD_DTYPE;
-  if (rotary_dim == 0 || rotary_dim % 2) return RMSNORM_ERROR_BAD_SIZE;
-  if (!(theta > 1 && theta <= DBL_MAX) || !(linear_factor > 0 && linear_factor <= DBL_MAX))
-    return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (rotary_dim == 0) return RMSNORM_ERROR_BAD_SIZE;
+  if (rotary_dim % 2 || !(theta > 1 && theta <= DBL_MAX) ||
+      !(linear_factor > 0 && linear_factor <= DBL_MAX))
+    return RMSNORM_ERROR_BAD_ROPE;
   size_t es = rn_dtype_size(dtype), half = rotary_dim / 2;
   if (n_positions > (size_t)PTRDIFF_MAX / es / rotary_dim) return RMSNORM_ERROR_BAD_SIZE;
   double inv[ROPE_TABLE_FREQS]; /* theta_i = theta^(-2i/rot) */
@@ -56,35 +58,44 @@ rmsnorm_status rmsnorm_rope_table(void *cos_sin, rmsnorm_dtype dtype, size_t n_p
 static rmsnorm_status read_rope(const rmsnorm_rope *user, size_t hd, rmsnorm_rope *r) {
   rmsnorm_status st = rn_read_versioned(user, r, sizeof *r, RN_ROPE_SIZE_V1);
   if (st != RMSNORM_OK) return st;
-  if (r->style != RMSNORM_ROPE_NEOX && r->style != RMSNORM_ROPE_GPTJ)
-    return RMSNORM_ERROR_BAD_ARGUMENT;
+  if ((r->style != RMSNORM_ROPE_NEOX && r->style != RMSNORM_ROPE_GPTJ) ||
+      (r->norm != RMSNORM_ROPE_NORM_HEAD && r->norm != RMSNORM_ROPE_NORM_TOKEN))
+    return RMSNORM_ERROR_BAD_ROPE;
   if (r->rotary_dim == 0) r->rotary_dim = hd;
-  if (r->rotary_dim % 2 || r->rotary_dim > hd) return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (r->rotary_dim % 2 || r->rotary_dim > hd) return RMSNORM_ERROR_BAD_ROPE;
   return RMSNORM_OK;
 }
 
-/* The config and the rope, in the order of the status codes a bad call gets. */
+/* The config (with the rounding flags only this family takes) and the
+ * rope, in the order of the status codes a bad call gets. */
 static rmsnorm_status begin(rn_entry *e, rmsnorm_context *ctx, const rmsnorm_config **cfg,
                             unsigned refused, const rmsnorm_rope *rope, size_t hd,
                             rmsnorm_rope *r) {
-  rmsnorm_status st =
-      rn_entry_begin(e, ctx, cfg, RN_RMSNORM, refused | RMSNORM_FLAG_EPS_OUTSIDE, hd);
+  rmsnorm_status st = rn_entry_begin_own(e, ctx, cfg, RN_RMSNORM,
+                                         refused | RMSNORM_FLAG_EPS_OUTSIDE, RN_ROPE_FLAGS, hd);
   if (st != RMSNORM_OK) return st;
   if ((*cfg)->partial != 1) return RMSNORM_ERROR_BAD_PARTIAL;
   return read_rope(rope, hd, r);
 }
 
 /* The table and the rows the tokens take from it (tokens > 0): a NULL table
- * or a position outside [0, n_positions) is RMSNORM_ERROR_BAD_ARGUMENT, a
- * table larger than memory RMSNORM_ERROR_BAD_SIZE. */
+ * is RMSNORM_ERROR_BAD_ARGUMENT, a position outside [0, n_positions)
+ * RMSNORM_ERROR_OUT_OF_RANGE, a table larger than memory
+ * RMSNORM_ERROR_BAD_SIZE. */
 static rmsnorm_status check_positions(const rmsnorm_rope *r, size_t tokens, size_t as) {
   if (!r->cos_sin) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (r->n_positions > (size_t)PTRDIFF_MAX / as / r->rotary_dim) return RMSNORM_ERROR_BAD_SIZE;
-  if (!r->positions) return tokens <= r->n_positions ? RMSNORM_OK : RMSNORM_ERROR_BAD_ARGUMENT;
+  if (!r->positions) return tokens <= r->n_positions ? RMSNORM_OK : RMSNORM_ERROR_OUT_OF_RANGE;
   for (size_t t = 0; t < tokens; t++)
     if (r->positions[t] < 0 || (uint64_t)r->positions[t] >= (uint64_t)r->n_positions)
-      return RMSNORM_ERROR_BAD_ARGUMENT;
+      return RMSNORM_ERROR_OUT_OF_RANGE;
   return RMSNORM_OK;
+}
+
+/* The statistic's values of one token (per token) or one row, the length
+ * of the weight and dweight. */
+static size_t norm_length(const rmsnorm_rope *r, size_t heads, size_t hd) {
+  return r->norm == RMSNORM_ROPE_NORM_TOKEN ? heads * hd : hd;
 }
 
 static rn_span table_span(const rmsnorm_rope *r, size_t as) {
@@ -99,6 +110,7 @@ static rn_rope_args rope_args(const rn_entry *e, const rmsnorm_rope *r, size_t h
   a.dtype = e->cfg.dtype;
   a.d = hd, a.rot = r->rotary_dim, a.heads = heads;
   a.gptj = r->style == RMSNORM_ROPE_GPTJ;
+  a.per_token = r->norm == RMSNORM_ROPE_NORM_TOKEN;
   a.x = x, a.ldx_t = ldx_t, a.ldx_h = ldx_h;
   a.w = e->weight;
   a.eps = e->cfg.eps;
@@ -110,7 +122,7 @@ static rn_rope_args rope_args(const rn_entry *e, const rmsnorm_rope *r, size_t h
 
 /* The cache's checks that need no other buffer: its grid of n_slots x heads
  * rows (the same strides for k and v), the V source's grid, the pointers,
- * and every slot below n_slots. */
+ * and every slot below n_slots (else RMSNORM_ERROR_OUT_OF_RANGE). */
 static rmsnorm_status check_cache(const rmsnorm_kv_cache *c, size_t tokens, size_t heads,
                                   size_t hd, size_t es) {
   rmsnorm_status st;
@@ -122,7 +134,7 @@ static rmsnorm_status check_cache(const rmsnorm_kv_cache *c, size_t tokens, size
   if (!c->k || !c->slots || (c->v && !c->v_src)) return RMSNORM_ERROR_NULL_POINTER;
   for (size_t t = 0; t < tokens; t++)
     if (c->slots[t] >= 0 && (uint64_t)c->slots[t] >= (uint64_t)c->n_slots)
-      return RMSNORM_ERROR_BAD_ARGUMENT;
+      return RMSNORM_ERROR_OUT_OF_RANGE;
   return RMSNORM_OK;
 }
 
@@ -185,8 +197,7 @@ rmsnorm_status rmsnorm_qk_norm_rope_forward(rmsnorm_context *ctx, const rmsnorm_
   if (st == RMSNORM_OK && cache)
     st = rn_read_versioned(cache, &kv, sizeof kv, RN_KV_CACHE_SIZE_V1);
   if (st != RMSNORM_OK) return st;
-  if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
-  if (tokens == 0) return RMSNORM_OK;
+  if (tokens == 0 || heads == 0) return RMSNORM_OK;
   size_t es = e.es;
   size_t *const ld[2][2] = {{&ldx_token, &ldx_head}, {&ldy_token, &ldy_head}};
   if ((st = rn_check_grids(tokens, heads, head_dim, es, ld, y ? 2 : 1, &rows, &flat)) !=
@@ -196,7 +207,8 @@ rmsnorm_status rmsnorm_qk_norm_rope_forward(rmsnorm_context *ctx, const rmsnorm_
     return st;
   if (!x || (!y && !cache)) return RMSNORM_ERROR_NULL_POINTER;
   if ((st = check_positions(&r, tokens, e.as)) != RMSNORM_OK) return st;
-  size_t n_slots = cache ? kv.n_slots : 0;
+  size_t n_slots = cache ? kv.n_slots : 0, nparam = norm_length(&r, heads, head_dim);
+  int per_token = r.norm == RMSNORM_ROPE_NORM_TOKEN;
   rn_buffers b = {
       .in = {rn_inplace(rn_grid(x, tokens, ldx_token, heads, ldx_head, head_dim, es)),
              table_span(&r, e.as), rn_vector(r.positions, tokens, sizeof(int64_t)),
@@ -205,13 +217,13 @@ rmsnorm_status rmsnorm_qk_norm_rope_forward(rmsnorm_context *ctx, const rmsnorm_
                                      head_dim, es)
                            : (rn_span){0}},
       .out = {y ? rn_grid(y, tokens, ldy_token, heads, ldy_head, head_dim, es) : (rn_span){0},
-              rn_vector(rstd, rows, e.as),
+              rn_vector(rstd, per_token ? tokens : rows, e.as),
               n_slots ? rn_grid(kv.k, n_slots, kv.ld_slot, heads, kv.ld_head, head_dim, es)
                       : (rn_span){0},
               n_slots && kv.v
                   ? rn_grid(kv.v, n_slots, kv.ld_slot, heads, kv.ld_head, head_dim, es)
                   : (rn_span){0}},
-      .weight = weight, .nparam = head_dim};
+      .weight = weight, .nparam = nparam};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
   /* scratch: [weight copy][each task's row scratch][the sorted slots] */
@@ -219,7 +231,7 @@ rmsnorm_status rmsnorm_qk_norm_rope_forward(rmsnorm_context *ctx, const rmsnorm_
   size_t cache_bytes = n_slots ? rows * head_dim * es * (kv.v ? 3 : 1) : 0;
   rn_split sp = rn_split_for(ctx, rows, rows * head_dim * 2 * es + cache_bytes, tokens);
   rope_fwd_job job;
-  job.task_bytes = RN_ROPE_SCRATCH(head_dim);
+  job.task_bytes = per_token ? RN_ROPE_TOKEN_SCRATCH(nparam, head_dim) : RN_ROPE_SCRATCH(head_dim);
   size_t tasks_bytes = (size_t)sp.tasks * job.task_bytes;
   if (!(job.task_scratch =
             rn_entry_scratch(&e, tasks_bytes + (cache ? tokens * sizeof(int64_t) : 0))))
@@ -229,7 +241,8 @@ rmsnorm_status rmsnorm_qk_norm_rope_forward(rmsnorm_context *ctx, const rmsnorm_
   job.kernel = e.kernels->rope_forward[cfg->dtype];
   job.args = rope_args(&e, &r, heads, head_dim, x, ldx_token, ldx_head);
   job.args.y = y, job.args.ldy_t = ldy_token, job.args.ldy_h = ldy_head;
-  job.args.stream = y && y != x && rn_stream_ok(1, y, es, rows * head_dim * es) != RN_CACHED;
+  job.args.stream =
+      !per_token && y && y != x && rn_stream_ok(1, y, es, rows * head_dim * es) != RN_CACHED;
   job.args.prefetch = 2 * rows * head_dim * es >= RN_DRAM_BYTES;
   job.args.past_l3 = 2 * rows * head_dim * es >= RN_PAST_L3_BYTES;
   job.args.rstd = rstd;
@@ -274,9 +287,8 @@ rmsnorm_status rmsnorm_qk_norm_rope_backward(rmsnorm_context *ctx, const rmsnorm
   int flat;
   rmsnorm_status st = begin(&e, ctx, &cfg, 0, rope, head_dim, &r);
   if (st != RMSNORM_OK) return st;
-  if (heads == 0 && tokens != 0) return RMSNORM_ERROR_BAD_SIZE;
   if (dweight && !weight) return RMSNORM_ERROR_BAD_ARGUMENT;
-  if (tokens == 0) return RMSNORM_OK;
+  if (tokens == 0 || heads == 0) return RMSNORM_OK;
   size_t es = e.es;
   size_t *const ld[3][2] = {
       {&ldx_token, &ldx_head}, {&lddy_token, &lddy_head}, {&lddx_token, &lddx_head}};
@@ -284,23 +296,29 @@ rmsnorm_status rmsnorm_qk_norm_rope_backward(rmsnorm_context *ctx, const rmsnorm
     return st;
   if (!x || !dy || !dx) return RMSNORM_ERROR_NULL_POINTER;
   if ((st = check_positions(&r, tokens, e.as)) != RMSNORM_OK) return st;
+  size_t nparam = norm_length(&r, heads, head_dim);
+  int per_token = r.norm == RMSNORM_ROPE_NORM_TOKEN;
   rn_buffers b = {
       .in = {rn_inplace(rn_grid(x, tokens, ldx_token, heads, ldx_head, head_dim, es)),
              rn_inplace(rn_grid(dy, tokens, lddy_token, heads, lddy_head, head_dim, es)),
-             rn_vector(rstd, rows, e.as), table_span(&r, e.as),
+             rn_vector(rstd, per_token ? tokens : rows, e.as), table_span(&r, e.as),
              rn_vector(r.positions, tokens, sizeof(int64_t))},
       .out = {rn_grid(dx, tokens, lddx_token, heads, lddx_head, head_dim, es),
-              rn_vector(dweight, head_dim, e.ps)},
-      .weight = weight, .nparam = head_dim};
+              rn_vector(dweight, nparam, e.ps)},
+      .weight = weight, .nparam = nparam};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
-  /* chunks of whole tokens as rmsnorm_qk_norm_backward's; scratch: [weight
-   * copy][the reduction's sums][each task's row scratch] */
-  size_t nchunks, chunk_tokens = rn_token_chunks(tokens, heads, &nchunks);
+  /* chunks of whole tokens as rmsnorm_qk_norm_backward's; per token, a
+   * token is a row of the norm, chunked as rmsnorm_backward's rows (so its
+   * dweight is that of rmsnorm_backward over [tokens, heads*head_dim]
+   * rows, bit for bit); scratch: [weight copy][the reduction's sums][each
+   * task's row scratch] */
+  size_t nchunks, chunk_tokens = rn_token_chunks(tokens, per_token ? 1 : heads, &nchunks);
   rn_entry_lock(&e);
   rn_grad_plan plan;
-  size_t task_bytes = RN_ROPE_SCRATCH(head_dim);
-  char *sums = rn_entry_grad_scratch(&e, &plan, tokens, chunk_tokens, head_dim, dweight, NULL,
+  size_t task_bytes =
+      per_token ? RN_ROPE_TOKEN_SCRATCH(nparam, head_dim) : RN_ROPE_SCRATCH(head_dim);
+  char *sums = rn_entry_grad_scratch(&e, &plan, tokens, chunk_tokens, nparam, dweight, NULL,
                                      rn_split_for(ctx, rows, rows * head_dim * 3 * es, nchunks),
                                      task_bytes);
   if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);

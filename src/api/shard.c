@@ -27,10 +27,14 @@ static rmsnorm_status shard_begin(rn_entry *e, rmsnorm_context *ctx, const rmsno
 /* ---- per-row coefficients ------------------------------------------------ */
 
 /* A row's r in double from its statistic s = sum_{j<k} x_j^2, as the
- * unsharded kernels form it (rowmath.h). A non-finite s (a NaN or Inf in the
- * row) gives NaN, so the whole row's outputs are NaN, as rmsnorm_forward's. */
+ * unsharded kernels form it (rowmath.h). A NaN s (a NaN in the statistic's
+ * columns) gives NaN, an infinite one (an infinity there) r = 1/sqrt(inf) =
+ * 0: the rule of rmsnorm_forward (docs/numerics.md, "Non-finite inputs").
+ * fp64 data is the exception: its s is also infinite when the squares of
+ * finite values left double's range (|x| above about 1e154), which no r can
+ * be formed from, and the two cannot be told apart: an infinite s gives NaN. */
 static double row_r(double s, const rn_shard *sh, const rmsnorm_config *cfg) {
-  if (!isfinite(s)) return NAN;
+  if (isinf(s) && rn_acc_is_f64(cfg->dtype)) return NAN;
   return rn_rms_r(s, sh->k, cfg->eps, cfg->flags);
 }
 

@@ -135,6 +135,11 @@ typedef struct rn_quant_args {
   size_t group;        /* INT8/FP8_E4M3 per-group: the group */
   void *scales;        /* (rows, lds) float or E8M0 bytes, or NULL */
   size_t lds;
+  /* Every row's y may hold a NaN (the weight or bias holds a NaN or an
+   * infinity), not only the rescued rows': the SIMD sets then encode every
+   * row as a rescued one (y in scratch, the reference encoder, the per-row
+   * scale checked for NaN), so that only the reference meets NaNs. */
+  int nan_rows;
 } rn_quant_args;
 
 /* RMSNorm r of rows [row_begin, row_end) into a->rstd (nothing else written). */
@@ -227,6 +232,9 @@ typedef struct rn_rope_args {
   rmsnorm_dtype dtype;     /* storage of x, y, dy, dx and the K cache */
   size_t d, rot, heads;    /* head_dim; rotary_dim (even, <= d); rows per token */
   int gptj;                /* pairs (2i, 2i + 1); 0: (i, i + rot/2) */
+  int per_token;           /* one statistic per token over its heads * d values
+                              (RMSNORM_ROPE_NORM_TOKEN): w and dweight of heads * d,
+                              rstd one value per token; never streamed */
   const void *x;           /* x: (tokens, heads, d) */
   size_t ldx_t, ldx_h;
   void *y;                 /* forward: y, may equal x (same strides), or NULL */
@@ -243,12 +251,14 @@ typedef struct rn_rope_args {
   size_t lddy_t, lddy_h;
   void *dx;
   size_t lddx_t, lddx_h;
-  const void *w;           /* w: (d,) acc effective gain, or NULL */
+  const void *w;           /* w: (d,) acc effective gain ((heads * d,) per token),
+                              or NULL */
   double eps;
-  unsigned flags;          /* RMSNORM_FLAG_ROUND_BEFORE_WEIGHT (forward) */
-  void *rstd;              /* (tokens * heads,) acc, index t*heads + h, or NULL:
-                              written by the forward, read (when usable) by the
-                              backward */
+  unsigned flags;          /* RMSNORM_FLAG_ROUND_BEFORE_WEIGHT, _ROUND_BEFORE_ROTATION,
+                              _FLOAT_ROTATION (forward) */
+  void *rstd;              /* (tokens * heads,) acc, index t*heads + h ((tokens,) per
+                              token), or NULL: written by the forward, read (when
+                              usable) by the backward */
   const void *cos_sin;     /* (n_positions, rot) acc: a row's rot/2 cos, then sin */
   const int64_t *positions; /* token t's row of cos_sin, or NULL: row t */
   void *k;                 /* forward: the K cache, or NULL: row (t, h) also to
@@ -259,11 +269,15 @@ typedef struct rn_rope_args {
 /* row_scratch: RN_ROPE_SCRATCH(d) bytes, 64-byte aligned, private to the
  * calling task: rows of the compute type, five in the backward, and in the
  * forward two plus a group of RN_ROPE_GROUP(d) rows whose statistics are
- * computed together. The backward adds dweight terms into dw_part ((d,)
- * acc, zeroed by the caller, or NULL). */
+ * computed together; per token, RN_ROPE_TOKEN_SCRATCH(heads * d, d): two
+ * rows and three of a token's values. The backward adds dweight terms into
+ * dw_part ((d,) acc, (heads * d,) per token, zeroed by the caller, or
+ * NULL). */
 #define RN_ROPE_GROUP_MAX 8
 #define RN_ROPE_GROUP(d) ((d) <= 256 ? (size_t)RN_ROPE_GROUP_MAX : 1)
 #define RN_ROPE_SCRATCH(d) ((((d) + 63) & ~(size_t)63) * 8 * (RN_ROPE_GROUP(d) + 4))
+#define RN_ROPE_TOKEN_SCRATCH(n, d) \
+  (((((n) + 63) & ~(size_t)63) * 3 + (((d) + 63) & ~(size_t)63) * 2) * 8)
 typedef void (*rn_rope_fwd_fn)(const rn_rope_args *a, size_t t0, size_t t1, void *row_scratch);
 typedef void (*rn_rope_bwd_fn)(const rn_rope_args *a, size_t t0, size_t t1, void *dw_part,
                                void *row_scratch);

@@ -19,7 +19,8 @@
  * the compute type once per row, when 2^-126 <= s <= 2^126 (so that inv is a
  * normal float); RN_QT_DIV, t_j = y_j / s, for the other s > 0 (a subnormal
  * s, whose 1/s would overflow float, or one above 2^126, whose 1/s would be
- * subnormal); RN_QT_ZERO, t_j = 0, when s = 0 (an all-zero row). */
+ * subnormal); RN_QT_ZERO, t_j = 0, when s = 0 (an all-zero row) or NaN (a
+ * row holding a NaN: its codes are 0, and s dequantizes them to NaN). */
 enum { RN_QT_ZERO = 0, RN_QT_MUL = 1, RN_QT_DIV = 2 };
 static inline int rn_quant_t_mode(float s) {
   if (!(s > 0)) return RN_QT_ZERO;

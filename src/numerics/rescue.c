@@ -13,7 +13,7 @@
 typedef struct scaled_stats {
   int e;         /* scale exponent: x = xs * 2^e */
   double mean_s; /* LayerNorm mean of xs; 0 for RMSNorm */
-  double rs;     /* r * 2^e; NaN when the statistic's range holds a NaN/Inf */
+  double rs;     /* r * 2^e; NaN or 0 where the statistic meets a NaN or an Inf */
   double t;      /* RMSNorm: mean of xs^2 over the first k elements */
 } scaled_stats;
 
@@ -22,8 +22,27 @@ typedef struct scaled_stats {
 static double scaled_inv_sqrt(double v, double eps, int e) {
   double u = ldexp(eps, -2 * e);
   if (isinf(u)) return ldexp(1.0 / sqrt(eps), e);
-  double den = sqrt(v + u);
-  return den > 0 ? 1.0 / den : 0.0;
+  return rn_inv_den(sqrt(v + u));
+}
+
+/* The statistics of a row whose statistic's elements hold a NaN or an
+ * infinity: what the formula gives in IEEE arithmetic (docs/numerics.md,
+ * "Non-finite inputs"), with e = 0. A NaN makes every statistic NaN. With
+ * infinities only, RMSNorm's mean square is +inf, so r = 1/sqrt(inf) = 0
+ * (eps inside or outside) and xhat_j = x_j * 0: +-0 for a finite x_j, NaN for
+ * an infinite one. LayerNorm's mean is +inf, -inf, or NaN when both occur;
+ * every x_j - mean is then infinite or NaN, so the variance and rstd are NaN. */
+static scaled_stats nonfinite_stats(rn_norm norm, int nan, int pos_inf, int neg_inf) {
+  scaled_stats s = {0, 0.0, 0.0, 0.0};
+  if (nan || (norm == RN_LAYERNORM && pos_inf && neg_inf)) {
+    s.rs = s.mean_s = s.t = NAN;
+  } else if (norm == RN_LAYERNORM) {
+    s.mean_s = pos_inf ? INFINITY : -INFINITY;
+    s.rs = s.t = NAN;
+  } else {
+    s.t = INFINITY;
+  }
+  return s;
 }
 
 static scaled_stats row_stats(rn_norm norm, const void *x, rmsnorm_dtype dt, size_t d,
@@ -31,14 +50,17 @@ static scaled_stats row_stats(rn_norm norm, const void *x, rmsnorm_dtype dt, siz
   scaled_stats s = {0, 0.0, 0.0, 0.0};
   size_t n = norm == RN_LAYERNORM ? d : k;
   double m = 0;
+  int nan = 0, pos_inf = 0, neg_inf = 0;
   for (size_t j = 0; j < n; j++) {
-    double v = fabs(rn_load(x, dt, j));
-    if (!(v <= DBL_MAX)) {
-      s.rs = s.mean_s = NAN;
-      return s;
-    }
+    double xj = rn_load(x, dt, j), v = fabs(xj);
     if (v > m) m = v;
+    if (!(v <= DBL_MAX)) {
+      nan |= v != v;
+      pos_inf |= xj > 0;
+      neg_inf |= xj < 0;
+    }
   }
+  if (nan || pos_inf || neg_inf) return nonfinite_stats(norm, nan, pos_inf, neg_inf);
   s.e = m > 0 ? ilogb(m) : 0;
   if (norm == RN_LAYERNORM) {
     double sum = 0, dev = 0;
@@ -62,8 +84,7 @@ static scaled_stats row_stats(rn_norm norm, const void *x, rmsnorm_dtype dt, siz
     if (isinf(u)) {
       s.rs = ldexp(1.0 / eps, s.e);
     } else {
-      double den = sqrt(s.t) + u;
-      s.rs = den > 0 ? 1.0 / den : 0.0;
+      s.rs = rn_inv_den(sqrt(s.t) + u);
     }
   } else {
     s.rs = scaled_inv_sqrt(s.t, eps, s.e);
@@ -130,8 +151,9 @@ void rn_rescue_backward_row(const rn_backward_args *a, size_t row, void *dw_part
   } else if (!(a->flags & RMSNORM_FLAG_EPS_OUTSIDE)) {
     c = B / (double)k;
   } else {
-    /* rho * r = sqrt(t) * rs in the scaled domain */
-    c = s.t > 0 ? B / ((double)k * sqrt(s.t) * s.rs) : 0.0;
+    /* rho * r = sqrt(t) * rs in the scaled domain (NaN for a row holding an
+     * infinity: rho = inf, r = 0) */
+    c = s.t == 0 ? 0.0 : B / ((double)k * sqrt(s.t) * s.rs);
   }
 
   /* dx_j = r * (gy_j - mean_gy - [j in stat] xhat_j c), r = rs * 2^-e */

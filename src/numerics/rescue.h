@@ -29,7 +29,8 @@ static inline double rn_scaled_mul(double v, double rs, int e) {
 
 /* RMSNorm r of row `row` of a->x in a scaled form that never leaves
  * double's range: r = *rs * 2^-*e. *rs is NaN when the statistic's elements
- * hold a NaN or an infinity, 0 for a zero row with eps = 0. */
+ * hold a NaN; 0 when they hold an infinity (r = 1/sqrt(inf), *e = 0) or for
+ * a zero row with eps = 0. */
 void rn_rescue_row_r(const rn_forward_args *a, size_t row, double *rs, int *e);
 
 #endif

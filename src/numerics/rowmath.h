@@ -36,18 +36,22 @@ static inline int rn_sum_untrusted(double s, double eps, int eps_outside, int f6
   return s < 0x1p-100 && eps < (eps_outside ? 0x1p-44 : 0x1p-70);
 }
 
-/* RMSNorm r from the sum of squares over k elements. A zero denominator
- * (a zero row with eps = 0) gives r = 0, so the row maps to the bias. */
+/* 1/den for a statistic's denominator: a zero den (a zero row with eps = 0)
+ * gives 0, so the row maps to the bias; otherwise IEEE, so an infinite den
+ * (a row holding an infinity) gives 0 and a NaN stays NaN (docs/numerics.md,
+ * "Non-finite inputs"). */
+static inline double rn_inv_den(double den) { return den == 0 ? 0.0 : 1.0 / den; }
+
+/* RMSNorm r from the sum of squares over k elements (rn_inv_den's zero). */
 static inline double rn_rms_r(double sumsq, size_t k, double eps, unsigned flags) {
   double ms = sumsq / (double)k;
   double den = (flags & RMSNORM_FLAG_EPS_OUTSIDE) ? sqrt(ms) + eps : sqrt(ms + eps);
-  return den > 0 ? 1.0 / den : 0.0;
+  return rn_inv_den(den);
 }
 
 /* LayerNorm rstd from the sum of squared deviations over d elements. */
 static inline double rn_ln_rstd(double sumsqdev, size_t d, double eps) {
-  double den = sqrt(sumsqdev / (double)d + eps);
-  return den > 0 ? 1.0 / den : 0.0;
+  return rn_inv_den(sqrt(sumsqdev / (double)d + eps));
 }
 
 /* Whether a saved per-row r can be used as is: r outside the normal range of
@@ -63,7 +67,7 @@ static inline double rn_rms_backward_c(double B, double sumsq, double r, size_t 
                                        unsigned flags) {
   if (!(flags & RMSNORM_FLAG_EPS_OUTSIDE)) return B / (double)k;
   double rho = sqrt(sumsq / (double)k);
-  return rho > 0 ? B / ((double)k * rho * r) : 0.0;
+  return rho == 0 ? 0.0 : B / ((double)k * rho * r);
 }
 
 /* Combines a row's double lanes by halving: lane i += lane i + h for

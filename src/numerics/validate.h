@@ -15,9 +15,13 @@
 #include "kernels/kernels.h"
 #include "rmsnorm.h"
 
+/* The flags every operation knows (each may still refuse some: `refused`),
+ * and those only one family takes (`own` in rn_check_config_own): every
+ * other operation refuses them as unknown. */
 #define RN_KNOWN_FLAGS                                                           \
   (RMSNORM_FLAG_EPS_OUTSIDE | RMSNORM_FLAG_WEIGHT_OFFSET |                       \
    RMSNORM_FLAG_ROUND_BEFORE_WEIGHT | RMSNORM_FLAG_ACCUMULATE)
+#define RN_ROPE_FLAGS (RMSNORM_FLAG_ROUND_BEFORE_ROTATION | RMSNORM_FLAG_FLOAT_ROTATION)
 
 /* The config sizes a library accepts (see rmsnorm_config in the header): at
  * least the end of the first version's last field, at most RN_CONFIG_MAX. */
@@ -63,23 +67,31 @@ static inline rmsnorm_status rn_read_config(const rmsnorm_config *cfg, rmsnorm_c
 }
 
 /* Reads the caller's config into *out (rn_read_config) and checks its dtypes,
- * flags (minus `refused`, which the operation does not take), eps and partial
- * for `norm`. Entry points then use *out only. */
-static inline rmsnorm_status rn_check_config(const rmsnorm_config *user, rmsnorm_config *out,
-                                             rn_norm norm, unsigned refused) {
+ * flags (RN_KNOWN_FLAGS and the family's `own`, minus `refused`, which the
+ * operation does not take), eps and partial for `norm`. Entry points then
+ * use *out only. */
+static inline rmsnorm_status rn_check_config_own(const rmsnorm_config *user,
+                                                 rmsnorm_config *out, rn_norm norm,
+                                                 unsigned refused, unsigned own) {
   rmsnorm_status st = rn_read_config(user, out);
   if (st != RMSNORM_OK) return st;
   const rmsnorm_config *cfg = out;
   if (!rn_dtype_valid((int)cfg->dtype) || !rn_dtype_valid((int)cfg->param_dtype) ||
       (cfg->param_dtype != RMSNORM_F32 && cfg->param_dtype != cfg->dtype))
     return RMSNORM_ERROR_BAD_DTYPE;
-  if ((cfg->flags & ~(unsigned)RN_KNOWN_FLAGS) || (cfg->flags & refused) ||
+  if ((cfg->flags & ~(unsigned)(RN_KNOWN_FLAGS | own)) || (cfg->flags & refused) ||
       (norm == RN_LAYERNORM && (cfg->flags & RMSNORM_FLAG_EPS_OUTSIDE)))
     return RMSNORM_ERROR_BAD_FLAGS;
   if (!(cfg->eps >= 0 && cfg->eps <= DBL_MAX)) return RMSNORM_ERROR_BAD_EPS;
   if (!(cfg->partial > 0 && cfg->partial <= 1) || (norm == RN_LAYERNORM && cfg->partial != 1))
     return RMSNORM_ERROR_BAD_PARTIAL;
   return RMSNORM_OK;
+}
+
+/* rn_check_config_own for the operations without flags of their own. */
+static inline rmsnorm_status rn_check_config(const rmsnorm_config *user, rmsnorm_config *out,
+                                             rn_norm norm, unsigned refused) {
+  return rn_check_config_own(user, out, norm, refused, 0);
 }
 
 /* A buffer as the set of bytes a call touches, for the overlap checks: rows

@@ -43,16 +43,19 @@
  *   (1/s), or y_j / s outside 2^-126 <= s <= 2^126, 0 when s = 0; int8
  *   round half even, e4m3 as above (rn_quant_t_mode and codes, quant.h).
  *
- * NaN and Inf. NaNs are left out of every amax/max (as the per-row quant
- * output does; ggml's Q8_K and MXFP4 do the same; gguf-py's NaN max gives a
- * NaN Q8_0 d and an MXFP4 e of 0 instead) and coded 0 in the integer
- * and E2M1 formats, e4m3 NaN (0x7f | sign) in the e4m3 ones. An infinity
- * makes amax infinite: Q8_0 d = fp16 inf and q = 0 (ggml, gguf-py); Q8_K d =
- * 1/iscale = -+inf, q = 0, bsums 0; MXFP4 and MXFP8 scale byte 0xFF (the
- * E8M0 NaN: E8M0 has no infinity), MXFP4 codes 0, MXFP8 codes 0 and the
- * infinities e4m3 NaN with their sign; per group s = inf and the per-row
- * rule's codes. */
+ * NaN and Inf: a block (or group) that dequantizes to NaN throughout. A
+ * NaN makes the block's scale NaN and every code 0: Q8_0 d = fp16 NaN
+ * (0x7e00), Q8_K d = NaN with bsums 0, MXFP4 and MXFP8 scale byte 0xFF (the
+ * E8M0 NaN), a group's s = NaN (gguf-py's NaN max gives a NaN Q8_0 d too; its
+ * codes are then undefined). Without a NaN, an infinity makes amax infinite:
+ * Q8_0 d = fp16 inf and q = 0 (ggml, gguf-py); Q8_K d = 1/iscale = -+inf,
+ * q = 0, bsums 0; MXFP4 and MXFP8 scale byte 0xFF (E8M0 has no infinity),
+ * MXFP4 codes 0, MXFP8 codes 0 and the infinities e4m3 NaN with their sign;
+ * per group s = inf and the per-row rule's codes (t = y / inf: 0, or NaN for
+ * the infinities). The SIMD encoders never see a NaN: the kernels send every
+ * row that can hold one to these (kernels.h, rn_quant_args.nan_rows). */
 #include <assert.h>
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -61,12 +64,13 @@
 #include "numerics/convert.h"
 #include "numerics/quant.h"
 
-/* Max |y_j| over the non-NaN y_j of y[0..n): +inf when one is infinite. */
+/* Max |y_j| over y[0..n): +inf when one is infinite, NaN when one is NaN. */
 static float amax_f32(const float *y, size_t n) {
   float amax = 0.0f;
   for (size_t j = 0; j < n; j++) {
     float a = fabsf(y[j]);
-    if (a > amax) amax = a; /* false for NaN */
+    if (a != a) return a;
+    if (a > amax) amax = a;
   }
   return amax;
 }
@@ -86,10 +90,10 @@ void rn_ref_q8_0(const float *y, size_t n, unsigned char *blocks) {
     unsigned char *o = blocks + b * RN_Q8_0_BYTES;    /* o: fp16 d, int8 qs[32] */
     float d = amax_f32(x, RN_Q8_0_BLOCK) / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    uint16_t dh = rn_f32_to_f16(d);
+    uint16_t dh = rn_f32_to_f16(isnan(d) ? NAN : d); /* 0x7e00 for any NaN */
     memcpy(o, &dh, sizeof dh);
     for (size_t j = 0; j < RN_Q8_0_BLOCK; j++) {
-      int8_t q = isinf(id) ? 0 : q8_0_code(x[j] * id);
+      int8_t q = isinf(id) || isnan(id) ? 0 : q8_0_code(x[j] * id);
       memcpy(o + 2 + j, &q, 1);
     }
   }
@@ -111,7 +115,9 @@ void rn_ref_q8_k(const float *y, size_t n, unsigned char *blocks) {
     int8_t q[RN_Q8_K_BLOCK] = {0};
     int16_t bsums[RN_Q8_K_BLOCK / 16] = {0};
     float d = 0.0f;
-    if (amax != 0.0f) {
+    if (isnan(amax_f32(x, RN_Q8_K_BLOCK))) {
+      d = NAN;
+    } else if (amax != 0.0f) {
       float iscale = -127.0f / max;
       if (isfinite(iscale))
         for (size_t j = 0; j < RN_Q8_K_BLOCK; j++) {
@@ -132,8 +138,8 @@ void rn_ref_q8_k(const float *y, size_t n, unsigned char *blocks) {
 }
 
 uint8_t rn_mxfp4_e8m0(float amax) {
+  if (isnan(amax) || isinf(amax)) return 0xFF;
   if (!(amax > 0.0f)) return 0;
-  if (isinf(amax)) return 0xFF;
   /* log2 rounded to fp32 first, as log2f and numpy's float32 log2 give it
    * (the double log2 rounded once to float is the correctly rounded value
    * those agree with), then floored: just below 2^k it may be k. */
@@ -169,7 +175,7 @@ void rn_ref_mxfp4(const float *y, size_t n, unsigned char *blocks) {
     unsigned char *o = blocks + b * RN_MXFP4_BYTES; /* o: E8M0 e, 16 bytes of nibbles */
     float amax = amax_f32(x, RN_MX_BLOCK);
     o[0] = rn_mxfp4_e8m0(amax);
-    if (isinf(amax)) {
+    if (!(amax <= FLT_MAX)) { /* inf or NaN: scale byte 0xFF, codes 0 */
       memset(o + 1, 0, RN_MX_BLOCK / 2);
       continue;
     }
@@ -180,8 +186,8 @@ void rn_ref_mxfp4(const float *y, size_t n, unsigned char *blocks) {
 }
 
 uint8_t rn_mxfp8_e8m0(float amax) {
+  if (isnan(amax) || isinf(amax)) return 0xFF;
   if (!(amax > 0.0f)) return 0;
-  if (isinf(amax)) return 0xFF;
   int k = ilogbf(amax) - 8; /* exact floor(log2(amax)), subnormals too */
   return (uint8_t)(k < -127 ? 0 : k + 127);
 }
@@ -195,7 +201,9 @@ void rn_ref_mxfp8(const float *y, size_t n, unsigned char *codes, unsigned char 
     uint8_t e = rn_mxfp8_e8m0(amax);
     scales[b] = e;
     for (size_t j = 0; j < RN_MX_BLOCK; j++) {
-      if (isinf(amax)) /* finite -> 0, +-inf -> NaN with its sign */
+      if (isnan(amax)) /* a NaN: codes 0 */
+        c[j] = 0;
+      else if (isinf(amax)) /* finite -> 0, +-inf -> NaN with its sign */
         c[j] = isinf(x[j]) ? (unsigned char)(signbit(x[j]) ? 0xff : 0x7f)
                            : (unsigned char)(isnan(x[j]) ? rn_e4m3_code(x[j]) : 0);
       else /* y / 2^k: exact (a power of two, no overflow, underflow far below e4m3) */

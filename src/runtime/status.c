@@ -19,6 +19,8 @@ const char *rmsnorm_status_name(rmsnorm_status status) {
     case RMSNORM_ERROR_BAD_ARGUMENT: return "RMSNORM_ERROR_BAD_ARGUMENT";
     case RMSNORM_ERROR_NOT_AVAILABLE: return "RMSNORM_ERROR_NOT_AVAILABLE";
     case RMSNORM_ERROR_BAD_CONFIG: return "RMSNORM_ERROR_BAD_CONFIG";
+    case RMSNORM_ERROR_OUT_OF_RANGE: return "RMSNORM_ERROR_OUT_OF_RANGE";
+    case RMSNORM_ERROR_BAD_ROPE: return "RMSNORM_ERROR_BAD_ROPE";
   }
   return "unknown status";
 }
@@ -44,6 +46,11 @@ const char *rmsnorm_status_message(rmsnorm_status status) {
     case RMSNORM_ERROR_BAD_CONFIG:
       return "the config was not filled by rmsnorm_config_init, or sets fields this library "
              "version does not know";
+    case RMSNORM_ERROR_OUT_OF_RANGE:
+      return "a position or cache slot outside its table or cache";
+    case RMSNORM_ERROR_BAD_ROPE:
+      return "invalid rotation: unknown style or norm mode, rotary_dim odd or above head_dim, "
+             "theta <= 1 or linear factor <= 0";
   }
   return "unknown status";
 }

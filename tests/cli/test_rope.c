@@ -1,8 +1,9 @@
 /* test_rope.c - the qk-rope command: Y (and rstd) bit for bit as
  * rmsnorm_qk_norm_rope_forward gives them, near a long double oracle written
- * here from the textbook formulas (normalize each head, then rotate its
- * pairs by angle = position * theta^(-2i/R) / F), for a table built by the
- * command and one given with --cos-sin; in place; no tokens; its errors. */
+ * here from the textbook formulas (normalize each head, or with
+ * --across-heads each token's heads together, then rotate its pairs by
+ * angle = position * theta^(-2i/R) / F), for a table built by the command
+ * and one given with --cos-sin; in place; no tokens; its errors. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,31 +20,38 @@ typedef struct rcase {
   double theta, factor; /* 0: not given */
   int table;        /* --cos-sin from a file */
   int stats;
+  int across;       /* --across-heads: 1 with a (heads*head_dim,) weight, 2 (heads, head_dim) */
 } rcase;
 
 static const rcase cases[] = {
-  {{0, -1, 0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0},
-  {{0, 0.25, 0, 0, 0}, 1, 0, 0, 3, 0, 0, 0, 1},
-  {{0, 0.01, 0, 1, 0}, 2, 1, 0, 0, 500, 0, 0, 1},
-  {{0, -1, 0, 0, 0}, 2, 0, 4, 7, 1e6, 8, 0, 1},
-  {{0, 0.25, 0, 1, 0}, 1, 1, 6, 2, 0, 0, 1, 1},
-  {{0, -1, 0, 0, 0}, 0, 0, 8, 0, 0, 0, 1, 0},
+  {{0, -1, 0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+  {{0, 0.25, 0, 0, 0}, 1, 0, 0, 3, 0, 0, 0, 1, 0},
+  {{0, 0.01, 0, 1, 0}, 2, 1, 0, 0, 500, 0, 0, 1, 0},
+  {{0, -1, 0, 0, 0}, 2, 0, 4, 7, 1e6, 8, 0, 1, 0},
+  {{0, 0.25, 0, 1, 0}, 1, 1, 6, 2, 0, 0, 1, 1, 0},
+  {{0, -1, 0, 0, 0}, 0, 0, 8, 0, 0, 0, 1, 0, 0},
+  {{0, 0.25, 0, 0, 0}, 1, 0, 0, 3, 0, 0, 0, 1, 1},
+  {{0, 0.01, 0, 1, 0}, 2, 1, 6, 0, 500, 0, 0, 1, 2},
+  {{0, -1, 0, 0, 0}, 0, 0, 0, 1, 0, 0, 1, 1, 1},
 };
 
-/* The oracle of one head's row: n = x r w, then the pairs rotated. */
-static void oracle_row(const double *x, const ld *w, size_t hd, size_t rot, int gptj, ld eps,
-                       ld pos, ld theta, ld factor, ld *y, ld *r) {
+/* The oracle of nh heads' rows normalized together (one head: its own
+ * row): n = x r w over the nh * hd values, then each head's pairs rotated. */
+static void oracle_row(const double *x, const ld *w, size_t nh, size_t hd, size_t rot, int gptj,
+                       ld eps, ld pos, ld theta, ld factor, ld *y, ld *r) {
   ld ss = 0;
-  for (size_t j = 0; j < hd; j++) ss += (ld)x[j] * x[j];
-  *r = 1 / sqrtl(ss / hd + eps);
-  ld *n = malloc(hd * sizeof *n);
-  for (size_t j = 0; j < hd; j++) n[j] = x[j] * *r * w[j], y[j] = n[j];
-  for (size_t i = 0; i < rot / 2; i++) {
-    ld ang = pos / factor * powl(theta, -(ld)(2 * i) / rot);
-    size_t a = gptj ? 2 * i : i, b = gptj ? 2 * i + 1 : i + rot / 2;
-    y[a] = n[a] * cosl(ang) - n[b] * sinl(ang);
-    y[b] = n[b] * cosl(ang) + n[a] * sinl(ang);
-  }
+  size_t n_all = nh * hd;
+  for (size_t j = 0; j < n_all; j++) ss += (ld)x[j] * x[j];
+  *r = 1 / sqrtl(ss / n_all + eps);
+  ld *n = malloc(n_all * sizeof *n);
+  for (size_t j = 0; j < n_all; j++) n[j] = x[j] * *r * w[j], y[j] = n[j];
+  for (size_t h = 0; h < nh; h++)
+    for (size_t i = 0; i < rot / 2; i++) {
+      ld ang = pos / factor * powl(theta, -(ld)(2 * i) / rot);
+      size_t a = h * hd + (gptj ? 2 * i : i), b = h * hd + (gptj ? 2 * i + 1 : i + rot / 2);
+      y[a] = n[a] * cosl(ang) - n[b] * sinl(ang);
+      y[b] = n[b] * cosl(ang) + n[a] * sinl(ang);
+    }
   free(n);
 }
 
@@ -55,11 +63,18 @@ static void run_case(const rcase *c, tdt dt) {
   double theta = c->theta ? c->theta : 10000, factor = c->factor ? c->factor : 1;
   tdt pdt = c->weight == 2 ? TF32 : dt, tt = dt == TF64 ? TF64 : TF32;
   char label[200];
-  snprintf(label, sizeof label, "qk-rope %s eps=%g%s w=%d %s rot=%zu start=%zu theta=%g F=%g%s",
+  snprintf(label, sizeof label, "qk-rope %s eps=%g%s w=%d %s rot=%zu start=%zu theta=%g F=%g%s%s",
            tdt_name[dt], c->o.eps, c->o.offset ? " offset" : "", c->weight,
-           c->gptj ? "gptj" : "neox", rot, c->start, theta, factor, c->table ? " table" : "");
+           c->gptj ? "gptj" : "neox", rot, c->start, theta, factor, c->table ? " table" : "",
+           c->across ? " across-heads" : "");
   arr x = npy_fixture("x.npy", dt, 4, shape, FILL_DATA);
-  arr w = npy_fixture("w.npy", pdt, 1, shape + 3, c->o.offset ? FILL_OFFSET_GAIN : FILL_GAIN);
+  /* the gain: (head_dim,), or across heads (heads*head_dim,) or (heads, head_dim) */
+  size_t flat = heads * hd, nh = c->across ? heads : 1, nstat = c->across ? tokens : rows;
+  arr w = c->across == 1 ? npy_fixture("w.npy", pdt, 1, &flat,
+                                       c->o.offset ? FILL_OFFSET_GAIN : FILL_GAIN)
+                         : npy_fixture("w.npy", pdt, c->across ? 2 : 1,
+                                       c->across ? shape + 2 : shape + 3,
+                                       c->o.offset ? FILL_OFFSET_GAIN : FILL_GAIN);
   /* the table the command would build, through the library (bit for bit),
    * written as a file for --cos-sin */
   size_t tshape[2] = {npos, rot};
@@ -87,6 +102,7 @@ static void run_case(const rcase *c, tdt dt) {
                  args[n++] = "--linear-factor", args[n++] = factor_text;
   if (c->table) args[n++] = "--cos-sin", args[n++] = "t.npy";
   if (c->stats) args[n++] = "--rstd", args[n++] = "rstd.npy";
+  if (c->across) args[n++] = "--across-heads";
   norm_opts_args(&c->o, dt, args, n, &opt_text);
   if (!run_ok(label, args)) goto done;
 
@@ -103,6 +119,7 @@ static void run_case(const rcase *c, tdt dt) {
   rope.cos_sin = tab.bytes;
   rope.n_positions = npos;
   rope.positions = pos;
+  rope.norm = c->across ? RMSNORM_ROPE_NORM_TOKEN : RMSNORM_ROPE_NORM_HEAD;
   size_t es = tdt_size[dt];
   unsigned char *ly = calloc(x.n, es), *lr = calloc(rows, 8);
   st = rmsnorm_qk_norm_rope_forward(ctx, &cfg, tokens, heads, hd, x.bytes, heads * hd, hd,
@@ -112,25 +129,25 @@ static void run_case(const rcase *c, tdt dt) {
   tu_check(st == RMSNORM_OK, "%s: library: %s", label, rmsnorm_status_name(st));
 
   oracle_cfg oc = norm_opts_oracle(&c->o, dt, 0);
-  ld *oy = calloc(x.n, sizeof(ld)), *orr = calloc(rows, sizeof(ld)), wr[8];
-  for (size_t j = 0; j < hd; j++) wr[j] = c->weight ? (c->o.offset ? 1 : 0) + (ld)w.v[j] : 1;
-  for (size_t i = 0; i < rows; i++)
-    oracle_row(x.v + i * hd, wr, hd, rot, c->gptj, oc.eps, (ld)pos[i / heads], theta, factor,
-               oy + i * hd, orr + i);
+  ld *oy = calloc(x.n, sizeof(ld)), *orr = calloc(rows, sizeof(ld)), wr[32];
+  for (size_t j = 0; j < nh * hd; j++) wr[j] = c->weight ? (c->o.offset ? 1 : 0) + (ld)w.v[j] : 1;
+  for (size_t i = 0; i < nstat; i++) /* a head's row, or a token's */
+    oracle_row(x.v + i * nh * hd, wr, nh, hd, rot, c->gptj, oc.eps,
+               (ld)pos[c->across ? i : i / heads], theta, factor, oy + i * nh * hd, orr + i);
   arr got;
   if (read_npy("out.npy", dt, 4, shape, &got)) {
     tu_check(!memcmp(got.bytes, ly, x.n * es), "%s: y differs from the library", label);
     close_all(label, &got, oy, x.n, 2 * tol_of(dt));
     arr_free(&got);
   }
-  if (c->stats && read_npy("rstd.npy", TF32, 3, shape, &got)) {
-    for (size_t i = 0; i < rows; i++) {
+  if (c->stats && read_npy("rstd.npy", TF32, c->across ? 2 : 3, shape, &got)) {
+    for (size_t i = 0; i < nstat; i++) {
       float want = dt == TF64 ? (float)((const double *)(const void *)lr)[i]
                               : ((const float *)(const void *)lr)[i];
       tu_check(!memcmp(&want, got.bytes + 4 * i, 4), "%s: rstd[%zu] differs from the library",
                label, i);
     }
-    close_all(label, &got, orr, rows, 1e-5);
+    close_all(label, &got, orr, nstat, 1e-5);
     arr_free(&got);
   }
   free(ly), free(lr), free(oy), free(orr);
@@ -160,6 +177,8 @@ static const ecase errors[] = {
   {1, "=x1.npy: qk-rope needs (..., heads, head_dim), got 1 axes", {"qk-rope", "x1.npy", "-o", "out.npy"}},
   {1, "=x.npy: --rotary-dim 10 must be even and at most head_dim 8", {"qk-rope", "x.npy", "-o", "out.npy", "--rotary-dim", "10"}},
   {1, "=w4.npy: weight shape (4,) does not match normalized shape (8,)", {"qk-rope", "x.npy", "-o", "out.npy", "--weight", "w4.npy"}},
+  {1, "=w4.npy: weight shape (4,) does not match normalized shape (2, 8)", {"qk-rope", "x.npy", "-o", "out.npy", "--weight", "w4.npy", "--across-heads"}},
+  {2, "qk-rope: option '--across-heads=1' takes no value", {"qk-rope", "x.npy", "-o", "out.npy", "--across-heads=1"}},
   {1, "=t.npy: table shape (4, 8) must be (positions, 6): the rotary dim", {"qk-rope", "x.npy", "-o", "out.npy", "--cos-sin", "t.npy", "--rotary-dim", "6"}},
   {1, "=t64.npy: table dtype '<f8' must be '<f4' for '<f4' data", {"qk-rope", "x.npy", "-o", "out.npy", "--cos-sin", "t64.npy"}},
   {1, "=t.npy: positions up to 4 need 5 rows; the table has 4", {"qk-rope", "x.npy", "-o", "out.npy", "--cos-sin", "t.npy", "--start", "2"}},
