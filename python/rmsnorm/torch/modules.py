@@ -144,7 +144,35 @@ def hf_olmo2_rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor,
     return (weight * h).to(input_dtype)
 
 
-class LlamaRMSNorm(nn.Module):
+class _HFNorm(nn.Module):
+    """What the modules for transformers' norms share: a weight of hidden_size (started at
+    `_start`: ones, zeros for Gemma's 1 + w), its eps in `_eps_name` (transformers' name for
+    it), and exact_hf."""
+
+    _start = 1.0
+    _eps_name = "variance_epsilon"
+
+    def __init__(self, hidden_size: int, eps: float, exact_hf: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((hidden_size,), self._start))
+        setattr(self, self._eps_name, eps)
+        self.exact_hf = exact_hf
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.weight, self._start)
+
+    def _weight(self) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            return self.weight
+        else:
+            return _param(self, "weight")
+
+    def extra_repr(self) -> str:
+        hf = ", exact_hf=True" if self.exact_hf else ""
+        return f"{tuple(self.weight.shape)}, eps={getattr(self, self._eps_name)}{hf}"
+
+
+class LlamaRMSNorm(_HFNorm):
     """transformers' LlamaRMSNorm (also Mistral's, Qwen2/3's, OLMoE's, ...): weight starts
     at ones, attribute variance_epsilon. Numerics: normalize in float32, round to the input
     dtype, then multiply by the weight (HF's order; round_before_weight); a weight of
@@ -155,19 +183,10 @@ class LlamaRMSNorm(nn.Module):
     computes as HF does, with torch's own ops: the same bits as transformers' module."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, *, exact_hf: bool = False) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-        self.exact_hf = exact_hf
-
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
+        super().__init__(hidden_size, eps, exact_hf)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if torch.jit.is_scripting():
-            weight = self.weight
-        else:
-            weight = _param(self, "weight")
+        weight = self._weight()
         if self.exact_hf:
             return hf_rms_norm(hidden_states, weight, self.variance_epsilon)
         if weight.dtype == hidden_states.dtype:
@@ -175,67 +194,42 @@ class LlamaRMSNorm(nn.Module):
         # HF's `weight * normalized.to(input_dtype)` promotes: keep its dtype rules.
         return weight * _rms(hidden_states, None, self.variance_epsilon)
 
-    def extra_repr(self) -> str:
-        hf = ", exact_hf=True" if self.exact_hf else ""
-        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}{hf}"
 
-
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(_HFNorm):
     """transformers' GemmaRMSNorm (Gemma 1-3; Qwen3-Next's RMSNorm is the same): weight
     starts at zeros, attribute eps; y = x * rstd * (1 + weight) computed in float32 (the
     weight read in float32 whatever its dtype) and rounded once to the input dtype
     (offset=True). exact_hf=True: hf_gemma_rms_norm, transformers' bits."""
 
-    def __init__(self, dim: int, eps: float = 1e-6, *, exact_hf: bool = False) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.exact_hf = exact_hf
+    _start = 0.0
+    _eps_name = "eps"
 
-    def reset_parameters(self) -> None:
-        nn.init.zeros_(self.weight)
+    def __init__(self, dim: int, eps: float = 1e-6, *, exact_hf: bool = False) -> None:
+        super().__init__(dim, eps, exact_hf)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.jit.is_scripting():
-            weight = self.weight
-        else:
-            weight = _param(self, "weight")
+        weight = self._weight()
         if self.exact_hf:
             return hf_gemma_rms_norm(x, weight, self.eps)
         return _rms(x, weight, self.eps, offset=True)
 
-    def extra_repr(self) -> str:
-        hf = ", exact_hf=True" if self.exact_hf else ""
-        return f"{tuple(self.weight.shape)}, eps={self.eps}{hf}"
 
-
-class Olmo2RMSNorm(nn.Module):
-    """transformers' Olmo2RMSNorm: weight starts at ones, attribute variance_epsilon;
-    y = (weight * x * rstd) computed in float32 and rounded once to the input dtype (unlike
-    Llama's, which rounds before the weight). exact_hf=True: hf_olmo2_rms_norm."""
+class Olmo2RMSNorm(_HFNorm):
+    """transformers' Olmo2RMSNorm (NemotronH's computes the same): weight starts at ones,
+    attribute variance_epsilon; y = (weight * x * rstd) computed in float32 and rounded once
+    to the input dtype (unlike Llama's, which rounds before the weight). exact_hf=True:
+    hf_olmo2_rms_norm."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, *, exact_hf: bool = False) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-        self.exact_hf = exact_hf
-
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
+        super().__init__(hidden_size, eps, exact_hf)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if torch.jit.is_scripting():
-            weight = self.weight
-        else:
-            weight = _param(self, "weight")
-        if self.exact_hf or (weight.dtype == torch.float64 and hidden_states.dtype != torch.float64):
-            # (a float64 weight promotes transformers' product to float64: its steps)
+        weight = self._weight()
+        # (a float64 weight promotes transformers' product to float64: its steps)
+        wide = weight.dtype == torch.float64 and hidden_states.dtype != torch.float64
+        if self.exact_hf or wide:
             return hf_olmo2_rms_norm(hidden_states, weight, self.variance_epsilon)
         return _rms(hidden_states, weight, self.variance_epsilon)
-
-    def extra_repr(self) -> str:
-        hf = ", exact_hf=True" if self.exact_hf else ""
-        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}{hf}"
 
 
 # ---- gated norms ------------------------------------------------------------------------
