@@ -33,6 +33,7 @@ fuzz: $(FUZZ_BUILD)/fuzz_npy
 # Each corpus input run once (-runs=0) under libFuzzer + ASan + UBSan; skipped
 # with a note where the compiler cannot build libFuzzer targets.
 test-cli-fuzz:
+	$(call stage_begin,test-cli-fuzz)
 	@mkdir -p $(FUZZ_BUILD)
 	@if printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
 	    > $(FUZZ_BUILD)/probe.c && \
@@ -42,6 +43,7 @@ test-cli-fuzz:
 	else \
 	  echo "test-cli-fuzz: skipped ($(FUZZ_CC) cannot build libFuzzer targets; ctest replays the corpus)"; \
 	fi
+	$(call stage_end,test-cli-fuzz)
 
 EXTRA_TESTS += test-cli-fuzz
 
@@ -49,10 +51,12 @@ EXTRA_TESTS += test-cli-fuzz
 # and through a pipe, JOBS at a time; any memcheck error (or a definite leak)
 # fails. Skipped with a note where valgrind is missing (.ci/run installs it).
 test-cli-valgrind: build
+	$(call stage_begin,test-cli-valgrind)
 	@if command -v valgrind >/dev/null 2>&1; then \
 	  sh tests/cli/valgrind_corpus.sh $(BUILD)/tools/rmsnorm $(FUZZ_CORPUS) $(JOBS); \
 	else \
 	  echo "test-cli-valgrind: skipped (no valgrind; .ci/run installs it)"; \
 	fi
+	$(call stage_end,test-cli-valgrind)
 
 EXTRA_TESTS += test-cli-valgrind

@@ -7,7 +7,9 @@ DOCS_PYTHON ?= python3
 .PHONY: test-docs
 
 test-docs:
+	$(call stage_begin,test-docs)
 	$(DOCS_PYTHON) tests/docs/test_check_docs.py
 	$(DOCS_PYTHON) tests/docs/check_docs.py
+	$(call stage_end,test-docs)
 
 EXTRA_TESTS += test-docs

@@ -26,7 +26,7 @@ TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: test-python bench-python python-install clean-python
+.PHONY: test-python check-python bench-python python-install clean-python
 
 # Debian's own python3 needs python3-venv for `-m venv`: installed when root.
 $(VENV_PY):
@@ -39,15 +39,21 @@ $(VENV_PY):
 
 # pip skips what is already installed, so this only downloads what is missing.
 $(PY_DEPS_STAMP): $(PY_REQUIREMENTS) | $(VENV_PY)
+	$(call stage_begin,python-deps)
 	$(if $(TORCH_INDEX_URL),$(PIP) install --progress-bar off --index-url $(TORCH_INDEX_URL) torch)
 	$(PIP) install --progress-bar off -r $(PY_REQUIREMENTS)
 	touch $@
+	$(call stage_end,python-deps)
 
 # The README's command (pip builds in isolation, fetching scikit-build-core and
-# numpy). The build folder python/build/ is kept, so a change rebuilds incrementally.
-$(PY_PKG_STAMP): $(PY_DEPS_STAMP) $(PY_PKG_SOURCES)
+# numpy). The build folder python/build/ is kept, so a change rebuilds
+# incrementally; after the Release build, whose library the package takes
+# (python/CMakeLists.txt) rather than compiling its own.
+$(PY_PKG_STAMP): $(PY_DEPS_STAMP) $(PY_PKG_SOURCES) | build
+	$(call stage_begin,python-install)
 	$(PIP) install --progress-bar off ./python
 	touch $@
+	$(call stage_end,python-install)
 
 python-install: $(PY_PKG_STAMP)
 
@@ -56,9 +62,27 @@ python-install: $(PY_PKG_STAMP)
 # The C block encoders' bytes against gguf-py and the numpy transcriptions
 # run here too, with the venv's gguf and ml_dtypes (ctest's own python may lack them).
 test-python: $(PY_PKG_STAMP) build
+	$(call stage_begin,test-python)
 	$(PY_RUN) -m rmsnorm._torch_build
 	$(PY_RUN) -m pytest python/tests $(PYTEST_ARGS)
 	$(VENV_PY) tests/blocks/check_blocks_oracle.py $(BUILD)/tests/blocks_tool
+	$(call stage_end,test-python)
+
+# `make check`'s Python part: the tests of the core ops, numpy and torch,
+# against the Release build's library (LD_LIBRARY_PATH goes before the
+# package's RUNPATH), so that a change in src/ needs no reinstall; the
+# package is reinstalled when its own sources or the public header change.
+PY_CHECK_TESTS ?= python/tests/test_numpy.py python/tests/test_ops.py python/tests/test_errors.py
+PY_CHECK_STAMP := $(VENV)/.rmsnorm-package-check.stamp
+PY_CHECK_SOURCES := $(filter-out src/%,$(PY_PKG_SOURCES))
+
+$(PY_CHECK_STAMP): $(PY_DEPS_STAMP) $(PY_CHECK_SOURCES) | build
+	$(PIP) install --progress-bar off ./python
+	touch $@
+
+check-python: $(PY_CHECK_STAMP) build
+	LD_LIBRARY_PATH=$(abspath $(BUILD))$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} \
+	  $(PY_RUN) -m pytest -q $(PY_CHECK_TESTS) $(PYTEST_ARGS)
 
 # The benchmark's peers beyond the tests' (onnxruntime, and onnx to build its model).
 $(PY_BENCH_STAMP): $(PY_BENCH_REQUIREMENTS) $(PY_DEPS_STAMP)
@@ -69,7 +93,7 @@ bench-python: $(PY_PKG_STAMP) $(PY_BENCH_STAMP)
 	$(PY_RUN) bench/python/bench.py $(BENCH_ARGS)
 
 clean-python:
-	rm -rf python/build $(PY_PKG_STAMP)
+	rm -rf python/build $(PY_PKG_STAMP) $(PY_CHECK_STAMP)
 
 EXTRA_TESTS += test-python
 

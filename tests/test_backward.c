@@ -160,8 +160,8 @@ static void test_variant_grid(void) {
                 if (ln && (epsk == 2 || part)) continue;
                 for (size_t d = 1; d <= 71; d++) {
                   n++;
-                  /* emulated: 70 rows (two chunks of 64) only for d <= 9 */
-                  size_t rows = n % 2 ? 3 : tu_emulated() && d > 9 ? 6 : 70;
+                  /* reduced: 70 rows (two chunks of 64) only for d <= 9 */
+                  size_t rows = n % 2 ? 3 : tu_reduced() && d > 9 ? 6 : 70;
                   bcase c = {(rmsnorm_dtype)dt, pdt, ln, rows, d == 71 ? 127 : d, 0, 0, 0,
                              weight, weight && n % 3 != 0, n % 4 != 1,
                              epsk == 1 ? 0.0 : 1e-5, epsk == 2, part ? 0.37 : 1.0, saved,
@@ -181,12 +181,12 @@ static void test_model_sizes(void) {
       for (size_t s = 0; s < 3; s++)
         for (int v = 0; v < 2; v++) {
           size_t d = sizes[s];
-          bcase c = {(rmsnorm_dtype)dt, RMSNORM_F32, ln, tu_emulated() ? 7 : 130, d, d, d + 1, d, 1, 1, 1, 1e-6,
+          bcase c = {(rmsnorm_dtype)dt, RMSNORM_F32, ln, tu_reduced() ? 7 : 130, d, d, d + 1, d, 1, 1, 1, 1e-6,
                      v && !ln, v && !ln ? 0.5 : 1.0, v, 0, 0, 1.0};
           run_case(&c, NULL);
         }
   /* one long row, fp32 */
-  size_t long_d = tu_emulated() ? 1u << 18 : 1u << 20;
+  size_t long_d = tu_reduced() ? 1u << 18 : 1u << 20;
   bcase c = {RMSNORM_F32, RMSNORM_F32, 0, 1, long_d, long_d, long_d, long_d, 1, 1, 1,
              1e-5, 0, 1.0, 0, 0, 0, 2.0};
   run_case(&c, NULL);
@@ -256,8 +256,8 @@ static void test_eps_edges(void) {
 static void test_bounded_scratch(void) {
   const size_t d = 256;
   for (int dt = 0; dt < 4; dt++) {
-    /* (emulated: 4200 rows, still past 64 chunks of 64) */
-    bcase c = {(rmsnorm_dtype)dt, RMSNORM_F32, dt == 3, tu_emulated() ? 4200 : 20000, d, d, d, d,
+    /* (reduced: 4200 rows, still past 64 chunks of 64) */
+    bcase c = {(rmsnorm_dtype)dt, RMSNORM_F32, dt == 3, tu_reduced() ? 4200 : 20000, d, d, d, d,
                1, 1, 1, 1e-5, 0, 1.0, 0, 0, 0, 1.0};
     run_case(&c, NULL);
   }
@@ -270,8 +270,8 @@ static void test_bounded_scratch(void) {
   size_t bound = 2 * (64 + (size_t)threads) * d * 8 + 2 * d * 8 + 4096, held[2] = {0, 0};
   uint16_t *dw1 = malloc(d * 2), *dw2 = malloc(d * 2), *db = malloc(d * 2);
   for (int k = 0; k < 2; k++) {
-    /* 79 and 625 chunks of 64 rows (emulated: 79 and 141) */
-    size_t rows = k ? (tu_emulated() ? 9000 : 40000) : 5000;
+    /* 79 and 625 chunks of 64 rows (reduced: 79 and 141) */
+    size_t rows = k ? (tu_reduced() ? 9000 : 40000) : 5000;
     tu_tensor x = tu_alloc(RMSNORM_BF16, rows, d, d), dy = tu_alloc(RMSNORM_BF16, rows, d, d);
     tu_tensor dx = tu_alloc(RMSNORM_BF16, rows, d, d), w = tu_alloc(RMSNORM_BF16, 1, d, d);
     for (size_t i = 0; i < rows * d; i++) {

@@ -177,7 +177,7 @@ static void test_variant_grid(void) {
                     n++;
                     /* a third of the cases: whole groups of short rows (their
                      * statistics are taken together) and a partial one */
-                    size_t rows = n % 3 ? 3 : tu_emulated() ? 9 : 19;
+                    size_t rows = n % 3 ? 3 : tu_reduced() ? 9 : 19;
                     fcase c = {(rmsnorm_dtype)dt, pdt, ln, rows, d == 71 ? sizes[0] : d, 0, 0,
                                weight, bias, epsk == 1 ? 0.0 : 1e-5, epsk == 2,
                                part ? 0.37 : 1.0, rf, n % 5 == 0, n % 7 == 3 ? 1e-3 : 1.0};
@@ -196,8 +196,8 @@ static void test_model_sizes(void) {
       for (size_t s = 0; s < 4; s++)
         for (int v = 0; v < 3; v++) {
           if (ln && v == 2) continue;
-          /* emulated: 65537 once per dtype */
-          if (tu_emulated() && s == 3 && (ln || v)) continue;
+          /* reduced: 65537 once per dtype */
+          if (tu_reduced() && s == 3 && (ln || v)) continue;
           fcase c = {(rmsnorm_dtype)dt, (rmsnorm_dtype)dt, ln, 2, sizes[s], sizes[s],
                      sizes[s] + 5, v, v == 1, 1e-6, v == 2, v == 2 ? 0.25 : 1.0,
                      0, 0, 1.0};
@@ -209,8 +209,8 @@ static void test_model_sizes(void) {
 static void test_long_rows(void) {
   for (int dt = 0; dt < 4; dt++)
     for (int ln = 0; ln < 2; ln++) {
-      if (tu_emulated() && dt != RMSNORM_F32) continue; /* emulated: fp32, 2^18 */
-      size_t d = tu_emulated() ? 1u << 18 : 1u << 20;
+      if (tu_reduced() && dt != RMSNORM_F32) continue; /* reduced: fp32, 2^18 */
+      size_t d = tu_reduced() ? 1u << 18 : 1u << 20;
       fcase c = {(rmsnorm_dtype)dt, RMSNORM_F32, ln, 1, d, d, d, 1, 0, 1e-5, 0, 1.0, 0, 0, 3.0};
       /* a mean far from zero makes LayerNorm's sums harder */
       double *xv = malloc(d * sizeof(double));

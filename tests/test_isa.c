@@ -190,7 +190,7 @@ int main(void) {
   }
   /* the reference also against itself across thread counts (natively: under
    * emulation the fast sets' runs on 1 and 3 threads suffice) */
-  if (!tu_emulated()) {
+  if (!tu_reduced()) {
     if (rmsnorm_context_create(&ctxs[nctx]) != RMSNORM_OK) return 2;
     rmsnorm_context_set_isa(ctxs[nctx++], RMSNORM_ISA_SCALAR);
   }
@@ -204,8 +204,8 @@ int main(void) {
         for (size_t si = 0; si < sizeof small / sizeof *small; si++)
           for (int v = 0; v < 4; v++, seed++) {
             size_t d = small[si];
-            /* emulated: the sizes past 129 with one variant each */
-            if (tu_emulated() && d > 129 && v != (int)(si % 4)) continue;
+            /* reduced: the sizes past 129 with one variant each */
+            if (tu_reduced() && d > 129 && v != (int)(si % 4)) continue;
             run_spec s = {(rmsnorm_dtype)dt, v & 1 ? RMSNORM_F32 : (rmsnorm_dtype)dt, ln, bw,
                           5, d, d + (v >= 2 ? 3 : 0), d + (v == 1 ? 1 : 0),
                           v != 3, v & 1, v != 2, v != 1, v & 2, v == 3, 0, 1e-5, 1.0, 0};
@@ -231,9 +231,9 @@ int main(void) {
                       : dt == RMSNORM_F64 && ln == bw ? 600
                       : half && !bw                   ? 2050
                                                       : 300;
-        /* emulated: streamed once (fp32 RMSNorm forward), the rest on fewer rows
+        /* reduced: streamed once (fp32 RMSNorm forward), the rest on fewer rows
          * (still split across threads) */
-        if (tu_emulated() && !(dt == RMSNORM_F32 && !ln && !bw)) rows = 70;
+        if (tu_reduced() && !(dt == RMSNORM_F32 && !ln && !bw)) rows = 70;
         run_spec s = {(rmsnorm_dtype)dt, RMSNORM_F32, ln, bw, rows, d, d, d + 1,
                       1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0, 0};
         compare(&s, seed);
@@ -246,7 +246,7 @@ int main(void) {
    * past 4 MiB, where their prefetches repeat */
   for (int dt = 0; dt < 4; dt++)
     for (int v = 0; v < 4; v++, seed++) {
-      if (tu_emulated() && (dt != RMSNORM_F32 || v)) continue; /* emulated: one */
+      if (tu_reduced() && (dt != RMSNORM_F32 || v)) continue; /* reduced: one */
       size_t d = v % 2 ? 4096 : 1088, es = dt == RMSNORM_F64 ? 8 : dt == RMSNORM_F32 ? 4 : 2;
       size_t rows = ((size_t)(es >= 4 ? 4 : 1) << 20) / (d * es) + 5 + (size_t)v;
       unsigned flags = v == 1 ? RMSNORM_FLAG_EPS_OUTSIDE
@@ -261,7 +261,7 @@ int main(void) {
    * bytes): row groups, and the prefetch of the next group */
   for (int ln = 0; ln < 2; ln++)
     for (int bw = 0; bw < 2; bw++, seed++) {
-      if (tu_emulated() && (ln || bw)) continue; /* emulated: the RMSNorm forward */
+      if (tu_reduced() && (ln || bw)) continue; /* reduced: the RMSNorm forward */
       run_spec s = {RMSNORM_F32, RMSNORM_F32, ln, bw, 42003, 101, 101, 101,
                     1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0, 0};
       compare(&s, seed);
@@ -273,7 +273,7 @@ int main(void) {
    * last row alone); the backward with a saved r whose rows 5 and 11 leave
    * the fast path (edge_rows) */
   for (int v = 0; v < 4; v++, seed++) {
-    if (tu_emulated()) continue; /* a path of line-sized vectors only */
+    if (tu_reduced()) continue; /* a path of line-sized vectors only */
     int f64 = v >> 1, bw = v & 1, inplace = v == 0 || v == 3;
     size_t rows = (((size_t)32 << 20) / ((bw ? 3 : 2) * 128 * (f64 ? 8 : 4)) + 1) | 1;
     edge_rows = bw;
@@ -286,7 +286,7 @@ int main(void) {
    * vector at every offset, and their partial vectors are joined), and
    * pRMSNorm, whose backward splits each row at k */
   for (int bw = 0; bw < 2; bw++, seed++) {
-    if (tu_emulated()) continue;
+    if (tu_reduced()) continue;
     run_spec h = {RMSNORM_BF16, RMSNORM_F32, 0, bw, 84003, 101, 101, 101,
                   1, 1, 1, 1, bw, 0, 0, 1e-6, 1.0, 0};
     compare(&h, seed);
@@ -301,7 +301,7 @@ int main(void) {
    * meet the other row's in the join (LayerNorm with bias, x at its own
    * stride; bf16); rows of 120 in 128 with pRMSNorm's split at k */
   for (int v = 0; v < 4; v++, seed++) {
-    if (tu_emulated() && v) continue; /* emulated: one */
+    if (tu_reduced() && v) continue; /* reduced: one */
     run_spec s = {v == 3 ? RMSNORM_BF16 : RMSNORM_F32, RMSNORM_F32, v == 1, 1, 9001 + (size_t)v,
                   v == 2 ? 120 : 128, v == 1 ? 131 : 128, 128, 1, v == 1, 1, v == 1, v != 2, 0,
                   0, 1e-6, v == 2 ? 0.4 : 1.0, v == 0 || v == 2};
@@ -314,7 +314,7 @@ int main(void) {
   edge_rows = 1;
   for (int dt = 0; dt < 4; dt++)
     for (int v = 0; v < 3; v++, seed++) {
-      if (tu_emulated() && (dt == RMSNORM_F16 || dt == RMSNORM_F64)) continue;
+      if (tu_reduced() && (dt == RMSNORM_F16 || dt == RMSNORM_F64)) continue;
       size_t rows = v == 2 && dt == RMSNORM_F32 ? 9001 : 43, d = v == 1 ? 33 : 128;
       run_spec s = {(rmsnorm_dtype)dt, RMSNORM_F32, 0, 1, rows, d, d, d, v != 1, 0, v != 1, 0,
                     1, 0, 0, 1e-6, v == 1 ? 0.6 : 1.0, 0};
@@ -325,7 +325,7 @@ int main(void) {
    * dbias reduction sums chunks in groups (work.h) */
   for (int dt = 0; dt < 4; dt++)
     for (int ln = 0; ln < 2; ln++, seed++) {
-      if (tu_emulated() && (dt == RMSNORM_F16 || dt == RMSNORM_F64)) continue;
+      if (tu_reduced() && (dt == RMSNORM_F16 || dt == RMSNORM_F64)) continue;
       run_spec s = {(rmsnorm_dtype)dt, dt % 2 ? RMSNORM_F32 : (rmsnorm_dtype)dt, ln, 1, 5000, 33,
                     35, 33, 1, 1, 1, 1, dt & 2, 0, dt == 1 ? RMSNORM_FLAG_ACCUMULATE : 0, 1e-5,
                     1.0, 0};
@@ -337,14 +337,14 @@ int main(void) {
     for (int ln = 0; ln < 2; ln++)
       for (int bw = 0; bw < 2; bw++, seed++) {
         size_t d = (dt == RMSNORM_F64 ? 150000 : dt == RMSNORM_F32 ? 300000 : 600000) + 3;
-        /* emulated: fp32, and the bf16 backward (the others take the same split) */
-        if (tu_emulated() && dt != RMSNORM_F32 && !(dt == RMSNORM_BF16 && ln && bw)) continue;
+        /* reduced: fp32, and the bf16 backward (the others take the same split) */
+        if (tu_reduced() && dt != RMSNORM_F32 && !(dt == RMSNORM_BF16 && ln && bw)) continue;
         run_spec s = {(rmsnorm_dtype)dt, RMSNORM_F32, ln, bw, 1 + (size_t)bw, d, d, d + 1,
                       1, 1, 1, 1, bw, 0, 0, 1e-6, ln ? 1.0 : 0.7, 0};
         compare(&s, seed);
       }
   compare_bf16_edges(6);
-  if (!tu_emulated()) compare_bf16_edges(56400); /* 16.0 MiB of outputs */
+  if (!tu_reduced()) compare_bf16_edges(56400); /* 16.0 MiB of outputs */
   for (int c = 0; c < nctx; c++) rmsnorm_context_free(ctxs[c]);
   rmsnorm_context_free(ref_ctx);
   return tu_finish("test_isa");

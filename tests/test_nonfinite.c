@@ -980,6 +980,9 @@ static void quant_case(const nf *c) {
 /* ---- the sweep ------------------------------------------------------------- */
 
 static void sweep(void) {
+  /* reduced (qemu, TSan): the long rows (d = 4096, past a block and a row
+   * group) with the NaN and the infinities of both signs in the middle only */
+  int reduced = tu_reduced();
   for (int dt = 0; dt < 4; dt++)
     for (size_t di = 0; di < NDIMS + 2; di++) {
       /* rope's head_dim is even; the block formats need multiples of 256 */
@@ -990,6 +993,7 @@ static void sweep(void) {
         if (pi && pos[pi] == pos[pi - 1]) continue;
         for (int kind = 0; kind < NKINDS; kind++) {
           if (kind == K_BOTH && d == 1) continue;
+          if (reduced && d == MAXD && (pi != 1 || (kind != K_NAN && kind != K_BOTH))) continue;
           nf c = {(rmsnorm_dtype)dt, d, pos[pi], (pos[pi] + 1 + d / 3) % d, kind, ""};
           tu_seed(((uint64_t)dt * 97 + di) * 1009 + pi * 17 + (uint64_t)kind);
           if (rope_only || d % 2 == 0) {

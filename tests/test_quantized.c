@@ -133,7 +133,7 @@ static void test_sets(void) {
   }
   rmsnorm_context_set_isa(ref, RMSNORM_ISA_SCALAR);
   rmsnorm_context_set_threads(ref, 1);
-  size_t nd = tu_emulated() ? 4 : sizeof ds / sizeof ds[0];
+  size_t nd = tu_reduced() ? 4 : sizeof ds / sizeof ds[0];
   for (int dt = 0; dt < 4; dt++)
     for (size_t di = 0; di < nd; di++)
       for (size_t fi = 0; fi < NFMTS; fi++) {
@@ -141,7 +141,7 @@ static void test_sets(void) {
         size_t d = ds[di];
         if (d % (size_t)block_of(f)) continue;
         size_t rows = d >= 4096 ? 5 : 37;
-        for (int v = 0; v < 16; v += tu_emulated() ? 5 : 3) {
+        for (int v = 0; v < 16; v += tu_reduced() ? 5 : 3) {
           rmsnorm_config cfg;
           rmsnorm_config_init(&cfg, (rmsnorm_dtype)dt);
           cfg.param_dtype = RMSNORM_F32;
@@ -238,7 +238,7 @@ static void test_chosen(void) {
   unsigned char *want = malloc(2 * d), *wsc = malloc(d * 4), *got = malloc(2 * d),
                 *gsc = malloc(d * 4);
   for (size_t j = 0; j < d; j++) x[j] = 1.0f;
-  int rounds = tu_emulated() ? 2 : 40;
+  int rounds = tu_reduced() ? 2 : 40;
   for (size_t fi = 0; fi < NFMTS; fi++)
     for (int kind = 0; kind < 6; kind++)
       for (int r = 0; r < rounds; r++) {

@@ -281,7 +281,7 @@ static void backward_case(rmsnorm_dtype dt, rmsnorm_dtype pdt, size_t rows, size
 }
 
 static void test_bits(void) {
-  int emu = tu_emulated(), v = 0;
+  int emu = tu_reduced(), v = 0;
   for (int dt = 0; dt < 4; dt++)
     for (int p = 0; p < 2; p++) { /* parameters in fp32, then in the data's dtype */
       rmsnorm_dtype pdt = p ? (rmsnorm_dtype)dt : RMSNORM_F32;
@@ -402,7 +402,7 @@ done:
 
 static void test_oracle(void) {
   static const size_t ds[] = {1, 7, 64, 100, 1000, 4096, 8192};
-  size_t nd = tu_emulated() ? 4 : sizeof ds / sizeof ds[0];
+  size_t nd = tu_reduced() ? 4 : sizeof ds / sizeof ds[0];
   rmsnorm_context_set_isa(ctx, RMSNORM_ISA_AUTO);
   rmsnorm_context_set_threads(ctx, 0);
   for (size_t k = 0; k < nd; k++) {
