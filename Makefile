@@ -52,10 +52,11 @@ run: build
 # build and ctest also takes JOBS processes: a stage's serial tail, a
 # download, leave the cores to another), each stage's output printed whole
 # when it ends (-Otarget); then each stage's time, also when one failed.
-# The longest chains first: the Python suite (its venv downloads while the C
-# builds compile) and the aarch64 build with its runs under qemu.
+# The Release build first (most stages need it), beside the Python suite's
+# venv (a download), then the longest chains: the Python suite and the aarch64
+# build with its runs under qemu.
 TEST_FIRST := $(filter test-python test-arm64-if-available,$(EXTRA_TESTS))
-TEST_STAGES = $(TEST_FIRST) test-c test-asan test-tsan test-make \
+TEST_STAGES = build $(TEST_FIRST) test-c test-asan test-tsan test-make \
   $(filter-out $(TEST_FIRST),$(EXTRA_TESTS))
 
 test:

@@ -1,9 +1,10 @@
 # mk/python.mk - the Python package in python/. `make test-python` creates .venv
 # when missing, installs what the tests need from PyPI when missing, installs the
-# package with the README's command when its sources changed (stamp files),
-# compiles the torch module into its cache, then runs pytest. `make bench-python`
-# runs the benchmark (and installs its peers, bench/python/requirements.txt, when
-# missing).
+# package with the README's command when its sources changed (stamp files; the
+# install compiles the torch module against the venv's torch and takes the
+# Release build's library, python/CMakeLists.txt), checks that the torch module
+# loads, then runs pytest. `make bench-python` runs the benchmark (and installs
+# its peers, bench/python/requirements.txt, when missing).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,8 +20,9 @@ PY_PKG_SOURCES := $(shell find python/rmsnorm python/src python/CMakeLists.txt \
 # No wheel cache: torch's CUDA wheels would take gigabytes twice (cache and
 # venv) on machines whose disk the sanitizer builds already share.
 PIP := $(VENV_PY) -m pip --disable-pip-version-check --no-cache-dir
-# The torch module's cache (compiled on first import), inside the build folder so
-# that clean-python clears it.
+# The torch module's cache (where a torch other than the install's gets its
+# module compiled on first import), inside the build folder so that
+# clean-python clears it.
 PY_RUN := RMSNORM_BUILD_CACHE=$(abspath python/build/torch-cache) $(VENV_PY)
 TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
@@ -46,9 +48,9 @@ $(PY_DEPS_STAMP): $(PY_REQUIREMENTS) | $(VENV_PY)
 	$(call stage_end,python-deps)
 
 # The README's command (pip builds in isolation, fetching scikit-build-core and
-# numpy). The build folder python/build/ is kept, so a change rebuilds
-# incrementally; after the Release build, whose library the package takes
-# (python/CMakeLists.txt) rather than compiling its own.
+# numpy), after the Release build, whose library the package takes
+# (python/CMakeLists.txt) rather than compiling its own; ccache, where
+# installed, serves the modules' unchanged sources.
 $(PY_PKG_STAMP): $(PY_DEPS_STAMP) $(PY_PKG_SOURCES) | build
 	$(call stage_begin,python-install)
 	$(PIP) install --progress-bar off ./python
@@ -57,8 +59,9 @@ $(PY_PKG_STAMP): $(PY_DEPS_STAMP) $(PY_PKG_SOURCES) | build
 
 python-install: $(PY_PKG_STAMP)
 
-# The torch module is compiled (once per torch and package; its warnings shown)
-# before pytest, so that no test waits for it and a compile error stops here.
+# Which torch module loads (the one compiled at install, or one compiled into
+# the cache now, its warnings shown) is said before pytest, so that no test
+# waits for a compile and a compile error stops here.
 # The C block encoders' bytes against gguf-py and the numpy transcriptions
 # run here too, with the venv's gguf and ml_dtypes (ctest's own python may lack them).
 test-python: $(PY_PKG_STAMP) build

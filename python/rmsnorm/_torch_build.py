@@ -1,7 +1,10 @@
-"""_torch_build.py - rmsnorm._torch, the torch module, compiled on first use against the torch
-that is running (from the sources in rmsnorm/_torch_src/) and kept in a per-user cache, one
-build per torch build and installed package (cache_key). `python -m rmsnorm._torch_build`
-builds it ahead of time and shows the compiler's output.
+"""_torch_build.py - rmsnorm._torch, the torch module, for the torch that is running: the one
+`pip install` compiled into the package (rmsnorm/_torch<EXT_SUFFIX>, with _torch_prebuilt.json
+naming the torch and sources it was built from) when it fits, else one compiled on first use
+(from the sources in rmsnorm/_torch_src/) and kept in a per-user cache, one build per torch
+build and installed package (cache_key). `python -m rmsnorm._torch_build` says which it loads,
+builds it ahead of time when needed and shows the compiler's output. python/CMakeLists.txt
+runs this file for the install-time build (_cmake): where torch is, and the record.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ import tempfile
 _PKG = os.path.dirname(os.path.abspath(__file__))
 _SRC = os.path.join(_PKG, "_torch_src")
 _NAME = "rmsnorm._torch"
+_EXT = importlib.machinery.EXTENSION_SUFFIXES[0]
+# What the package's build writes when torch was importable (python/CMakeLists.txt).
+_PREBUILT = os.path.join(_PKG, "_torch" + _EXT)
+_PREBUILT_RECORD = os.path.join(_PKG, "_torch_prebuilt.json")
 # As python/CMakeLists.txt compiles the numpy module (Release, hidden symbols, no FMA
 # contraction); torch's headers are system headers, so their warnings stay out.
 _FLAGS = ("-std=c++20", "-O2", "-DNDEBUG", "-fPIC", "-fvisibility=hidden",
@@ -51,18 +58,29 @@ def torch_info(torch) -> dict:
     }
 
 
-def sources_digest(src_dir: str = _SRC) -> str:
-    """sha256 over the names and contents of the sources and headers."""
+def torch_paths(info: dict) -> tuple:
+    """(include folders, library folder) of the torch that torch_info described."""
+    includes = [os.path.join(info["root"], sub)
+                for sub in ("include", "include/torch/csrc/api/include")]
+    return [p for p in includes if os.path.isdir(p)], os.path.join(info["root"], "lib")
+
+
+def _digest(paths) -> str:
     h = hashlib.sha256()
-    for name in sorted(os.listdir(src_dir)):
-        h.update(name.encode() + b"\0")
-        with open(os.path.join(src_dir, name), "rb") as f:
+    for path in sorted(paths, key=os.path.basename):
+        h.update(os.path.basename(path).encode() + b"\0")
+        with open(path, "rb") as f:
             h.update(f.read() + b"\0")
     return h.hexdigest()
 
 
+def sources_digest(src_dir: str = _SRC) -> str:
+    """sha256 over the names and contents of the sources and headers."""
+    return _digest([os.path.join(src_dir, name) for name in os.listdir(src_dir)])
+
+
 def cache_key(torch: dict, package_dir: str, digest: str,
-              ext_suffix: str = importlib.machinery.EXTENSION_SUFFIXES[0],
+              ext_suffix: str = _EXT,
               flags=_FLAGS) -> str:
     """16 hex digits naming one build: any change of torch (version, revision, C++ ABI,
     folder), of the package's folder or sources, of Python's ABI or of the flags gives
@@ -109,11 +127,9 @@ def _compile(cxx: list, out: str, info: dict) -> str:
         raise BuildError(f"Python's C headers are missing ({py_include}/Python.h; "
                          "Debian/Ubuntu: apt install python3-dev)")
     includes = ["-I", _SRC, "-isystem", py_include]
-    for sub in ("include", "include/torch/csrc/api/include"):
-        path = os.path.join(info["root"], sub)
-        if os.path.isdir(path):
-            includes += ["-isystem", path]
-    torch_lib = os.path.join(info["root"], "lib")
+    torch_includes, torch_lib = torch_paths(info)
+    for path in torch_includes:
+        includes += ["-isystem", path]
     libs = sorted(glob.glob(os.path.join(_PKG, "librmsnorm.so.*")))
     libs.append(os.path.join(_PKG, "librmsnorm_pyrt.so"))
     sources = sorted(glob.glob(os.path.join(_SRC, "*.cpp")))
@@ -163,24 +179,69 @@ def _import(path: str):
     return module
 
 
+def _read_record():
+    """The package's _torch_prebuilt.json, or None when there is none (an older install)."""
+    try:
+        with open(_PREBUILT_RECORD) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def why_not_prebuilt(record, info: dict, digest: str):
+    """None when the module compiled at install time fits: its record names the torch that
+    is running (torch_info, all of it) and the sources installed (their digest); else why not,
+    in words."""
+    if not record:
+        return "the package holds no torch module compiled at install time"
+    built = record.get("torch")
+    if not built:
+        return ("the package's build compiled no torch module ("
+                + record.get("reason", "torch was not importable") + ")")
+    if built != info:
+        diff = ", ".join(f"{k} {built.get(k)!r} -> {info.get(k)!r}"
+                         for k in sorted(set(built) | set(info)) if built.get(k) != info.get(k))
+        return f"the package's torch module was compiled for another torch ({diff})"
+    if record.get("sources") != digest:
+        return "the package's torch module was compiled from other sources than _torch_src/"
+    return None
+
+
 def load(verbose: bool = False):
-    """rmsnorm._torch for the torch that is running: from the cache, compiled first when it is
-    not there. ImportError, saying why, when it cannot be compiled or loaded."""
+    """rmsnorm._torch for the torch that is running: the package's own, compiled at install
+    time, when it was compiled for this torch and these sources (why_not_prebuilt); else from
+    the cache, compiled first when it is not there. ImportError, saying why, when it cannot be
+    compiled or loaded."""
     if _NAME in sys.modules:
         return sys.modules[_NAME]
     import torch
 
     info = torch_info(torch)
-    key = cache_key(info, _PKG, sources_digest())
+    digest = sources_digest()
+    why, say_why = why_not_prebuilt(_read_record(), info, digest), verbose
+    if why is None:
+        try:
+            module = _import(_PREBUILT)
+        except ImportError as err:  # unexpected, hence said even when not verbose
+            why, say_why = f"the package's torch module {_PREBUILT} cannot be loaded ({err})", True
+        else:
+            if verbose:
+                print(f"rmsnorm.torch: the torch module for torch {info['version']} was compiled "
+                      f"at install time: {_PREBUILT}", file=sys.stderr)
+            return module
+    if say_why:
+        print(f"rmsnorm.torch: {why}; using the per-user cache", file=sys.stderr)
+    key = cache_key(info, _PKG, digest)
     entry = os.path.join(cache_root(), f"torch-{info['version']}-{key}")
-    path = os.path.join(entry, "_torch" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    path = os.path.join(entry, "_torch" + _EXT)
     if not os.path.exists(path):
         try:
             _build(entry, path, info, find_compiler(), verbose)
         except (BuildError, OSError) as err:
             raise ImportError(
                 f"rmsnorm.torch: the torch module must be compiled once for torch "
-                f"{info['version']} (C++20, into {entry}), and that failed: {err}") from None
+                f"{info['version']} (C++20, into {entry}; {why}), and that failed: "
+                f"{err}") from None
     elif verbose:
         print(f"rmsnorm.torch: the torch module for torch {info['version']} is in {entry}",
               file=sys.stderr)
@@ -192,5 +253,54 @@ def load(verbose: bool = False):
                           "again") from None
 
 
+def _write_if_changed(path: str, text: str) -> None:
+    """Keeps the file's time when its text is the same (the build then does nothing)."""
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _cmake(argv: list) -> None:
+    """What python/CMakeLists.txt asks, run with the interpreter being installed into (not as
+    part of the package: torch must not be found as rmsnorm/torch):
+      query OUT          torch_info of the torch importable here into OUT (unchanged when
+                         equal), and on stdout one JSON line for CMake: torch_info, include
+                         folders, library folder, _FLAGS; or {"error": why not}
+      record OUT INFO SOURCE...
+                         the record load() checks: OUT holds {"torch": INFO's torch_info,
+                         "sources": the digest of SOURCE... as installed in _torch_src/}
+      none OUT REASON    the record of a build without the torch module: {"torch": null,
+                         "reason": REASON}
+    """
+    cmd, out, *rest = argv
+    if cmd == "query":
+        try:
+            import torch
+            info = torch_info(torch)
+        except Exception as err:  # torch missing or broken: the build goes on without it
+            print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
+            return
+        _write_if_changed(out, json.dumps(info, sort_keys=True) + "\n")
+        includes, lib = torch_paths(info)
+        print(json.dumps({"info": info, "include": includes, "lib": lib, "flags": list(_FLAGS)}))
+    elif cmd == "record":
+        with open(rest[0]) as f:
+            info = json.load(f)
+        _write_if_changed(out, json.dumps({"torch": info, "sources": _digest(rest[1:])},
+                                          sort_keys=True, indent=1) + "\n")
+    elif cmd == "none":
+        _write_if_changed(out, json.dumps({"torch": None, "reason": rest[0]},
+                                          sort_keys=True, indent=1) + "\n")
+    else:
+        raise SystemExit(f"_torch_build.py: unknown command {cmd!r}")
+
+
 if __name__ == "__main__":
     load(verbose=True)
+elif __name__ == "rmsnorm-cmake":  # runpy.run_path(this file, run_name=...) from CMake
+    _cmake(sys.argv[2:])  # after -c's "-c" and this file

@@ -1,6 +1,8 @@
-"""test_install.py - the torch module compiled on first import: the cache key follows the torch
-that is running, a missing or failing compiler gives a clear ImportError, and processes
-importing together into an empty cache compile once."""
+"""test_install.py - the torch module: the one `pip install` compiled into the package is loaded
+when it was built for the running torch and the installed sources (nothing compiled), and only
+then; otherwise it is compiled on first import, where the cache key follows the torch that is
+running, a missing or failing compiler gives a clear ImportError, and processes importing
+together into an empty cache compile once."""
 
 import glob
 import os
@@ -71,10 +73,96 @@ def test_loaded_module_is_built_for_the_running_torch():
     info = tb.torch_info(torch)
     assert info["version"] == torch.__version__
     assert info["cxx11_abi"] == int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    path = os.path.abspath(rmsnorm._torch.__file__)
+    if tb.why_not_prebuilt(tb._read_record(), info, tb.sources_digest()) is None:
+        assert path == tb._PREBUILT  # compiled at install time for this torch
+        return
     key = tb.cache_key(info, PKG_DIR, tb.sources_digest())
-    folder = os.path.dirname(os.path.abspath(rmsnorm._torch.__file__))
+    folder = os.path.dirname(path)
     assert os.path.basename(folder) == f"torch-{torch.__version__}-{key}"
     assert os.path.dirname(folder) == tb.cache_root()
+
+
+def test_install_time_module_fits_only_its_torch_and_sources():
+    # the decision of load(): every field of torch_info and the sources' digest must match
+    tb = _build_module()
+    record = {"torch": TORCH, "sources": "d1"}
+    assert tb.why_not_prebuilt(record, dict(TORCH), "d1") is None
+    for field, other in (("version", "2.5.2"), ("version", "2.5.1+cpu"), ("git", "0b1c2d3"),
+                         ("cxx11_abi", 0), ("root", "/other/torch")):
+        why = tb.why_not_prebuilt(record, dict(TORCH, **{field: other}), "d1")
+        assert why and "another torch" in why and field in why, why
+    assert "other sources" in tb.why_not_prebuilt(record, TORCH, "d2")
+    assert "no torch module compiled at install time" in tb.why_not_prebuilt(None, TORCH, "d1")
+    why = tb.why_not_prebuilt({"torch": None, "reason": "RMSNORM_TORCH=OFF"}, TORCH, "d1")
+    assert "compiled no torch module (RMSNORM_TORCH=OFF)" in why
+
+
+def test_install_time_module_is_loaded_without_compiling(tmp_path):
+    # pip install ./python with torch importable compiles the module into the package: the
+    # first import in a fresh process loads it, with an empty cache and no compiler at hand
+    tb = _build_module()
+    record = tb._read_record()
+    assert record is not None, (f"{tb._PREBUILT_RECORD} is missing: the package was not "
+                                "installed from these sources (pip install ./python)")
+    if record["torch"] is None:
+        pytest.skip(f"the package holds no install-time torch module: {record['reason']}")
+    assert record["torch"] == tb.torch_info(torch), "torch changed since the install"
+    assert record["sources"] == tb.sources_digest()
+    assert os.path.isfile(tb._PREBUILT)
+    cache = tmp_path / "cache"
+    r = _import_torch_module(_env(cache, CXX="/nonexistent/c++"), _CHECK_MODULE)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == tb._PREBUILT
+    assert "compiling" not in r.stderr and not cache.exists()
+    r = _import_torch_module(_env(cache), "import rmsnorm._torch_build as tb; tb.load(True)")
+    assert r.returncode == 0, r.stderr
+    assert f"was compiled at install time: {tb._PREBUILT}" in r.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_package_loads_its_own_libraries(tmp_path):
+    # the package holds its own librmsnorm.so.N (a copy of build/'s or built by the install):
+    # without LD_LIBRARY_PATH, every librmsnorm the modules load is the package's
+    env = _env(tmp_path / "cache")
+    env.pop("LD_LIBRARY_PATH", None)
+    code = ("import rmsnorm, rmsnorm.torch\n"
+            "print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') "
+            "if 'librmsnorm' in l})))")
+    r = _import_torch_module(env, code)
+    assert r.returncode == 0, r.stderr
+    loaded = r.stdout.split()
+    assert sorted(os.path.basename(p) for p in loaded) == sorted(
+        os.path.basename(p) for p in glob.glob(os.path.join(PKG_DIR, "librmsnorm*.so*")))
+    assert all(os.path.dirname(os.path.realpath(p)) == os.path.realpath(PKG_DIR)
+               for p in loaded), loaded
+
+
+def test_install_time_module_for_another_torch_falls_back_to_the_cache(tmp_path):
+    # a record naming another torch (an upgrade since the install): the module is compiled
+    # into the cache as without one (a stand-in compiler copies the module loaded here)
+    import rmsnorm.torch  # noqa: F401
+
+    cache = tmp_path / "cache"
+    code = textwrap.dedent("""
+        import shutil, sys, torch
+        import rmsnorm._torch_build as tb
+
+        info = dict(tb.torch_info(torch), version="0.0.1")
+        tb._read_record = lambda: {"torch": info, "sources": tb.sources_digest()}
+        def stand_in_compile(cxx, out, info):
+            shutil.copyfile(sys.argv[1], out)
+            return ""
+
+        tb._compile = stand_in_compile
+        tb.load(verbose=True)
+    """) + _CHECK_MODULE
+    r = subprocess.run([sys.executable, "-c", code, rmsnorm._torch.__file__], env=_env(cache),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "compiled for another torch (version '0.0.1' -> " in r.stderr
+    assert "rmsnorm.torch: compiling the torch module" in r.stderr
+    assert r.stdout.strip() in _built(cache) and len(_built(cache)) == 1
 
 
 def test_sources_digest_follows_the_sources(tmp_path):
@@ -97,7 +185,18 @@ def _env(cache, **extra):
     return env
 
 
-def _import_torch_module(env, code="import rmsnorm.torch"):
+# The compile-on-import path, whether or not the package holds an install-time module.
+_NO_PREBUILT = "import rmsnorm._torch_build as tb; tb._read_record = lambda: None\n"
+# Which module the import loaded, and that it works.
+_CHECK_MODULE = textwrap.dedent("""
+    import torch, rmsnorm, rmsnorm.torch as rt
+    x = torch.randn(3, 8)
+    assert torch.allclose(rt.rms_norm(x, (8,)), torch.nn.functional.rms_norm(x, (8,)))
+    print(rmsnorm._torch.__file__)
+""")
+
+
+def _import_torch_module(env, code=_NO_PREBUILT + "import rmsnorm.torch"):
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 
 
@@ -162,6 +261,7 @@ _RACER = textwrap.dedent("""
         return ""
 
     tb._build, tb._compile = tracked_build, stand_in_compile
+    tb._read_record = lambda: None  # not the module compiled at install time
     import torch, rmsnorm.torch as rt
     x = torch.randn(3, 8)
     assert torch.allclose(rt.rms_norm(x, (8,)), torch.nn.functional.rms_norm(x, (8,)))
