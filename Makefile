@@ -13,7 +13,7 @@ CMAKE_FLAGS ?=
 # A build run from a recipe: its own make, not a part of this one's jobserver
 # (each build and ctest takes JOBS processes; `make test` runs stages side by side).
 CMAKE_BUILD = env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL cmake --build
-.PHONY: all build run test test-stages test-c test-asan test-tsan test-make asan-build \
+.PHONY: all build build-tests run test test-stages test-c test-asan test-tsan test-make asan-build \
   tsan-build check check-c install clean
 
 # Plain `make` builds the library into $(BUILD): named here, before the
@@ -44,6 +44,14 @@ build: $(BUILD)/CMakeCache.txt
 	$(CMAKE_BUILD) $(BUILD) -j $(JOBS)
 	$(call stage_end,build)
 
+# The test programs, which plain `make` leaves out (CMakeLists.txt).
+build-tests: build
+	$(call stage_begin,build-tests)
+	$(CMAKE_BUILD) $(BUILD) -j $(JOBS) --target rmsnorm_tests
+	$(call stage_end,build-tests)
+# A test build's target list: everything.
+ALL_AND_TESTS := --target all rmsnorm_tests
+
 # mk/cli.mk sets RUN_CMD to `rmsnorm demo`; without it, the example program.
 run: build
 	$(if $(RUN_CMD),$(RUN_CMD),./$(BUILD)/examples/seed_example)
@@ -67,7 +75,7 @@ test:
 
 test-stages: $(TEST_STAGES)
 
-test-c: build
+test-c: build-tests
 	$(call stage_begin,test-c)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(call stage_end,test-c)
@@ -77,7 +85,7 @@ $(ASAN_BUILD)/CMakeCache.txt:
 
 asan-build: $(ASAN_BUILD)/CMakeCache.txt
 	$(call stage_begin,asan-build)
-	$(CMAKE_BUILD) $(ASAN_BUILD) -j $(JOBS)
+	$(CMAKE_BUILD) $(ASAN_BUILD) -j $(JOBS) $(ALL_AND_TESTS)
 	$(call stage_end,asan-build)
 
 test-asan: asan-build
@@ -100,7 +108,7 @@ $(TSAN_BUILD)/CMakeCache.txt:
 
 tsan-build: $(TSAN_BUILD)/CMakeCache.txt
 	$(call stage_begin,tsan-build)
-	$(CMAKE_BUILD) $(TSAN_BUILD) -j $(JOBS)
+	$(CMAKE_BUILD) $(TSAN_BUILD) -j $(JOBS) $(ALL_AND_TESTS)
 	$(call stage_end,tsan-build)
 
 test-tsan: tsan-build
@@ -111,23 +119,22 @@ test-tsan: tsan-build
 	$(call stage_end,test-tsan)
 
 # Plain `make` in a clean clone (no variables from this make) must build the
-# library and the command into build/. The test programs are left out of that
-# build (test-c builds them); everything else is what a user's `make` does.
-# It runs after the Release build: where ccache is installed (CMakeLists.txt
-# puts it in front of the compiler), the clone's compiles are that build's,
-# from the cache, and only the configure and the links run again.
+# library, the command and the examples into build/. It runs after the
+# Release build: where ccache is installed (CMakeLists.txt puts it in front of
+# the compiler), the clone's compiles are that build's, from the cache, and
+# only the configure and the links run again.
 test-make: build
 	$(call stage_begin,test-make)
 	@if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
 	  echo "test-make: not a git checkout, skipped"; exit 0; fi; \
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	git clone -q . "$$tmp/clone" && start=$$(date +%s) && \
-	env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u STAGES CMAKE_FLAGS=-DRMSNORM_BUILD_TESTS=OFF \
+	env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u STAGES -u CMAKE_FLAGS \
 	  make -C "$$tmp/clone" >"$$tmp/log" 2>&1 || { cat "$$tmp/log"; exit 1; }; \
-	for f in build/librmsnorm.so build/librmsnorm.a build/tools/rmsnorm; do \
+	for f in build/librmsnorm.so build/librmsnorm.a build/tools/rmsnorm build/examples/seed_example; do \
 	  test -e "$$tmp/clone/$$f" || { cat "$$tmp/log"; echo "test-make: plain make did not build $$f"; exit 1; }; \
 	done; \
-	echo "test-make: plain make in a clean clone built build/librmsnorm.so, librmsnorm.a, tools/rmsnorm" \
+	echo "test-make: plain make in a clean clone built build/librmsnorm.so, librmsnorm.a, tools/rmsnorm, examples" \
 	  "in $$(( $$(date +%s) - start )) s$$(command -v ccache >/dev/null && echo ' (through ccache)')"
 	$(call stage_end,test-make)
 
@@ -137,7 +144,7 @@ test-make: build
 # core ops (mk/python.mk, check-python).
 check: check-c check-python
 
-check-c: build
+check-c: build-tests
 	@set=$$(./$(BUILD)/tools/rmsnorm info | sed -n 's/^kernel set: *//p'); \
 	others=$$(echo "scalar avx2 avx512 neon" | tr ' ' '\n' | grep -vx "$$set" | paste -sd'|'); \
 	echo "check-c: the C suite on kernel set $$set"; \

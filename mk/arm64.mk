@@ -32,7 +32,7 @@ $(ARM64_BUILD)/CMakeCache.txt:
 
 arm64-build: $(ARM64_BUILD)/CMakeCache.txt
 	$(call stage_begin,arm64-build)
-	$(CMAKE_BUILD) $(ARM64_BUILD) -j $(JOBS)
+	$(CMAKE_BUILD) $(ARM64_BUILD) -j $(JOBS) $(ALL_AND_TESTS)
 	$(call stage_end,arm64-build)
 
 # For each CPU: `rmsnorm info` must name the features qemu gives that CPU

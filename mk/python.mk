@@ -64,7 +64,7 @@ python-install: $(PY_PKG_STAMP)
 # waits for a compile and a compile error stops here.
 # The C block encoders' bytes against gguf-py and the numpy transcriptions
 # run here too, with the venv's gguf and ml_dtypes (ctest's own python may lack them).
-test-python: $(PY_PKG_STAMP) build
+test-python: $(PY_PKG_STAMP) build-tests
 	$(call stage_begin,test-python)
 	$(PY_RUN) -m rmsnorm._torch_build
 	$(PY_RUN) -m pytest python/tests $(PYTEST_ARGS)
