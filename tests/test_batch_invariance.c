@@ -742,7 +742,7 @@ int main(void) {
   /* 32768: the whole pool's outputs pass the streaming thresholds (runtime/work.h),
    * its rows alone do not. Every d is a multiple of HEAD_DIM and GROUP. */
   static const size_t ds[] = {256, 4096, 5120, 32768};
-  /* reduced (qemu, TSan): the two smallest shapes: the big ones take minutes there */
+  /* reduced (qemu, sanitizers): the two smallest shapes: the big ones take minutes there */
   size_t nd = tu_reduced() ? 2 : sizeof ds / sizeof ds[0];
   for (size_t i = 0; i < nd; i++) {
     static const rmsnorm_dtype dts[] = {RMSNORM_F32, RMSNORM_F16, RMSNORM_BF16, RMSNORM_F64};

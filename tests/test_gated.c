@@ -438,7 +438,7 @@ static void check_errors(void) {
 int main(void) {
   if (rmsnorm_context_create(&ctx) != RMSNORM_OK) return 2;
   tu_seed(11);
-  int emu = tu_reduced(); /* the reduced sets (emulation, TSan) */
+  int emu = tu_reduced(); /* the reduced sets (emulation, sanitizers) */
   rmsnorm_dtype dts[] = {RMSNORM_F32, RMSNORM_F64, RMSNORM_F16, RMSNORM_BF16};
   /* d and a group that divides it (0: whole row) */
   static const size_t shapes[][2] = {{1, 0},    {2, 1},     {7, 0},     {31, 0},    {32, 8},

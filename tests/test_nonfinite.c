@@ -980,7 +980,7 @@ static void quant_case(const nf *c) {
 /* ---- the sweep ------------------------------------------------------------- */
 
 static void sweep(void) {
-  /* reduced (qemu, TSan): the long rows (d = 4096, past a block and a row
+  /* reduced (qemu, sanitizers): the long rows (d = 4096, past a block and a row
    * group) with the NaN and the infinities of both signs in the middle only */
   int reduced = tu_reduced();
   for (int dt = 0; dt < 4; dt++)

@@ -1119,7 +1119,7 @@ static void check_errors(void) {
 int main(void) {
   if (rmsnorm_context_create(&ctx) != RMSNORM_OK) return 2;
   tu_seed(23);
-  int emu = tu_reduced(); /* the reduced sets (emulation, TSan) */
+  int emu = tu_reduced(); /* the reduced sets (emulation, sanitizers) */
   static const rmsnorm_dtype dts[] = {RMSNORM_F32, RMSNORM_F64, RMSNORM_F16, RMSNORM_BF16};
   static const size_t heads_of[] = {1, 2, 8, 32};
 

@@ -44,9 +44,9 @@ static inline int tu_env_set(const char *name) {
 static inline int tu_emulated(void) { return tu_env_set("RMSNORM_TEST_EMULATED"); }
 /* 1 when the suites take their reduced size sets, which still take every
  * code path (docs/arm64.md lists them): under emulation, and where
- * RMSNORM_TEST_REDUCED=1 asks for them (`make test-tsan`: ThreadSanitizer
- * finds a race on any size that reaches the threaded path, at 5-15x the
- * time of each call). */
+ * RMSNORM_TEST_REDUCED=1 asks for them (`make test-asan`, `make test-tsan`:
+ * a sanitizer finds an over-read or a race on any size that reaches the
+ * path, at several times the time of each call). */
 static inline int tu_reduced(void) {
   return tu_emulated() || tu_env_set("RMSNORM_TEST_REDUCED");
 }

@@ -91,7 +91,7 @@ static void test_demo(void) {
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
     tu_check(strstr(out_text, want[i]) != NULL, "demo lacks '%s'", want[i]);
   for (int step = 1; step <= 7; step++) {
-    char key[8];
+    char key[16];
     snprintf(key, sizeof key, "\n%d. ", step);
     tu_check(strstr(out_text, key) != NULL, "demo lacks step %d", step);
   }

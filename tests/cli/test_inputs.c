@@ -256,7 +256,7 @@ static void test_odd_offsets(void) {
         tu_check(rc == 0, "%s %s offsets %d, kernels %s: %d %s", runs[r][0], tdt_name[dt], odd,
               isa ? isa : "default", rc, err_text);
         for (int k = 1; k <= 3; k++) {
-          char out[16], ref[16];
+          char out[24], ref[24];
           snprintf(out, sizeof out, "o%d.npy", k);
           snprintf(ref, sizeof ref, "ref%d.npy", k);
           if (!file_exists(out)) continue;
@@ -268,7 +268,7 @@ static void test_odd_offsets(void) {
         }
       }
       for (int k = 1; k <= 3; k++) {
-        char name[16];
+        char name[24];
         snprintf(name, sizeof name, "o%d.npy", k), unlink(name);
         snprintf(name, sizeof name, "ref%d.npy", k), unlink(name);
       }
