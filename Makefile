@@ -49,8 +49,13 @@ build-tests: build
 	$(call stage_begin,build-tests)
 	$(CMAKE_BUILD) $(BUILD) -j $(JOBS) --target rmsnorm_tests
 	$(call stage_end,build-tests)
-# A test build's target list: everything.
-ALL_AND_TESTS := --target all rmsnorm_tests
+# A test build's recipe (asan-build, tsan-build, arm64-build): everything in
+# the build folder $(1), the test programs included, timed as the target's stage.
+define build_all_stage
+	$(call stage_begin,$@)
+	$(CMAKE_BUILD) $(1) -j $(JOBS) --target all rmsnorm_tests
+	$(call stage_end,$@)
+endef
 
 # mk/cli.mk sets RUN_CMD to `rmsnorm demo`; without it, the example program.
 run: build
@@ -84,9 +89,7 @@ $(ASAN_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRMSNORM_SANITIZE=ON $(CMAKE_FLAGS)
 
 asan-build: $(ASAN_BUILD)/CMakeCache.txt
-	$(call stage_begin,asan-build)
-	$(CMAKE_BUILD) $(ASAN_BUILD) -j $(JOBS) $(ALL_AND_TESTS)
-	$(call stage_end,asan-build)
+	$(call build_all_stage,$(ASAN_BUILD))
 
 # On the suites' reduced size sets (RMSNORM_TEST_REDUCED=1, as test-tsan):
 # every code path, every ragged row length (1-71, 127, 4095, 4096, 5120) and
@@ -111,9 +114,7 @@ $(TSAN_BUILD)/CMakeCache.txt:
 	  -DRMSNORM_SANITIZE_THREAD=ON $(CMAKE_FLAGS)
 
 tsan-build: $(TSAN_BUILD)/CMakeCache.txt
-	$(call stage_begin,tsan-build)
-	$(CMAKE_BUILD) $(TSAN_BUILD) -j $(JOBS) $(ALL_AND_TESTS)
-	$(call stage_end,tsan-build)
+	$(call build_all_stage,$(TSAN_BUILD))
 
 test-tsan: tsan-build
 	$(call stage_begin,test-tsan)

@@ -31,9 +31,7 @@ $(ARM64_BUILD)/CMakeCache.txt:
 	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/toolchain-aarch64.cmake $(CMAKE_FLAGS)
 
 arm64-build: $(ARM64_BUILD)/CMakeCache.txt
-	$(call stage_begin,arm64-build)
-	$(CMAKE_BUILD) $(ARM64_BUILD) -j $(JOBS) $(ALL_AND_TESTS)
-	$(call stage_end,arm64-build)
+	$(call build_all_stage,$(ARM64_BUILD))
 
 # For each CPU: `rmsnorm info` must name the features qemu gives that CPU
 # (neon always; fp16 only on max), then ctest with the emulator set to it.
