@@ -1,6 +1,7 @@
 /* test_convert.c - fp16/bf16 conversions against a slow, obviously correct
  * rounding: exhaustive over every 16-bit pattern, and over a dense sweep of
  * fp32 patterns including every tie. */
+#include "runtime/work.h"
 #include "testutil.h"
 
 /* Value of an fp16 pattern, from the format's definition. */
@@ -65,6 +66,41 @@ int main(void) {
   for (uint32_t h = 0; h < 0x7f7f; h++) {
     float mid = (rn_bf16_to_f32((uint16_t)h) + rn_bf16_to_f32((uint16_t)(h + 1))) / 2;
     tu_check(rn_f32_to_bf16(mid) == slow_round(mid, 1), "bf16 tie after %04x", h);
+  }
+  /* the parameters' copies in the compute type (runtime/work.c converts a
+   * row at a time, in vector lanes): every fp16/bf16 pattern, the weight
+   * with and without Gemma's 1 + g, the same bits as one scalar conversion
+   * and one float add (NaN payloads included); fp32 from an odd address */
+  static uint16_t pattern[65536 + 1];
+  static float copy[65536];
+  for (uint32_t h = 0; h < 65536; h++) pattern[h + 1] = (uint16_t)h;
+  for (int bf16 = 0; bf16 <= 1; bf16++)
+    for (int offset = 0; offset <= 1; offset++) {
+      rmsnorm_config cfg;
+      rmsnorm_config_init(&cfg, bf16 ? RMSNORM_BF16 : RMSNORM_F16);
+      cfg.flags = offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0;
+      const float *got = rn_param_as_acc(&cfg, pattern + 1, 1, 65536, copy);
+      for (uint32_t h = 0; h < 65536; h++) {
+        float g = bf16 ? rn_bf16_to_f32((uint16_t)h) : rn_f16_to_f32((uint16_t)h);
+        float want = (float)offset + g;
+        tu_check(rn_f32_bits(got[h]) == rn_f32_bits(want), "%s param %04x offset %d: %08x want %08x",
+                 bf16 ? "bf16" : "f16", h, offset, rn_f32_bits(got[h]), rn_f32_bits(want));
+      }
+    }
+  {
+    static unsigned char raw[4 * 1000 + 1];
+    rmsnorm_config cfg;
+    rmsnorm_config_init(&cfg, RMSNORM_F32);
+    for (int j = 0; j < 1000; j++) {
+      float g = j % 7 == 0 ? -0.0f : (float)(j - 500) * 0.37f;
+      memcpy(raw + 1 + 4 * j, &g, 4);
+    }
+    const float *got = rn_param_as_acc(&cfg, raw + 1, 0, 1000, copy);
+    for (int j = 0; j < 1000; j++) {
+      float g;
+      memcpy(&g, raw + 1 + 4 * j, 4);
+      tu_check(rn_f32_bits(got[j]) == rn_f32_bits(0.0f + g), "f32 param %d", j);
+    }
   }
   return tu_finish("test_convert");
 }

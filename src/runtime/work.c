@@ -6,17 +6,54 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "numerics/convert.h"
 #include "numerics/dtype.h"
+
+/* fp16 to fp32 as rn_f16_to_f32, without branches, so that the loop below
+ * runs in vector lanes: a parameter row of a few thousand elements is
+ * converted at every call, which decode-sized calls notice. No operation
+ * takes a subnormal operand (a caller's flush-to-zero mode changes nothing). */
+static inline float f16_to_f32_lanes(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  uint32_t normal = ((exp + 112u) << 23) | (man << 13);
+  uint32_t special = 0x7f800000u | (man << 13) | ((uint32_t)(man != 0) << 22);
+  uint32_t sub = rn_f32_bits((float)(int32_t)man * 0x1p-24f);
+  uint32_t is_sub = 0u - (uint32_t)(exp == 0), is_special = 0u - (uint32_t)(exp == 0x1fu);
+  return rn_bits_f32(sign | (sub & is_sub) | (special & is_special) |
+                     (normal & ~(is_sub | is_special)));
+}
 
 const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_weight, size_t d,
                             void *buf) {
   if (!rn_param_needs_copy(cfg, p, is_weight)) return p;
   int f64 = rn_acc_is_f64(cfg->dtype);
   double offset = is_weight && (cfg->flags & RMSNORM_FLAG_WEIGHT_OFFSET) ? 1.0 : 0.0;
-  for (size_t j = 0; j < d; j++) {
-    /* offset: 1 + g in the compute type, as Gemma's (1.0 + weight.float()) */
-    double g = rn_load(p, cfg->param_dtype, j);
-    rn_store_acc(buf, f64, j, f64 ? offset + g : (double)((float)offset + (float)g));
+  if (f64) {
+    for (size_t j = 0; j < d; j++) rn_store_acc(buf, 1, j, offset + rn_load(p, cfg->param_dtype, j));
+    return buf;
+  }
+  /* offset: 1 + g in the compute type, as Gemma's (1.0 + weight.float());
+   * the add is made with offset 0 too, as a plain copy's bits are pinned */
+  float off = (float)offset, *out = buf;
+  const unsigned char *src = p; /* any alignment: loaded by memcpy */
+  if (cfg->param_dtype == RMSNORM_F32) {
+    for (size_t j = 0; j < d; j++) {
+      float g;
+      memcpy(&g, src + 4 * j, 4);
+      out[j] = off + g;
+    }
+  } else if (cfg->param_dtype == RMSNORM_BF16) {
+    for (size_t j = 0; j < d; j++) {
+      uint16_t h;
+      memcpy(&h, src + 2 * j, 2);
+      out[j] = off + rn_bf16_to_f32(h);
+    }
+  } else {
+    for (size_t j = 0; j < d; j++) {
+      uint16_t h;
+      memcpy(&h, src + 2 * j, 2);
+      out[j] = off + f16_to_f32_lanes(h);
+    }
   }
   return buf;
 }
@@ -101,6 +138,10 @@ static void rows_task(void *p, int t, int n) {
 }
 
 void rn_run_rows(rmsnorm_context *ctx, rn_split s, size_t units, rn_rows_fn fn, const void *arg) {
+  if (s.tasks == 1) { /* one task: no pool to go through */
+    fn(arg, 0, units, 0);
+    return;
+  }
   rows_job j = {fn, arg, units};
   rn_run_tasks(ctx, s, rows_task, &j);
 }
