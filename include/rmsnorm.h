@@ -969,6 +969,66 @@ RMSNORM_API rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx,
                                                   void *dx, size_t lddx, void *dweight,
                                                   void *dbias);
 
+/* ---- Plans: one call prepared once, for loops that repeat it -----------
+ * A decode loop calls the same operation on the same shapes at every token,
+ * where a call's fixed cost (argument checks, the overlap rule, the lock, the
+ * thread decision, weight conversion) is as large as its arithmetic. A plan
+ * pays it once, in XNNPACK's steps:
+ *   create   the context, the config and the operation (checked; the config
+ *            is copied);
+ *   reshape  rows, d and the strides (checked); the kernel set and the
+ *            thread split, read from the context now;
+ *   setup    the buffers (checked as the one-shot call checks them); weight
+ *            and bias read into the compute type now when they must be
+ *            converted (another dtype, 1 + g, a misaligned address): call
+ *            setup again after changing their values;
+ *   run      the arithmetic: bit for bit the one-shot call's results. A run
+ *            that the split keeps on the caller's thread takes no lock.
+ * Reshape again after rmsnorm_context_set_isa or _set_threads. A plan is used
+ * by one thread at a time; several plans and one-shot calls may share a
+ * context. Free the plans before their context. */
+typedef struct rmsnorm_plan rmsnorm_plan;
+
+typedef enum rmsnorm_plan_op {
+  RMSNORM_PLAN_FORWARD = 0,           /* rmsnorm_forward */
+  RMSNORM_PLAN_LAYERNORM_FORWARD = 1, /* rmsnorm_layernorm_forward */
+  RMSNORM_PLAN_ADD_FORWARD = 2        /* rmsnorm_add_forward */
+} rmsnorm_plan_op;
+
+/* Creates a plan of op with cfg (the flags op's one-shot call takes).
+ * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, the config's statuses,
+ * RMSNORM_ERROR_BAD_ARGUMENT (unknown op), RMSNORM_ERROR_OUT_OF_MEMORY
+ * (*plan is then NULL). */
+RMSNORM_API rmsnorm_status rmsnorm_plan_create(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                               rmsnorm_plan_op op, rmsnorm_plan **plan);
+/* Sizes: rows x d, the strides of the one-shot call: ldx and ldy (forward:
+ * x, y; add: h, y) and ldu (add's u; 0 for the other operations). rows may
+ * be 0 (run then writes nothing). A failed reshape leaves the plan unshaped.
+ * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_SIZE,
+ * RMSNORM_ERROR_BAD_STRIDE, RMSNORM_ERROR_BAD_ARGUMENT (ldu set for an
+ * operation without u). */
+RMSNORM_API rmsnorm_status rmsnorm_plan_reshape(rmsnorm_plan *plan, size_t rows, size_t d,
+                                                size_t ldx, size_t ldu, size_t ldy);
+/* Buffers of a forward plan (RMSNorm or LayerNorm): as rmsnorm_forward /
+ * rmsnorm_layernorm_forward (mean: LayerNorm only, NULL for RMSNorm).
+ * @return RMSNORM_OK or their statuses; RMSNORM_ERROR_BAD_ARGUMENT when the
+ * plan is not shaped or is of another operation, or mean is given to an
+ * RMSNorm plan; RMSNORM_ERROR_OUT_OF_MEMORY. A failed setup leaves the plan
+ * without buffers. */
+RMSNORM_API rmsnorm_status rmsnorm_plan_setup_forward(rmsnorm_plan *plan, const void *x,
+                                                      const void *weight, const void *bias,
+                                                      void *y, void *mean, void *rstd);
+/* Buffers of an add plan: as rmsnorm_add_forward (h updated in place each
+ * run). @return as rmsnorm_plan_setup_forward. */
+RMSNORM_API rmsnorm_status rmsnorm_plan_setup_add(rmsnorm_plan *plan, void *h, const void *u,
+                                                  const void *weight, const void *bias,
+                                                  void *y, void *rstd);
+/* Runs the plan on its buffers. @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER,
+ * RMSNORM_ERROR_BAD_ARGUMENT (not set up since the last reshape). */
+RMSNORM_API rmsnorm_status rmsnorm_plan_run(rmsnorm_plan *plan);
+/* Frees a plan (NULL is accepted). */
+RMSNORM_API void rmsnorm_plan_free(rmsnorm_plan *plan);
+
 #ifdef __cplusplus
 }
 #endif

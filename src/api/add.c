@@ -7,17 +7,10 @@
 
 /* ---- forward ------------------------------------------------------------ */
 
-typedef struct add_fwd_job {
-  const rn_kernel_set *ks;
-  rn_add_args add;     /* h = h + u */
-  rn_forward_args fwd; /* y = RMSNorm(h) */
-  size_t block;
-} add_fwd_job;
-
 /* Each block of rows: the add writes h' (kept in cache), the forward reads
  * it back for its statistics and output. One trip to memory per operand. */
 static void add_fwd_rows(const void *p, size_t r0, size_t r1, int task) {
-  const add_fwd_job *job = p;
+  const rn_add_forward_job *job = p;
   rmsnorm_dtype dt = job->add.dtype;
   (void)task;
   for (size_t r = r0; r < r1; r += job->block) {
@@ -25,6 +18,27 @@ static void add_fwd_rows(const void *p, size_t r0, size_t r1, int task) {
     job->ks->add[dt](&job->add, r, e);
     job->ks->forward[dt](&job->fwd, r, e);
   }
+}
+
+void rn_add_forward_prepare(rn_add_forward_job *job, size_t rows) {
+  size_t d = job->fwd.d, es = rn_dtype_size(job->fwd.dtype);
+  /* streamed, but not as DRAM-sized (2): the add has just brought the
+   * block's h into the caches */
+  job->fwd.stream = rn_stream_ok(job->fwd.y != job->add.b, job->fwd.y, es, rows * d * es) != 0;
+  job->block = rn_block_rows(d, es);
+}
+
+rn_split rn_add_forward_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
+  return rn_split_for(ctx, rows, rows * d * 4 * es, rows);
+}
+
+void rn_add_forward_run(rmsnorm_context *ctx, const rn_add_forward_job *job, size_t rows,
+                        rn_split split) {
+  if (split.tasks == 1) {
+    add_fwd_rows(job, 0, rows, 0);
+    return;
+  }
+  rn_run_rows(ctx, split, rows, add_fwd_rows, job);
 }
 
 rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t rows,
@@ -45,16 +59,13 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
   if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
-  add_fwd_job job;
+  rn_add_forward_job job;
   job.ks = e.kernels;
   job.add = (rn_add_args){cfg->dtype, d, h, ldh, u, ldu, h, ldh};
   job.fwd = rn_entry_forward_args(&e, RN_RMSNORM, d, h, ldh, y, ldy);
   job.fwd.rstd = rstd;
-  /* streamed, but not as DRAM-sized (2): the add has just brought the
-   * block's h into the caches */
-  job.fwd.stream = rn_stream_ok(y != u, y, es, rows * d * es) != 0;
-  job.block = rn_block_rows(d, es);
-  rn_run_rows(ctx, rn_split_for(ctx, rows, rows * d * 4 * es, rows), rows, add_fwd_rows, &job);
+  rn_add_forward_prepare(&job, rows);
+  rn_add_forward_run(ctx, &job, rows, rn_add_forward_split(ctx, rows, d, es));
   return rn_entry_unlock(&e, RMSNORM_OK);
 }
 

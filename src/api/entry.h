@@ -133,4 +133,36 @@ rn_backward_args rn_entry_backward_args(const rn_entry *e, rn_norm norm, size_t 
                                         const void *x, size_t ldx, const void *dy, size_t lddy,
                                         void *dx, size_t lddx);
 
+/* ---- the runs a plan (api/plan.c) repeats ------------------------------
+ * The one-shot entry points run the same functions, so a plan's results are
+ * theirs bit for bit. */
+
+/* The forward's `stream` and `past_l3` for rows of a (its y, x, d, dtype). */
+void rn_forward_stream(rn_forward_args *a, size_t rows);
+/* The forward's split: rows over threads, or a long row's columns when there
+ * are fewer rows than threads (norm.c). */
+rn_split rn_forward_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es);
+/* Whether that split is one task on the caller's thread: the kernel can then
+ * be called directly, without the context's lock or pool. */
+int rn_forward_direct(const rmsnorm_context *ctx, rn_split split, size_t rows, size_t d,
+                      size_t es);
+/* The forward over rows [0, rows) of a with split (lock held when it wakes
+ * threads; long rows are rescued one by one as rmsnorm_forward does). */
+void rn_forward_run(rmsnorm_context *ctx, const rn_kernel_set *k, const rn_forward_args *a,
+                    size_t rows, rn_split split);
+
+/* Residual add + RMSNorm forward (add.c): add = h + u into h, fwd = RMSNorm
+ * of h into y, block by block of rows. */
+typedef struct rn_add_forward_job {
+  const rn_kernel_set *ks;
+  rn_add_args add;     /* h = h + u */
+  rn_forward_args fwd; /* y = RMSNorm(h) */
+  size_t block;        /* rows per block (rn_block_rows) */
+} rn_add_forward_job;
+/* The job's stream decision and block for `rows` rows (ks, add, fwd set). */
+void rn_add_forward_prepare(rn_add_forward_job *job, size_t rows);
+rn_split rn_add_forward_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es);
+void rn_add_forward_run(rmsnorm_context *ctx, const rn_add_forward_job *job, size_t rows,
+                        rn_split split);
+
 #endif

@@ -94,6 +94,39 @@ static void forward_rows(const void *p, size_t r0, size_t r1, int task) {
   job->kernel(job->args, r0, r1);
 }
 
+void rn_forward_stream(rn_forward_args *a, size_t rows) {
+  size_t es = rn_dtype_size(a->dtype), bytes = rows * a->d * es;
+  a->stream = rn_stream_ok(a->y != a->x, a->y, es, bytes);
+  a->past_l3 = 2 * bytes >= RN_PAST_L3_BYTES;
+}
+
+rn_split rn_forward_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
+  if (split_rows(ctx, rows, d, es)) return rn_split_for(ctx, 1, d * 2 * es, d / 64);
+  return rn_split_for(ctx, rows, rows * d * 2 * es, rows);
+}
+
+int rn_forward_direct(const rmsnorm_context *ctx, rn_split split, size_t rows, size_t d,
+                      size_t es) {
+  return split.tasks == 1 && !split_rows(ctx, rows, d, es);
+}
+
+void rn_forward_run(rmsnorm_context *ctx, const rn_kernel_set *k, const rn_forward_args *a,
+                    size_t rows, rn_split split) {
+  rmsnorm_dtype dt = a->dtype;
+  if (split_rows(ctx, rows, a->d, rn_dtype_size(dt))) {
+    cols_job job = {k, dt, a, NULL, 0, a->d, {0}, NULL, NULL};
+    for (job.row = 0; job.row < rows; job.row++) {
+      if (k->row_coef[dt](a, job.row, job.coef))
+        rn_run_tasks(ctx, split, cols_task, &job);
+      else
+        rn_rescue_forward_row(a, job.row);
+    }
+  } else {
+    forward_job job = {k->forward[dt], a};
+    rn_run_rows(ctx, split, rows, forward_rows, &job);
+  }
+}
+
 static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
                                   rn_norm norm, size_t rows, size_t d, const void *x,
                                   size_t ldx, const void *weight, const void *bias, void *y,
@@ -114,22 +147,8 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
   rn_forward_args a = rn_entry_forward_args(&e, norm, d, x, ldx, y, ldy);
   a.mean = mean;
   a.rstd = rstd;
-  a.stream = rn_stream_ok(y != x, y, es, rows * d * es);
-  a.past_l3 = 2 * rows * d * es >= RN_PAST_L3_BYTES;
-  const rn_kernel_set *k = e.kernels;
-  if (split_rows(ctx, rows, d, es)) {
-    cols_job job = {k, cfg->dtype, &a, NULL, 0, d, {0}, NULL, NULL};
-    rn_split sp = rn_split_for(ctx, 1, d * 2 * es, d / 64);
-    for (job.row = 0; job.row < rows; job.row++) {
-      if (k->row_coef[cfg->dtype](&a, job.row, job.coef))
-        rn_run_tasks(ctx, sp, cols_task, &job);
-      else
-        rn_rescue_forward_row(&a, job.row);
-    }
-  } else {
-    forward_job job = {k->forward[cfg->dtype], &a};
-    rn_run_rows(ctx, rn_split_for(ctx, rows, rows * d * 2 * es, rows), rows, forward_rows, &job);
-  }
+  rn_forward_stream(&a, rows);
+  rn_forward_run(ctx, e.kernels, &a, rows, rn_forward_split(ctx, rows, d, es));
   return rn_entry_unlock(&e, RMSNORM_OK);
 }
 

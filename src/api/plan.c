@@ -1,0 +1,192 @@
+/* plan.c - plans (rmsnorm.h, "Plans"): a forward or add + forward call
+ * checked and prepared once (create, reshape, setup), then run many times
+ * through the one-shot calls' own run functions (entry.h), so the bits are
+ * theirs. What a run skips: the config and size checks, the overlap rule,
+ * the weight conversion, the thread decision and, when that keeps the work on
+ * the caller's thread, the context's lock. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/entry.h"
+#include "numerics/dtype.h"
+
+struct rmsnorm_plan {
+  rmsnorm_context *ctx;
+  rmsnorm_config cfg; /* the caller's, read and checked at create */
+  rmsnorm_plan_op op;
+  rn_norm norm;
+  /* reshape */
+  int shaped;
+  size_t rows, d, ldx, ldu, ldy;
+  const rn_kernel_set *kernels; /* the context's at reshape */
+  rn_split split;               /* the thread decision at reshape */
+  int direct;                   /* one task on the caller's thread: no lock, no pool */
+  /* setup */
+  int ready;
+  char *params;        /* weight and bias in the compute type, when converted */
+  size_t params_bytes; /* params' allocation */
+  rn_forward_args fwd;    /* forward plans */
+  rn_add_forward_job add; /* add plans */
+};
+
+/* The flags the op's one-shot call refuses, and its norm. */
+static int op_known(rmsnorm_plan_op op, rn_norm *norm, unsigned *refused) {
+  switch (op) {
+  case RMSNORM_PLAN_FORWARD: *norm = RN_RMSNORM, *refused = 0; return 1;
+  case RMSNORM_PLAN_LAYERNORM_FORWARD: *norm = RN_LAYERNORM, *refused = 0; return 1;
+  case RMSNORM_PLAN_ADD_FORWARD: *norm = RN_RMSNORM, *refused = RMSNORM_FLAG_ACCUMULATE; return 1;
+  }
+  return 0;
+}
+
+/* An entry (entry.h) over the plan's checked config, for the shared steps. */
+static rn_entry plan_entry(const rmsnorm_plan *p) {
+  rn_entry e;
+  e.cfg = p->cfg;
+  rn_entry_set(&e, p->ctx);
+  return e;
+}
+
+rmsnorm_status rmsnorm_plan_create(rmsnorm_context *ctx, const rmsnorm_config *cfg,
+                                   rmsnorm_plan_op op, rmsnorm_plan **plan) {
+  if (!plan) return RMSNORM_ERROR_NULL_POINTER;
+  *plan = NULL;
+  rn_norm norm;
+  unsigned refused;
+  rn_entry e;
+  if (!op_known(op, &norm, &refused)) return RMSNORM_ERROR_BAD_ARGUMENT;
+  rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, norm, refused, 1);
+  if (st != RMSNORM_OK) return st;
+  rmsnorm_plan *p = calloc(1, sizeof *p);
+  if (!p) return RMSNORM_ERROR_OUT_OF_MEMORY;
+  p->ctx = ctx;
+  p->cfg = e.cfg;
+  p->op = op;
+  p->norm = norm;
+  *plan = p;
+  return RMSNORM_OK;
+}
+
+rmsnorm_status rmsnorm_plan_reshape(rmsnorm_plan *p, size_t rows, size_t d, size_t ldx,
+                                    size_t ldu, size_t ldy) {
+  if (!p) return RMSNORM_ERROR_NULL_POINTER;
+  p->shaped = p->ready = 0;
+  if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
+  int add = p->op == RMSNORM_PLAN_ADD_FORWARD;
+  if (!add && ldu != 0) return RMSNORM_ERROR_BAD_ARGUMENT;
+  rn_entry e = plan_entry(p);
+  rmsnorm_status st = add ? rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldu, ldy))
+                          : rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldy));
+  if (st != RMSNORM_OK) return st;
+  p->rows = rows, p->d = d, p->ldx = ldx, p->ldu = ldu, p->ldy = ldy;
+  rn_context_lock(p->ctx);
+  p->kernels = rn_context_kernels(p->ctx);
+  if (add) {
+    p->split = rn_add_forward_split(p->ctx, rows, d, e.es);
+    p->direct = p->split.tasks == 1;
+  } else {
+    p->split = rn_forward_split(p->ctx, rows, d, e.es);
+    p->direct = rn_forward_direct(p->ctx, p->split, rows, d, e.es);
+  }
+  rn_context_unlock(p->ctx);
+  p->shaped = 1;
+  return RMSNORM_OK;
+}
+
+/* The checks of the one-shot call on b, then weight and bias in the compute
+ * type: the caller's, or copies in the plan's own memory. */
+static rmsnorm_status plan_params(rmsnorm_plan *p, rn_entry *e, const rn_buffers *b) {
+  rmsnorm_status st = rn_entry_check(e, b);
+  if (st != RMSNORM_OK) return st;
+  size_t bytes = e->wcopy + e->bcopy;
+  if (bytes > p->params_bytes) {
+    char *q = aligned_alloc(64, bytes);
+    if (!q) return RMSNORM_ERROR_OUT_OF_MEMORY;
+    free(p->params);
+    p->params = q;
+    p->params_bytes = bytes;
+  }
+  e->weight = rn_param_as_acc(&e->cfg, b->weight, 1, b->nparam, p->params);
+  e->bias = rn_param_as_acc(&e->cfg, b->bias, 0, b->nparam, p->params + e->wcopy);
+  return RMSNORM_OK;
+}
+
+rmsnorm_status rmsnorm_plan_setup_forward(rmsnorm_plan *p, const void *x, const void *weight,
+                                          const void *bias, void *y, void *mean, void *rstd) {
+  if (!p) return RMSNORM_ERROR_NULL_POINTER;
+  p->ready = 0;
+  if (!p->shaped || p->op == RMSNORM_PLAN_ADD_FORWARD || (p->norm == RN_RMSNORM && mean))
+    return RMSNORM_ERROR_BAD_ARGUMENT;
+  size_t rows = p->rows, d = p->d;
+  if (rows == 0) return p->ready = 1, RMSNORM_OK;
+  if (!x || !y) return RMSNORM_ERROR_NULL_POINTER;
+  rn_entry e = plan_entry(p);
+  size_t es = e.es;
+  rn_buffers b = {.in = {rn_inplace(rn_matrix(x, rows, d, p->ldx, es))},
+                  .out = {rn_matrix(y, rows, d, p->ldy, es), rn_vector(mean, rows, e.as),
+                          rn_vector(rstd, rows, e.as)},
+                  .weight = weight, .bias = bias, .nparam = d};
+  rmsnorm_status st = plan_params(p, &e, &b);
+  if (st != RMSNORM_OK) return st;
+  p->fwd = rn_entry_forward_args(&e, p->norm, d, x, p->ldx, y, p->ldy);
+  p->fwd.mean = mean;
+  p->fwd.rstd = rstd;
+  rn_forward_stream(&p->fwd, rows);
+  p->ready = 1;
+  return RMSNORM_OK;
+}
+
+rmsnorm_status rmsnorm_plan_setup_add(rmsnorm_plan *p, void *h, const void *u,
+                                      const void *weight, const void *bias, void *y,
+                                      void *rstd) {
+  if (!p) return RMSNORM_ERROR_NULL_POINTER;
+  p->ready = 0;
+  if (!p->shaped || p->op != RMSNORM_PLAN_ADD_FORWARD) return RMSNORM_ERROR_BAD_ARGUMENT;
+  size_t rows = p->rows, d = p->d;
+  if (rows == 0) return p->ready = 1, RMSNORM_OK;
+  if (!h || !u || !y) return RMSNORM_ERROR_NULL_POINTER;
+  rn_entry e = plan_entry(p);
+  size_t es = e.es;
+  /* as rmsnorm_add_forward: h is an output; y may be exactly u */
+  rn_buffers b = {.in = {rn_inplace(rn_matrix(u, rows, d, p->ldu, es))},
+                  .out = {rn_matrix(y, rows, d, p->ldy, es), rn_matrix(h, rows, d, p->ldx, es),
+                          rn_vector(rstd, rows, e.as)},
+                  .weight = weight, .bias = bias, .nparam = d};
+  rmsnorm_status st = plan_params(p, &e, &b);
+  if (st != RMSNORM_OK) return st;
+  rn_add_forward_job *job = &p->add;
+  job->ks = p->kernels;
+  job->add = (rn_add_args){p->cfg.dtype, d, h, p->ldx, u, p->ldu, h, p->ldx};
+  job->fwd = rn_entry_forward_args(&e, RN_RMSNORM, d, h, p->ldx, y, p->ldy);
+  job->fwd.rstd = rstd;
+  rn_add_forward_prepare(job, rows);
+  p->ready = 1;
+  return RMSNORM_OK;
+}
+
+rmsnorm_status rmsnorm_plan_run(rmsnorm_plan *p) {
+  if (!p) return RMSNORM_ERROR_NULL_POINTER;
+  if (!p->ready) return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (p->rows == 0) return RMSNORM_OK;
+  int add = p->op == RMSNORM_PLAN_ADD_FORWARD;
+  if (p->direct) { /* the caller's thread alone: nothing of the context is used */
+    if (add)
+      rn_add_forward_run(p->ctx, &p->add, p->rows, p->split);
+    else
+      p->kernels->forward[p->fwd.dtype](&p->fwd, 0, p->rows);
+    return RMSNORM_OK;
+  }
+  rn_context_lock(p->ctx);
+  if (add)
+    rn_add_forward_run(p->ctx, &p->add, p->rows, p->split);
+  else
+    rn_forward_run(p->ctx, p->kernels, &p->fwd, p->rows, p->split);
+  rn_context_unlock(p->ctx);
+  return RMSNORM_OK;
+}
+
+void rmsnorm_plan_free(rmsnorm_plan *p) {
+  if (!p) return;
+  free(p->params);
+  free(p);
+}
