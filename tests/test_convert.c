@@ -1,8 +1,16 @@
 /* test_convert.c - fp16/bf16 conversions against a slow, obviously correct
  * rounding: exhaustive over every 16-bit pattern, and over a dense sweep of
  * fp32 patterns including every tie. */
+#include "runtime/cpu.h"
 #include "runtime/work.h"
 #include "testutil.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define RN_TEST_X86 1
+extern const rn_kernel_set rn_kernels_avx2;
+#else
+#define RN_TEST_X86 0
+#endif
 
 /* Value of an fp16 pattern, from the format's definition. */
 static double f16_value(uint16_t h) {
@@ -74,17 +82,33 @@ int main(void) {
   static uint16_t pattern[65536 + 1];
   static float copy[65536];
   for (uint32_t h = 0; h < 65536; h++) pattern[h + 1] = (uint16_t)h;
+  /* the portable loops, and the F16C widening where the CPU has it */
+#if RN_TEST_X86
+  unsigned f16c = RMSNORM_CPU_AVX2 | RMSNORM_CPU_F16C;
+  int nsets = (rn_cpu_features() & f16c) == f16c ? 2 : 1;
+#else
+  int nsets = 1;
+#endif
+  for (int set = 0; set < nsets; set++)
   for (int bf16 = 0; bf16 <= 1; bf16++)
     for (int offset = 0; offset <= 1; offset++) {
       rmsnorm_config cfg;
       rmsnorm_config_init(&cfg, bf16 ? RMSNORM_BF16 : RMSNORM_F16);
       cfg.flags = offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0;
-      const float *got = rn_param_as_acc(&cfg, pattern + 1, 1, 65536, copy);
-      for (uint32_t h = 0; h < 65536; h++) {
+#if RN_TEST_X86
+      const rn_kernel_set *k = set ? &rn_kernels_avx2 : &rn_kernels_ref;
+#else
+      const rn_kernel_set *k = &rn_kernels_ref;
+#endif
+      /* odd lengths: the widening's tail */
+      size_t n = 65536 - (size_t)(3 * offset);
+      const float *got = rn_param_as_acc(&cfg, k, pattern + 1, 1, n, copy);
+      for (uint32_t h = 0; h < n; h++) {
         float g = bf16 ? rn_bf16_to_f32((uint16_t)h) : rn_f16_to_f32((uint16_t)h);
         float want = (float)offset + g;
-        tu_check(rn_f32_bits(got[h]) == rn_f32_bits(want), "%s param %04x offset %d: %08x want %08x",
-                 bf16 ? "bf16" : "f16", h, offset, rn_f32_bits(got[h]), rn_f32_bits(want));
+        tu_check(rn_f32_bits(got[h]) == rn_f32_bits(want),
+                 "%s param %04x offset %d set %s: %08x want %08x", bf16 ? "bf16" : "f16", h,
+                 offset, k->name, rn_f32_bits(got[h]), rn_f32_bits(want));
       }
     }
   {
@@ -95,7 +119,7 @@ int main(void) {
       float g = j % 7 == 0 ? -0.0f : (float)(j - 500) * 0.37f;
       memcpy(raw + 1 + 4 * j, &g, 4);
     }
-    const float *got = rn_param_as_acc(&cfg, raw + 1, 0, 1000, copy);
+    const float *got = rn_param_as_acc(&cfg, NULL, raw + 1, 0, 1000, copy);
     for (int j = 0; j < 1000; j++) {
       float g;
       memcpy(&g, raw + 1 + 4 * j, 4);

@@ -118,8 +118,8 @@ void rn_entry_lock(rn_entry *e) {
 char *rn_entry_scratch(rn_entry *e, size_t bytes) {
   char *s = rn_context_scratch(e->ctx, e->wcopy + e->bcopy + bytes);
   if (!s) return NULL;
-  e->weight = rn_param_as_acc(&e->cfg, e->weight, 1, e->nparam, s);
-  e->bias = rn_param_as_acc(&e->cfg, e->bias, 0, e->nparam, s + e->wcopy);
+  e->weight = rn_param_as_acc(&e->cfg, e->kernels, e->weight, 1, e->nparam, s);
+  e->bias = rn_param_as_acc(&e->cfg, e->kernels, e->bias, 0, e->nparam, s + e->wcopy);
   return s + e->wcopy + e->bcopy;
 }
 

@@ -106,8 +106,8 @@ static rmsnorm_status plan_params(rmsnorm_plan *p, rn_entry *e, const rn_buffers
     p->params = q;
     p->params_bytes = bytes;
   }
-  e->weight = rn_param_as_acc(&e->cfg, b->weight, 1, b->nparam, p->params);
-  e->bias = rn_param_as_acc(&e->cfg, b->bias, 0, b->nparam, p->params + e->wcopy);
+  e->weight = rn_param_as_acc(&e->cfg, p->kernels, b->weight, 1, b->nparam, p->params);
+  e->bias = rn_param_as_acc(&e->cfg, p->kernels, b->bias, 0, b->nparam, p->params + e->wcopy);
   return RMSNORM_OK;
 }
 

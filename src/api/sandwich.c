@@ -91,7 +91,7 @@ rmsnorm_status rmsnorm_sandwich_forward(rmsnorm_context *ctx, const rmsnorm_conf
   job.post.stream = RN_CACHED; /* y is read back at once */
   job.add = (rn_add_args){cfg->dtype, d, h, ldh, NULL, d, h, ldh};
   job.pre = rn_entry_forward_args(&e, RN_RMSNORM, d, h, ldh, x_next, ldxn);
-  job.pre.w = rn_param_as_acc(&e.cfg, weight_pre, 1, d, s);
+  job.pre.w = rn_param_as_acc(&e.cfg, e.kernels, weight_pre, 1, d, s);
   job.pre.rstd = rstd_pre;
   /* streamed, but not as DRAM-sized (2): the add has just brought the block's
    * h' into the caches */
@@ -236,7 +236,7 @@ rmsnorm_status rmsnorm_sandwich_backward(rmsnorm_context *ctx, const rmsnorm_con
   sw_bwd_job job;
   job.ks = e.kernels;
   job.pre = rn_entry_backward_args(&e, RN_RMSNORM, d, h, ldh, dx_next, lddxn, dh, lddh);
-  job.pre.w = rn_param_as_acc(&e.cfg, weight_pre, 1, d, sc);
+  job.pre.w = rn_param_as_acc(&e.cfg, e.kernels, weight_pre, 1, d, sc);
   job.pre.rstd = rstd_pre;
   job.pre.stream = RN_CACHED; /* dt is read back at once */
   job.post = rn_entry_backward_args(&e, RN_RMSNORM, d, a, lda, dh, lddh, da, ldda);

@@ -23,8 +23,8 @@ static inline float f16_to_f32_lanes(uint16_t h) {
                      (normal & ~(is_sub | is_special)));
 }
 
-const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_weight, size_t d,
-                            void *buf) {
+const void *rn_param_as_acc(const rmsnorm_config *cfg, const rn_kernel_set *k, const void *p,
+                            int is_weight, size_t d, void *buf) {
   if (!rn_param_needs_copy(cfg, p, is_weight)) return p;
   int f64 = rn_acc_is_f64(cfg->dtype);
   double offset = is_weight && (cfg->flags & RMSNORM_FLAG_WEIGHT_OFFSET) ? 1.0 : 0.0;
@@ -48,6 +48,8 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_wei
       memcpy(&h, src + 2 * j, 2);
       out[j] = off + rn_bf16_to_f32(h);
     }
+  } else if (k && k->widen_f16) {
+    k->widen_f16(p, d, off, out);
   } else {
     for (size_t j = 0; j < d; j++) {
       uint16_t h;

@@ -66,9 +66,10 @@ static inline int rn_param_needs_copy(const rmsnorm_config *cfg, const void *p,
          (is_weight && (cfg->flags & RMSNORM_FLAG_WEIGHT_OFFSET)) ||
          !rn_aligned(p, rn_acc_size(cfg->dtype));
 }
-/* p in the compute type: p itself, or its converted copy written to buf. */
-const void *rn_param_as_acc(const rmsnorm_config *cfg, const void *p, int is_weight, size_t d,
-                            void *buf);
+/* p in the compute type: p itself, or its converted copy written to buf
+ * (fp16 rows by k's widen_f16 where the set has one). */
+const void *rn_param_as_acc(const rmsnorm_config *cfg, const rn_kernel_set *k, const void *p,
+                            int is_weight, size_t d, void *buf);
 
 /* How a call's work is cut: `tasks` pieces (task t of n takes units
  * [rn_split_begin(t), rn_split_begin(t + 1))), run on up to `threads`
