@@ -3,8 +3,10 @@
 # per shape (gnuplot, installed from Debian when missing); then the quantized
 # outputs against the fp32 forward (bench_fused quant) and Gemma's sandwich
 # norms against their three separate calls (bench_fused sandwich), gated
-# RMSNorm against the copy limit of its own bytes (bench_fused gated), and
-# QK-norm + RoPE against QK-norm then a rotation pass (bench_fused rope).
+# RMSNorm against the copy limit of its own bytes (bench_fused gated),
+# QK-norm + RoPE against QK-norm then a rotation pass (bench_fused rope),
+# and decode-sized calls (1-64 rows, one thread, in cache) against plain
+# two-pass loops of the same SIMD set, one-shot and plan (bench_decode).
 # The command's measuring code and the plot script are in bench/c/; the CSV and
 # the plot are written to BENCH_DIR.
 BENCH_DIR ?= bench
@@ -31,3 +33,5 @@ bench: build gnuplot
 	./$(BUILD)/bench_fused gated 11
 	@echo "QK-norm + RoPE against QK-norm then a rotation pass (docs/rope.md):"
 	./$(BUILD)/bench_fused rope 11
+	@echo "decode-sized calls against plain two-pass loops of the same SIMD set (docs/kernels.md):"
+	./$(BUILD)/bench_decode 11
