@@ -51,11 +51,16 @@ int main(void) {
     double want = f16_value((uint16_t)h), got = rn_f16_to_f32((uint16_t)h);
     tu_check(isnan(want) ? isnan(got) : (got == want && signbit(got) == signbit(want)),
              "f16 %04x -> %g want %g", h, got, want);
+    /* the branch-free form (convert.h) gives the same bits, NaNs included */
+    tu_check(rn_f32_bits(rn_f16_to_f32_lanes((uint16_t)h)) == rn_f32_bits(rn_f16_to_f32((uint16_t)h)),
+             "f16 %04x: lanes form differs", h);
   }
   /* f32 -> f16/bf16: a sweep with a stride coprime to everything, plus all
    * exact halfway points between 16-bit neighbours */
   for (uint64_t u = 0; u < 0x100000000ull; u += 4099) {
     float f = rn_bits_f32((uint32_t)u);
+    tu_check(rn_f32_to_f16_lanes(f) == rn_f32_to_f16(f) && rn_f32_to_bf16_lanes(f) == rn_f32_to_bf16(f),
+             "f32 %08x: lanes forms differ", (unsigned)u);
     if (isnan(f)) {
       tu_check((rn_f32_to_f16(f) & 0x7e00) == 0x7e00, "f16 NaN quiet %08x", (unsigned)u);
       tu_check((rn_f32_to_bf16(f) & 0x7fc0) == 0x7fc0, "bf16 NaN quiet %08x", (unsigned)u);
@@ -68,11 +73,14 @@ int main(void) {
   }
   for (uint32_t h = 0; h < 0x7bff; h++) {
     float mid = (float)((f16_value((uint16_t)h) + f16_value((uint16_t)(h + 1))) / 2);
+    tu_check(rn_f32_to_f16_lanes(mid) == rn_f32_to_f16(mid) &&
+                 rn_f32_to_f16_lanes(-mid) == rn_f32_to_f16(-mid), "f16 tie lanes %04x", h);
     tu_check(rn_f32_to_f16(mid) == slow_round(mid, 0), "f16 tie after %04x", h);
     tu_check(rn_f32_to_f16(-mid) == slow_round(-mid, 0), "f16 tie after -%04x", h);
   }
   for (uint32_t h = 0; h < 0x7f7f; h++) {
     float mid = (rn_bf16_to_f32((uint16_t)h) + rn_bf16_to_f32((uint16_t)(h + 1))) / 2;
+    tu_check(rn_f32_to_bf16_lanes(mid) == rn_f32_to_bf16(mid), "bf16 tie lanes %04x", h);
     tu_check(rn_f32_to_bf16(mid) == slow_round(mid, 1), "bf16 tie after %04x", h);
   }
   /* the parameters' copies in the compute type (runtime/work.c converts a

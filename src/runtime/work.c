@@ -9,20 +9,6 @@
 #include "numerics/convert.h"
 #include "numerics/dtype.h"
 
-/* fp16 to fp32 as rn_f16_to_f32, without branches, so that the loop below
- * runs in vector lanes: a parameter row of a few thousand elements is
- * converted at every call, which decode-sized calls notice. No operation
- * takes a subnormal operand (a caller's flush-to-zero mode changes nothing). */
-static inline float f16_to_f32_lanes(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  uint32_t normal = ((exp + 112u) << 23) | (man << 13);
-  uint32_t special = 0x7f800000u | (man << 13) | ((uint32_t)(man != 0) << 22);
-  uint32_t sub = rn_f32_bits((float)(int32_t)man * 0x1p-24f);
-  uint32_t is_sub = 0u - (uint32_t)(exp == 0), is_special = 0u - (uint32_t)(exp == 0x1fu);
-  return rn_bits_f32(sign | (sub & is_sub) | (special & is_special) |
-                     (normal & ~(is_sub | is_special)));
-}
-
 const void *rn_param_as_acc(const rmsnorm_config *cfg, const rn_kernel_set *k, const void *p,
                             int is_weight, size_t d, void *buf) {
   if (!rn_param_needs_copy(cfg, p, is_weight)) return p;
@@ -54,7 +40,7 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const rn_kernel_set *k, c
     for (size_t j = 0; j < d; j++) {
       uint16_t h;
       memcpy(&h, src + 2 * j, 2);
-      out[j] = off + f16_to_f32_lanes(h);
+      out[j] = off + rn_f16_to_f32_lanes(h);
     }
   }
   return buf;
@@ -242,6 +228,44 @@ static void chunks_task(void *arg, int t, int n) {
   }
 }
 
+/* out[j] = sum[j] rounded to the fp16/bf16 parameter dtype (with
+ * RMSNORM_FLAG_ACCUMULATE: sum[j] + out[j], added in double), as rn_store
+ * does, for j in [j0, j1); sum is f (floats) or t (doubles). Loops without
+ * branches, so they run in vector lanes: a decode-sized backward writes d
+ * of these a call. out: any alignment (reached by memcpy). */
+static void store_halves(const rmsnorm_config *cfg, const float *f, const double *t, void *out,
+                         size_t j0, size_t j1) {
+  unsigned char *o = out;
+  int acc = (cfg->flags & RMSNORM_FLAG_ACCUMULATE) != 0;
+#define RN_STORE_HALVES(value, narrow)                                          \
+  for (size_t j = j0; j < j1; j++) {                                            \
+    uint16_t h;                                                                 \
+    memcpy(&h, o + 2 * j, 2);                                                   \
+    h = narrow((float)(value));                                                 \
+    memcpy(o + 2 * j, &h, 2);                                                   \
+  }
+#define RN_STORE_SUMS(s, widen, narrow)                                         \
+  do {                                                                          \
+    if (acc)                                                                    \
+      RN_STORE_HALVES((double)(s)[j] + (double)widen(h), narrow)                \
+    else                                                                        \
+      RN_STORE_HALVES((s)[j], narrow)                                           \
+  } while (0)
+  if (cfg->param_dtype == RMSNORM_BF16) {
+    if (f)
+      RN_STORE_SUMS(f, rn_bf16_to_f32, rn_f32_to_bf16_lanes);
+    else
+      RN_STORE_SUMS(t, rn_bf16_to_f32, rn_f32_to_bf16_lanes);
+  } else {
+    if (f)
+      RN_STORE_SUMS(f, rn_f16_to_f32_lanes, rn_f32_to_f16_lanes);
+    else
+      RN_STORE_SUMS(t, rn_f16_to_f32_lanes, rn_f32_to_f16_lanes);
+  }
+#undef RN_STORE_SUMS
+#undef RN_STORE_HALVES
+}
+
 /* out[j] (or +=) = the sum over groups of slot[g][j] in group order, in
  * double, for j in [j0, j1). */
 static void reduce_groups(const grad_job *job, const char *groups, void *out, size_t j0,
@@ -262,6 +286,13 @@ static void reduce_groups(const grad_job *job, const char *groups, void *out, si
       /* one chunk of the output's type: the sum is the partial itself */
       memcpy((char *)out + j0 * p->acc_size, groups + j0 * p->acc_size,
              (j1 - j0) * p->acc_size);
+      return;
+    }
+    if (p->ngroups == 1 && !f64 && cfg->param_dtype != RMSNORM_F32) {
+      /* one chunk of floats into fp16/bf16: its values are the sums (in
+       * double they would be the same numbers), stored without a pass
+       * through doubles */
+      store_halves(cfg, (const float *)(const void *)groups, NULL, out, j0, j1);
       return;
     }
     total = job->total;
@@ -287,11 +318,12 @@ static void reduce_groups(const grad_job *job, const char *groups, void *out, si
       rn_st_f32(out, j, (float)(acc ? total[j] + rn_ld_f32(out, j) : total[j]));
     return;
   }
-  for (size_t j = j0; j < j1; j++) {
-    double v = total[j];
-    if (acc) v += rn_load(out, cfg->param_dtype, j);
-    rn_store(out, cfg->param_dtype, j, v);
+  if (cfg->param_dtype == RMSNORM_F64) {
+    for (size_t j = j0; j < j1; j++)
+      rn_st_f64(out, j, acc ? total[j] + rn_ld_f64(out, j) : total[j]);
+    return;
   }
+  store_halves(cfg, NULL, total, out, j0, j1);
 }
 
 static void reduce_task(void *arg, int t, int n) {
