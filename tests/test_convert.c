@@ -90,7 +90,7 @@ int main(void) {
   static uint16_t pattern[65536 + 1];
   static float copy[65536];
   for (uint32_t h = 0; h < 65536; h++) pattern[h + 1] = (uint16_t)h;
-  /* the portable loops, and the F16C widening where the CPU has it */
+  /* the portable loops, and the AVX2 / F16C widening where the CPU has it */
 #if RN_TEST_X86
   unsigned f16c = RMSNORM_CPU_AVX2 | RMSNORM_CPU_F16C;
   int nsets = (rn_cpu_features() & f16c) == f16c ? 2 : 1;
@@ -119,6 +119,37 @@ int main(void) {
                  offset, k->name, rn_f32_bits(got[h]), rn_f32_bits(want));
       }
     }
+#if RN_TEST_X86
+  /* the gradients' narrowing with F16C and AVX2: the sweep above, every bf16
+   * and fp16 tie, NaNs of every kind, an odd count (the scalar tail) */
+  if (nsets == 2) {
+    size_t cap = ((size_t)1 << 32) / 4099 + 2 * 65536 + 64, n = 0;
+    float *in = malloc(cap * sizeof *in);
+    uint16_t *out = malloc(cap * sizeof *out + 1);
+    if (!in || !out) return 2;
+    for (uint64_t u = 0; u < 0x100000000ull; u += 4099) in[n++] = rn_bits_f32((uint32_t)u);
+    for (uint32_t h = 0; h < 0x7f7f; h++)
+      in[n++] = (rn_bf16_to_f32((uint16_t)h) + rn_bf16_to_f32((uint16_t)(h + 1))) / 2;
+    for (uint32_t h = 0; h < 0x7bff; h++)
+      in[n++] = (float)((f16_value((uint16_t)h) + f16_value((uint16_t)(h + 1))) / 2);
+    static const uint32_t nans[] = {0x7f800001u, 0xffc00000u, 0x7fbfffffu, 0x7fe00001u, 0xff801000u};
+    for (size_t i = 0; i < sizeof nans / sizeof *nans; i++) in[n++] = rn_bits_f32(nans[i]);
+    in[n++] = 1.0f; /* n odd */
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+      rmsnorm_dtype dt = bf16 ? RMSNORM_BF16 : RMSNORM_F16;
+      rn_kernels_avx2.narrow(dt, in, n, (unsigned char *)out + 1); /* misaligned */
+      for (size_t i = 0; i < n; i++) {
+        uint16_t got;
+        memcpy(&got, (unsigned char *)out + 1 + 2 * i, 2);
+        uint16_t want = bf16 ? rn_f32_to_bf16(in[i]) : rn_f32_to_f16(in[i]);
+        tu_check(got == want, "%s narrow %08x: %04x want %04x", bf16 ? "bf16" : "f16",
+                 rn_f32_bits(in[i]), got, want);
+      }
+    }
+    free(in);
+    free(out);
+  }
+#endif
   {
     static unsigned char raw[4 * 1000 + 1];
     rmsnorm_config cfg;

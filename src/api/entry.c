@@ -139,6 +139,7 @@ char *rn_entry_grad_scratch(rn_entry *e, rn_grad_plan *plan, size_t units, size_
                             size_t task_bytes) {
   if (!rn_grad_plan_init(plan, &e->cfg, units, chunk_units, d, dweight, dbias, split))
     return NULL;
+  plan->kernels = e->kernels;
   return rn_entry_scratch(e, plan->bytes + (size_t)plan->ntasks * task_bytes);
 }
 

@@ -294,10 +294,15 @@ typedef struct rn_sandwich_args {
 typedef void (*rn_sandwich_fn)(const rn_sandwich_args *a, size_t row_begin, size_t row_end,
                                void *row_scratch);
 
-/* n fp16 values at src (any alignment) to dst as offset + (float)v, the
- * parameters' conversion (runtime/work.c). */
-typedef void (*rn_widen_fn)(const void *src, size_t n, float offset, float *dst);
-void rn_avx2_widen_f16(const void *src, size_t n, float offset, float *dst);
+/* n fp16 or bf16 (dt) values at src (any alignment) to dst as offset +
+ * (float)v, the parameters' conversion (runtime/work.c). */
+typedef void (*rn_widen_fn)(rmsnorm_dtype dt, const void *src, size_t n, float offset,
+                            float *dst);
+/* n floats to dt (fp16 or bf16) at dst (any alignment), rounded as
+ * rn_f32_to_f16 / rn_f32_to_bf16: a backward's parameter gradients. */
+typedef void (*rn_narrow_fn)(rmsnorm_dtype dt, const float *src, size_t n, void *dst);
+void rn_avx2_widen(rmsnorm_dtype dt, const void *src, size_t n, float offset, float *dst);
+void rn_avx2_narrow(rmsnorm_dtype dt, const float *src, size_t n, void *dst);
 
 /* One ISA's kernels, indexed by rmsnorm_dtype. */
 typedef struct rn_kernel_set {
@@ -325,9 +330,12 @@ typedef struct rn_kernel_set {
   /* the sandwich forward in one pass, fp32 and fp64 (api/sandwich.c; NULL:
      the separate kernels, as the scalar reference) */
   rn_sandwich_fn sandwich_forward[RN_NUM_DTYPES];
-  /* fp16 parameters widened to fp32 plus offset (runtime/work.c; NULL: the
+  /* fp16/bf16 parameters widened to fp32 plus offset (runtime/work.c; NULL:
+     the portable loops) */
+  rn_widen_fn widen;
+  /* float sums to fp16/bf16 parameter gradients (runtime/work.c; NULL: the
      portable loop) */
-  rn_widen_fn widen_f16;
+  rn_narrow_fn narrow;
 } rn_kernel_set;
 
 /* The scalar reference: the spec every other set is tested against. */

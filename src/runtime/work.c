@@ -28,14 +28,14 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const rn_kernel_set *k, c
       memcpy(&g, src + 4 * j, 4);
       out[j] = off + g;
     }
+  } else if (k && k->widen) {
+    k->widen(cfg->param_dtype, p, d, off, out);
   } else if (cfg->param_dtype == RMSNORM_BF16) {
     for (size_t j = 0; j < d; j++) {
       uint16_t h;
       memcpy(&h, src + 2 * j, 2);
       out[j] = off + rn_bf16_to_f32(h);
     }
-  } else if (k && k->widen_f16) {
-    k->widen_f16(p, d, off, out);
   } else {
     for (size_t j = 0; j < d; j++) {
       uint16_t h;
@@ -233,10 +233,15 @@ static void chunks_task(void *arg, int t, int n) {
  * does, for j in [j0, j1); sum is f (floats) or t (doubles). Loops without
  * branches, so they run in vector lanes: a decode-sized backward writes d
  * of these a call. out: any alignment (reached by memcpy). */
-static void store_halves(const rmsnorm_config *cfg, const float *f, const double *t, void *out,
+static void store_halves(const rn_grad_plan *p, const float *f, const double *t, void *out,
                          size_t j0, size_t j1) {
+  const rmsnorm_config *cfg = p->cfg;
   unsigned char *o = out;
   int acc = (cfg->flags & RMSNORM_FLAG_ACCUMULATE) != 0;
+  if (f && !acc && p->kernels && p->kernels->narrow) {
+    p->kernels->narrow(cfg->param_dtype, f + j0, j1 - j0, o + 2 * j0);
+    return;
+  }
 #define RN_STORE_HALVES(value, narrow)                                          \
   for (size_t j = j0; j < j1; j++) {                                            \
     uint16_t h;                                                                 \
@@ -292,7 +297,7 @@ static void reduce_groups(const grad_job *job, const char *groups, void *out, si
       /* one chunk of floats into fp16/bf16: its values are the sums (in
        * double they would be the same numbers), stored without a pass
        * through doubles */
-      store_halves(cfg, (const float *)(const void *)groups, NULL, out, j0, j1);
+      store_halves(p, (const float *)(const void *)groups, NULL, out, j0, j1);
       return;
     }
     total = job->total;
@@ -323,7 +328,7 @@ static void reduce_groups(const grad_job *job, const char *groups, void *out, si
       rn_st_f64(out, j, acc ? total[j] + rn_ld_f64(out, j) : total[j]);
     return;
   }
-  store_halves(cfg, NULL, total, out, j0, j1);
+  store_halves(p, NULL, total, out, j0, j1);
 }
 
 static void reduce_task(void *arg, int t, int n) {

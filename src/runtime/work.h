@@ -67,7 +67,7 @@ static inline int rn_param_needs_copy(const rmsnorm_config *cfg, const void *p,
          !rn_aligned(p, rn_acc_size(cfg->dtype));
 }
 /* p in the compute type: p itself, or its converted copy written to buf
- * (fp16 rows by k's widen_f16 where the set has one). */
+ * (fp16/bf16 rows by k's widen where the set has one). */
 const void *rn_param_as_acc(const rmsnorm_config *cfg, const rn_kernel_set *k, const void *p,
                             int is_weight, size_t d, void *buf);
 
@@ -127,6 +127,8 @@ typedef struct rn_grad_plan {
   rn_split split;        /* how the chunks run (tasks <= ngroups) */
   int ntasks;            /* tasks that scratch is sized for (>= split.tasks) */
   void *dweight, *dbias; /* the user's outputs, or NULL */
+  const rn_kernel_set *kernels; /* the call's set, for the fp16/bf16 outputs'
+                                   conversion (NULL: the portable loop) */
 } rn_grad_plan;
 
 /* `split`: the threads and tasks wanted (tasks clamped to ngroups). @return

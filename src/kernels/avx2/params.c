@@ -1,27 +1,60 @@
-/* params.c - fp16 parameter rows widened to the fp32 compute type with F16C
- * (runtime/work.c: rn_param_as_acc), for the AVX2 and AVX-512 sets. A weight
- * or bias of the data's dtype is converted at every one-shot call, and the
- * portable loop's fp16 decoding costs several times a decode row's own work.
- * vcvtph2ps is exact and quiets NaNs as rn_f16_to_f32 does; the offset is
- * one float add, as the portable loop's. */
+/* params.c - the parameter rows' conversions between fp16/bf16 and the fp32
+ * compute type (runtime/work.c), for the AVX2 and AVX-512 sets: a weight or
+ * bias of the data's dtype widened at every one-shot call, and a backward's
+ * fp16/bf16 dweight/dbias narrowed from its float sums. A decode-sized call
+ * converts d values each way, which the portable loops take several times a
+ * row's own work to do. The bits are convert.h's: vcvtph2ps is exact and
+ * quiets NaNs as rn_f16_to_f32 does, vcvtps2ph rounds to nearest even as
+ * rn_f32_to_f16, and bf16 rounds as rn_f32_to_bf16 (tests/test_convert.c). */
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/kernels.h"
+#include "numerics/convert.h"
 
-void rn_avx2_widen_f16(const void *src, size_t n, float offset, float *dst) {
+void rn_avx2_widen(rmsnorm_dtype dt, const void *src, size_t n, float offset, float *dst) {
   const unsigned char *p = src; /* any alignment */
+  int bf16 = dt == RMSNORM_BF16;
   __m256 off = _mm256_set1_ps(offset);
   size_t j = 0;
   for (; j + 8 <= n; j += 8) {
     __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * j));
-    _mm256_storeu_ps(dst + j, _mm256_add_ps(off, _mm256_cvtph_ps(h)));
+    __m256 v = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                    : _mm256_cvtph_ps(h);
+    _mm256_storeu_ps(dst + j, _mm256_add_ps(off, v));
   }
-  if (j < n) {
-    uint16_t tail[8] = {0};
-    for (size_t i = 0; j + i < n; i++) tail[i] = (uint16_t)(p[2 * (j + i)] | p[2 * (j + i) + 1] << 8);
-    float out[8];
-    _mm256_storeu_ps(out, _mm256_add_ps(off, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)tail))));
-    for (size_t i = 0; j + i < n; i++) dst[j + i] = out[i];
+  for (; j < n; j++) {
+    uint16_t h;
+    memcpy(&h, p + 2 * j, 2);
+    dst[j] = offset + (bf16 ? rn_bf16_to_f32(h) : rn_f16_to_f32(h));
+  }
+}
+
+/* 8 floats to bf16, nearest even; a NaN keeps its sign and top payload and
+ * is made quiet (rn_f32_to_bf16). */
+static inline __m128i bf16_of(__m256 v) {
+  __m256i u = _mm256_castps_si256(v);
+  __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
+  __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                   _mm256_set1_epi32(0x7f800000));
+  __m256i h = _mm256_blendv_epi8(r, q, nan);
+  return _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+void rn_avx2_narrow(rmsnorm_dtype dt, const float *src, size_t n, void *dst) {
+  unsigned char *p = dst; /* any alignment */
+  int bf16 = dt == RMSNORM_BF16;
+  size_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 v = _mm256_loadu_ps(src + j);
+    __m128i h = bf16 ? bf16_of(v) : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128((__m128i *)(void *)(p + 2 * j), h);
+  }
+  for (; j < n; j++) {
+    uint16_t h = bf16 ? rn_f32_to_bf16(src[j]) : rn_f32_to_f16(src[j]);
+    memcpy(p + 2 * j, &h, 2);
   }
 }

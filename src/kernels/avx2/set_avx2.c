@@ -3,5 +3,6 @@
 #define RN_SET_PREFIX rn_avx2_
 #define RN_KERNEL_SET rn_kernels_avx2
 #define RN_ISA_NAME "avx2"
-#define RN_WIDEN_F16 rn_avx2_widen_f16 /* params.c */
+#define RN_WIDEN rn_avx2_widen /* params.c */
+#define RN_NARROW rn_avx2_narrow
 #include "kernels/set.inc"

@@ -3,5 +3,6 @@
 #define RN_SET_PREFIX rn_avx512_
 #define RN_KERNEL_SET rn_kernels_avx512
 #define RN_ISA_NAME "avx512"
-#define RN_WIDEN_F16 rn_avx2_widen_f16 /* avx2/params.c: F16C, which these CPUs have */
+#define RN_WIDEN rn_avx2_widen /* avx2/params.c: AVX2 and F16C, which these CPUs have */
+#define RN_NARROW rn_avx2_narrow
 #include "kernels/set.inc"
