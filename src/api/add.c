@@ -13,6 +13,10 @@ static void add_fwd_rows(const void *p, size_t r0, size_t r1, int task) {
   const rn_add_forward_job *job = p;
   rmsnorm_dtype dt = job->add.dtype;
   (void)task;
+  if (job->fused) { /* two passes a row (kernels.h) */
+    job->fused(&job->add, &job->fwd, r0, r1);
+    return;
+  }
   for (size_t r = r0; r < r1; r += job->block) {
     size_t e = r + job->block < r1 ? r + job->block : r1;
     job->ks->add[dt](&job->add, r, e);
@@ -26,6 +30,9 @@ void rn_add_forward_prepare(rn_add_forward_job *job, size_t rows) {
    * block's h into the caches */
   job->fwd.stream = rn_stream_ok(job->fwd.y != job->add.b, job->fwd.y, es, rows * d * es) != 0;
   job->block = rn_block_rows(d, es);
+  /* the two-pass kernel takes a weight, no bias, and the whole row's statistic */
+  job->fused = job->fwd.w && !job->fwd.b && job->fwd.k == d ? job->ks->add_forward[job->fwd.dtype]
+                                                             : NULL;
 }
 
 rn_split rn_add_forward_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {

@@ -158,8 +158,10 @@ typedef struct rn_add_forward_job {
   rn_add_args add;     /* h = h + u */
   rn_forward_args fwd; /* y = RMSNorm(h) */
   size_t block;        /* rows per block (rn_block_rows) */
+  rn_add_forward_fn fused; /* the set's two-pass kernel where it takes the call, or NULL */
 } rn_add_forward_job;
-/* The job's stream decision and block for `rows` rows (ks, add, fwd set). */
+/* The job's stream decision, block and kernel for `rows` rows (ks, add, fwd
+ * set). */
 void rn_add_forward_prepare(rn_add_forward_job *job, size_t rows);
 rn_split rn_add_forward_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es);
 void rn_add_forward_run(rmsnorm_context *ctx, const rn_add_forward_job *job, size_t rows,

@@ -146,6 +146,10 @@ typedef struct rn_quant_args {
 typedef void (*rn_rstd_fn)(const rn_forward_args *a, size_t row_begin, size_t row_end,
                            void *row_scratch);
 typedef void (*rn_add_fn)(const rn_add_args *a, size_t row_begin, size_t row_end);
+/* Residual add (add: h + u into h) and RMSNorm of h' (f) over rows, in two
+ * passes a row; the same bits as add then forward (api/add.c). */
+typedef void (*rn_add_forward_fn)(const rn_add_args *add, const rn_forward_args *f,
+                                  size_t row_begin, size_t row_end);
 typedef void (*rn_quant_fn)(const rn_quant_args *a, size_t row_begin, size_t row_end,
                             void *row_scratch);
 /* A row's y (float) to its codes and scales in q->format, q->encode. */
@@ -330,6 +334,9 @@ typedef struct rn_kernel_set {
   /* the sandwich forward in one pass, fp32 and fp64 (api/sandwich.c; NULL:
      the separate kernels, as the scalar reference) */
   rn_sandwich_fn sandwich_forward[RN_NUM_DTYPES];
+  /* residual add + RMSNorm in two passes a row, fp32 and fp64 with a weight
+     and no bias (api/add.c; NULL: the add, then the forward) */
+  rn_add_forward_fn add_forward[RN_NUM_DTYPES];
   /* fp16/bf16 parameters widened to fp32 plus offset (runtime/work.c; NULL:
      the portable loops) */
   rn_widen_fn widen;

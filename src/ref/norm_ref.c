@@ -69,6 +69,7 @@ const rn_kernel_set rn_kernels_ref = {
     {rope_forward_f32, rope_forward_f16, rope_forward_bf16, rope_forward_f64},
     {rope_backward_f32, rope_backward_f16, rope_backward_bf16, rope_backward_f64},
     {NULL, NULL, NULL, NULL}, /* the sandwich: the separate kernels are its spec */
+    {NULL, NULL, NULL, NULL}, /* add + forward: the add, then the forward */
     NULL,                     /* parameters: the portable loops */
     NULL,                     /* parameter gradients: the portable loop */
 };
