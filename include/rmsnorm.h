@@ -435,10 +435,12 @@ typedef enum rmsnorm_qformat {
   RMSNORM_QF_MXFP4 = 5
 } rmsnorm_qformat;
 
-/* Flags for rmsnorm_quant.flags. */
+/* Flags for rmsnorm_quant.flags (INT8/FP8_E4M3 with dynamic scales only). */
 enum {
-  /* INT8/FP8_E4M3 dynamic scales rounded up to a power of two (UE8M0, as
-   * block-scaled GEMMs take them); a power of two stays. */
+  /* Scales rounded up to a power of two and kept in UE8M0's range
+   * [2^-127, 2^127] (as block-scaled GEMMs take them): a power of two
+   * stays, an all-zero row or group gets 2^-127 (its codes are then zero),
+   * a smaller one 2^-127; NaN and inf stay. The codes use that scale. */
   RMSNORM_QUANT_SCALE_POW2 = 1u << 0
 };
 

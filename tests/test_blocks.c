@@ -1,16 +1,19 @@
 /* test_blocks.c - the block and per-group encoders of src/ref/blocks_ref.c
  * on hand-checked cases: rounding ties (Q8_0 away from zero, Q8_K to even),
  * zero blocks, MXFP4's scale just below a power of two, MXFP8 saturation,
- * subnormal scales, NaN and Inf. Bytes against the oracles:
+ * subnormal scales, power-of-two scales kept in UE8M0's range, NaN and
+ * Inf. Bytes against the oracles:
  * tests/blocks/check_blocks_oracle.py. */
 #include "check.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "numerics/blocks.h"
 #include "numerics/convert.h"
+#include "numerics/quant.h"
 
 static float rd_f32(const unsigned char *p) { float f; memcpy(&f, p, 4); return f; }
 static int16_t rd_i16(const unsigned char *p) { int16_t v; memcpy(&v, p, 2); return v; }
@@ -183,17 +186,33 @@ static void test_group(void) {
   tu_check(sc[0] == 1.0f && (int8_t)c[1] == 2 && (int8_t)c[2] == -4, "group int8");
   tu_check(sc[1] == 100.0f / 127.0f && sc[2] == 0 && c[64] == 0, "group int8 scales");
   rn_ref_group(y, 128, 64, RN_GROUP_INT8, RN_GROUP_SCALE_POW2, c, sc);
-  tu_check(sc[0] == 1.0f && sc[1] == 0, "group pow2 %g %g", sc[0], sc[1]);
+  /* an all-zero group: UE8M0's smallest scale 2^-127, codes 0 */
+  tu_check(sc[0] == 1.0f && sc[1] == 0x1p-127f && c[64] == 0, "group pow2 %g %g", sc[0], sc[1]);
   rn_ref_group(y + 32, 32, 32, RN_GROUP_INT8, RN_GROUP_SCALE_POW2, c, sc);
   tu_check(sc[0] == 1.0f && (int8_t)c[0] == 100 && (int8_t)c[1] == 2, "group pow2 codes");
-  /* subnormal scales: s = 1.5 * 2^-140 (t = y / s), pow2 -> 2^-139 */
+  /* subnormal scales: s = 1.5 * 2^-140 (t = y / s); pow2: 2^-139 is below
+   * UE8M0's range, so 2^-127, and t = y / 2^-127 */
   memset(y, 0, sizeof y);
   y[0] = 190.5f * 0x1p-140f, y[1] = -0x1p-140f;
   rn_ref_group(y, 32, 32, RN_GROUP_INT8, 0, c, sc);
   tu_check(sc[0] == 1.5f * 0x1p-140f && (int8_t)c[0] == 127 && (int8_t)c[1] == -1, "group subnormal s");
   rn_ref_group(y, 32, 32, RN_GROUP_INT8, RN_GROUP_SCALE_POW2, c, sc);
-  tu_check(sc[0] == 0x1p-139f && (int8_t)c[0] == 95 && (int8_t)c[1] == -0, "group subnormal pow2 %d",
-           (int8_t)c[0]);
+  tu_check(sc[0] == 0x1p-127f && (int8_t)c[0] == 0 && (int8_t)c[1] == 0, "group subnormal pow2 %g %d",
+           sc[0], (int8_t)c[0]);
+  /* amax 126 * 2^-127: s = 126/127 * 2^-127 rounds up to 2^-127 (byte 0),
+   * codes 126 and -64 (t = y / 2^-127) */
+  y[0] = 126.0f * 0x1p-127f, y[1] = -64.0f * 0x1p-127f;
+  rn_ref_group(y, 32, 32, RN_GROUP_INT8, RN_GROUP_SCALE_POW2, c, sc);
+  tu_check(sc[0] == 0x1p-127f && (int8_t)c[0] == 126 && (int8_t)c[1] == -64, "group pow2 smallest");
+  /* e4m3, amax 448 * 2^-126: s = 2^-126 exactly, codes 448 */
+  y[0] = 448.0f * 0x1p-126f, y[1] = 0;
+  rn_ref_group(y, 32, 32, RN_GROUP_E4M3, RN_GROUP_SCALE_POW2, c, sc);
+  tu_check(sc[0] == 0x1p-126f && c[0] == 0x7e, "group pow2 2^-126: %g %02x", sc[0], c[0]);
+  /* an all-zero e4m3 group with -0: 2^-127 and the codes of +-0 / 2^-127 */
+  memset(y, 0, sizeof y);
+  y[3] = -0.0f;
+  rn_ref_group(y, 32, 32, RN_GROUP_E4M3, RN_GROUP_SCALE_POW2, c, sc);
+  tu_check(sc[0] == 0x1p-127f && c[0] == 0 && c[3] == 0x80, "group e4m3 zero pow2 %02x", c[3]);
   /* e4m3, g 128: amax 448 -> s 1; pow2 of 480/448 -> 2 */
   memset(y, 0, sizeof y);
   y[0] = 448.0f, y[1] = 2.5f, y[2] = -0.0f;
@@ -203,7 +222,7 @@ static void test_group(void) {
   rn_ref_group(y, 128, 128, RN_GROUP_E4M3, RN_GROUP_SCALE_POW2, c, sc);
   tu_check(sc[0] == 2.0f && c[0] == 0x77 && c[1] == 0x3a, "group e4m3 pow2 %02x %02x", c[0], c[1]);
   /* a NaN: that group's s NaN (pow2 keeps it) and its codes 0, the next
-   * group as before */
+   * group as before; an infinity: s = inf */
   memset(y, 0, sizeof y);
   y[3] = NAN, y[4] = 5.0f, y[40] = 127.0f;
   for (int kind = 0; kind < 2; kind++) {
@@ -213,6 +232,25 @@ static void test_group(void) {
     tu_check(isnan(sc[0]) && zero && sc[1] > 0 && c[40] != 0, "group NaN (%s)",
              kind ? "e4m3" : "int8");
   }
+  y[3] = INFINITY;
+  rn_ref_group(y, 64, 32, RN_GROUP_INT8, RN_GROUP_SCALE_POW2, c, sc);
+  tu_check(isinf(sc[0]) && c[3] == 0 && c[4] == 0, "group inf pow2");
+}
+
+/* The UE8M0 scale rule (numerics/quant.h). */
+static void test_ue8m0(void) {
+  tu_check(rn_ue8m0_scale(0.0f) == 0x1p-127f && rn_ue8m0_scale(0x1p-149f) == 0x1p-127f &&
+           rn_ue8m0_scale(0x1p-127f) == 0x1p-127f && rn_ue8m0_scale(0x1.8p-128f) == 0x1p-127f,
+           "ue8m0 below the range");
+  tu_check(rn_ue8m0_scale(nextafterf(0x1p-127f, 1)) == 0x1p-126f &&
+           rn_ue8m0_scale(0x1p-126f) == 0x1p-126f && rn_ue8m0_scale(0.75f) == 1.0f &&
+           rn_ue8m0_scale(1.0f) == 1.0f && rn_ue8m0_scale(0x1.000002p3f) == 16.0f,
+           "ue8m0 rounds up");
+  tu_check(rn_ue8m0_scale(0x1p127f) == 0x1p127f && rn_ue8m0_scale(FLT_MAX) == 0x1p127f &&
+           isinf(rn_ue8m0_scale(INFINITY)) && isnan(rn_ue8m0_scale(NAN)), "ue8m0 top");
+  int ok = 1;
+  for (int e = -127; e <= 127; e++) ok &= rn_ue8m0_scale(ldexpf(1.0f, e)) == ldexpf(1.0f, e);
+  tu_check(ok, "ue8m0 powers of two stay");
 }
 
 int main(void) {
@@ -221,5 +259,6 @@ int main(void) {
   test_mxfp4();
   test_mxfp8();
   test_group();
+  test_ue8m0();
   return tu_summary("test_blocks");
 }

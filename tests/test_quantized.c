@@ -3,8 +3,8 @@
  * the scalar reference's bytes; the bytes are the reference encoders'
  * (ref/blocks_ref.c, held to gguf-py and numpy by the blocks-oracle test) of
  * the fp32 forward's y; chosen y rows (ties, powers of two, subnormal and
- * zero blocks, NaN/Inf) fed through the weight; rescue rows; strides and
- * gaps; the fused add; the error statuses, with nothing written. */
+ * zero blocks, zero rows, NaN/Inf) fed through the weight; rescue rows;
+ * strides and gaps; the fused add; the error statuses, with nothing written. */
 #include <float.h>
 
 #include "numerics/blocks.h"
@@ -32,6 +32,7 @@ static const fmt fmts[] = {
     {"e4m3/32 pow2", RMSNORM_QF_FP8_E4M3, 32, RMSNORM_QUANT_SCALE_POW2},
     {"int8/row pow2", RMSNORM_QF_INT8, 0, RMSNORM_QUANT_SCALE_POW2},
     {"e4m3/row", RMSNORM_QF_FP8_E4M3, 0, 0},
+    {"e4m3/row pow2", RMSNORM_QF_FP8_E4M3, 0, RMSNORM_QUANT_SCALE_POW2},
 };
 #define NFMTS (sizeof fmts / sizeof fmts[0])
 
@@ -42,6 +43,9 @@ static rmsnorm_quant desc_of(const fmt *f) {
   q.flags = f->flags;
   return q;
 }
+
+/* Bytes of one scale: E8M0 bytes for MXFP8, else floats. */
+static size_t scale_es_of(const fmt *f) { return f->format == RMSNORM_QF_MXFP8_E4M3 ? 1 : 4; }
 
 static int block_of(const fmt *f) {
   return f->format == RMSNORM_QF_Q8_K ? 256 : f->group ? (int)f->group : 32;
@@ -68,7 +72,7 @@ static rmsnorm_status run(rmsnorm_context *ctx, const rmsnorm_config *cfg, const
   memset(o, 0, sizeof *o);
   if (rmsnorm_quant_row_size(&q, d, &o->row_bytes, &o->row_scales) != RMSNORM_OK)
     return RMSNORM_ERROR_BAD_SIZE;
-  o->scale_es = f->format == RMSNORM_QF_MXFP8_E4M3 ? 1 : 4;
+  o->scale_es = scale_es_of(f);
   o->ldc = o->row_bytes + 3;
   o->lds = o->row_scales + 1;
   o->codes_bytes = rows * o->ldc;
@@ -217,6 +221,8 @@ static void chosen_rows(float *w, size_t d, int kind) {
         v = (float)(ldexp((double)((int)(u * 25)) / 2 + 0.25 * (j % 2), k % 20) * (n < 0 ? -1 : 1));
         break;
       case 4: v = j % 64 < 32 ? 0.0f : (float)(n * 1e-41); break; /* zero and subnormal blocks */
+      case 5: v = u < 0.5 ? 0.0f : -0.0f; break; /* a zero row, zeros of both signs */
+      case 6: v = (float)(n * 0x1p-126); break;   /* below 127 * 2^-127: the smallest UE8M0 */
       default: /* NaN and Inf here and there */
         v = j % 37 == 5 ? NAN : j % 101 == 7 ? (j % 2 ? INFINITY : -INFINITY) : (float)n;
         break;
@@ -240,7 +246,7 @@ static void test_chosen(void) {
   for (size_t j = 0; j < d; j++) x[j] = 1.0f;
   int rounds = tu_reduced() ? 2 : 40;
   for (size_t fi = 0; fi < NFMTS; fi++)
-    for (int kind = 0; kind < 6; kind++)
+    for (int kind = 0; kind < 8; kind++)
       for (int r = 0; r < rounds; r++) {
         const fmt *f = &fmts[fi];
         tu_seed((uint64_t)(fi * 1000 + kind * 100 + r));
@@ -255,7 +261,7 @@ static void test_chosen(void) {
           memset(gsc, 0, d * 4);
           rmsnorm_status st = rmsnorm_forward_quantized(c, &cfg, 1, d, x, d, w, NULL, &q, got,
                                                         rb, rs ? gsc : NULL, rs, NULL);
-          size_t es = f->format == RMSNORM_QF_MXFP8_E4M3 ? 1 : 4;
+          size_t es = scale_es_of(f);
           int ok = st == RMSNORM_OK && !memcmp(got, want, rb) && !memcmp(gsc, wsc, rs * es);
           size_t at = 0;
           while (at < rb && got[at] == want[at]) at++;

@@ -1,6 +1,7 @@
 """test_quant_formats.py - rms_norm_quant and fused_add_rms_norm_quant (numpy and torch)
 against independent oracles: gguf-py's quantizers for Q8_0 and MXFP4 byte for byte, numpy
-transcriptions of the definitions for Q8_K, MXFP8 and per-row / per-group int8 and e4m3,
+transcriptions of the definitions for Q8_K, MXFP8 and per-row / per-group int8 and e4m3
+(power-of-two scales kept in [2^-127, 2^127]),
 a float64 RMSNorm for y; dequantize round trips, input dtypes, the fused residual add, NaN
 and Inf rows, the errors, and the torch ops under opcheck, torch.compile and torch.export."""
 
@@ -78,13 +79,16 @@ def mxfp8(y):
 
 
 def per_group(y, qmax, group, pow2):
-    """int8 (qmax 127) or e4m3 (448) codes and float32 scales per group (0: per row)."""
+    """int8 (qmax 127) or e4m3 (448) codes and float32 scales per group (0: per row); pow2:
+    scales rounded up to a power of two, at least 2^-127 (UE8M0's smallest: an all-zero row
+    or group gets it too)."""
     g = group or y.shape[-1]
     blk = y.astype(np.float32).reshape(y.shape[0], -1, g)
     s = np.abs(blk).max(-1, keepdims=True) / np.float32(qmax)
     if pow2:
         m, e = np.frexp(s)
         s = np.where((m == 0.5) | (s == 0), s, np.ldexp(np.float32(1), e)).astype(np.float32)
+        s = np.maximum(s, np.float32(2.0 ** -127))
     inv = np.where(s == 0, 0, np.float32(1) / np.where(s == 0, 1, s)).astype(np.float32)
     t = blk * inv
     if qmax == 127:
@@ -149,8 +153,8 @@ def test_per_group_equals_transcription(rng, fmt, qmax, group, pow2):
     np.testing.assert_array_equal(scales, want_s)
     np.testing.assert_array_equal(codes.view(np.uint8), want_q.view(np.uint8))
     if pow2:
-        m, _ = np.frexp(scales[scales > 0])
-        assert (m == 0.5).all()
+        m, _ = np.frexp(scales)
+        assert (m == 0.5).all() and (scales >= 2.0 ** -127).all()
 
 
 def test_norm_options(rng):

@@ -127,7 +127,7 @@ typedef struct rn_quant_args {
   size_t ldq;
   float *scale;        /* scale: (rows, lds) written when dynamic */
   float static_scale;  /* > 0: the one scale of every row; 0: dynamic, per row */
-  int pow2;            /* dynamic scales rounded up to a power of two */
+  int pow2;            /* dynamic scales: rn_ue8m0_scale (quant.h) */
   /* The block and per-group formats (numerics/blocks.h): when `encode` is set,
    * each row's y, rounded to float, goes to it instead of the per-row codes. */
   void (*encode)(const struct rn_quant_args *q, size_t row, const float *y);

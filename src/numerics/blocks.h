@@ -22,7 +22,7 @@
 
 /* Per-group scales: the code type and how the scale is rounded. */
 enum { RN_GROUP_INT8 = 0, RN_GROUP_E4M3 = 1 };
-enum { RN_GROUP_SCALE_POW2 = 1 }; /* scale rounded up to a power of two (UE8M0) */
+enum { RN_GROUP_SCALE_POW2 = 1 }; /* scale rounded up to a power of two in UE8M0's range */
 
 /* Each encoder reads n fp32 values of y (n a multiple of its block, or of g)
  * and writes n / block blocks (or codes and scales); any alignment. */

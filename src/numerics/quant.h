@@ -36,6 +36,17 @@ static inline float rn_pow2_up(float s) {
   return m == 0.5f ? s : ldexpf(1.0f, e);
 }
 
+/* A dynamic scale under RMSNORM_QUANT_SCALE_POW2: rn_pow2_up kept in
+ * UE8M0's range [2^-127, 2^127], so that its exponent byte is the scale.
+ * Below it (0 too: an all-zero row or group, whose t = y / s are then all
+ * zero) 2^-127, as MXFP8's smallest block scale; above it (only a double
+ * row's finite s above 2^127) 2^127. NaN and inf stay. */
+static inline float rn_ue8m0_scale(float s) {
+  if (s != s || isinf(s)) return s;
+  if (!(s > 0x1p-127f)) return 0x1p-127f;
+  return s > 0x1p127f ? 0x1p127f : rn_pow2_up(s);
+}
+
 /* int8 code of t (float compute): NaN -> 0, clamp to [-128, 127], round to
  * nearest even. */
 static inline int8_t rn_i8_code_f32(float t) {

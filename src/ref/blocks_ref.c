@@ -39,7 +39,8 @@
  *   amax == 0: scale byte 0 (X = 2^-127), codes +-0.
  * per group of g (int8 or e4m3): as rmsnorm_forward_quant's per-row rule
  *   applied to each group: s = amax / QMAX (127 or 448) in fp32, optionally
- *   rounded UP to a power of two (UE8M0; a power of two stays); t_j = y_j *
+ *   rounded UP to a power of two in UE8M0's range (rn_ue8m0_scale: a power
+ *   of two stays, 0 and anything below 2^-127 become 2^-127); t_j = y_j *
  *   (1/s), or y_j / s outside 2^-126 <= s <= 2^126, 0 when s = 0; int8
  *   round half even, e4m3 as above (rn_quant_t_mode and codes, quant.h).
  *
@@ -220,7 +221,7 @@ void rn_ref_group(const float *y, size_t n, size_t g, int kind, unsigned flags,
     const float *x = y + gi * g; /* x: (g,) */
     unsigned char *c = codes + gi * g;
     float s = amax_f32(x, g) / qmax;
-    if (flags & RN_GROUP_SCALE_POW2) s = rn_pow2_up(s);
+    if (flags & RN_GROUP_SCALE_POW2) s = rn_ue8m0_scale(s);
     scales[gi] = s;
     int mode = rn_quant_t_mode(s);
     float inv = 1.0f / s; /* used only in RN_QT_MUL mode */

@@ -145,13 +145,16 @@ def mxfp8_numpy(y):
 
 
 # ---- per-group int8 / e4m3, the per-row rule of rmsnorm_forward_quant ----
-def group_numpy(y, g, kind, pow2):
+def group_numpy(y, g, kind, rule):
+    """rule: "" (float scales) or "pow2" (rounded up to a power of two in UE8M0's
+    range [2^-127, 2^127]: an all-zero or tiny group gets 2^-127)."""
     blocks = y.reshape(-1, g).astype(F32)
     qmax = F32(448 if kind == "e4m3" else 127)
     s = (np.abs(blocks).max(axis=1) / qmax).astype(F32)
-    if pow2:
+    if rule:
         m, e = np.frexp(s)
         s = np.where((s > 0) & (m != 0.5), np.ldexp(F32(1), e).astype(F32), s).astype(F32)
+        s = np.maximum(s, F32(2.0 ** -127))
     mul = (s >= F32(2.0 ** -126)) & (s <= F32(2.0 ** 126))
     with np.errstate(all="ignore"):
         inv = (F32(1) / s).astype(F32)
@@ -169,10 +172,10 @@ for name, y in DATA.items():
     check(f"mxfp8 {name} vs numpy", tool(y, "mxfp8"), mxfp8_numpy(y))
     for g in (32, 64, 128):
         for kind in ("int8", "e4m3"):
-            for pow2 in (False, True):
-                args = [kind, str(g)] + (["pow2"] if pow2 else [])
+            for rule in ("", "pow2"):
+                args = [kind, str(g)] + ([rule] if rule else [])
                 check(f"{' '.join(args)} {name} vs numpy", tool(y, *args),
-                      group_numpy(y, g, kind, pow2))
+                      group_numpy(y, g, kind, rule))
 
 # ---- MXFP4's scale byte just below every power of two, against numpy's
 # float32 log2 (what gguf-py uses; glibc's log2f agrees here) ----
