@@ -441,7 +441,11 @@ enum {
    * [2^-127, 2^127] (as block-scaled GEMMs take them): a power of two
    * stays, an all-zero row or group gets 2^-127 (its codes are then zero),
    * a smaller one 2^-127; NaN and inf stay. The codes use that scale. */
-  RMSNORM_QUANT_SCALE_POW2 = 1u << 0
+  RMSNORM_QUANT_SCALE_POW2 = 1u << 0,
+  /* The scales as E8M0 bytes, one uint8 per row or group (2^(e - 127);
+   * 0xFF for a NaN or infinite scale, E8M0's NaN) instead of floats; implies
+   * RMSNORM_QUANT_SCALE_POW2. */
+  RMSNORM_QUANT_SCALE_E8M0 = 1u << 1
 };
 
 /* What rmsnorm_forward_quantized writes. Fill it with rmsnorm_quant_init,
@@ -465,7 +469,9 @@ static inline void rmsnorm_quant_init(rmsnorm_quant *q, rmsnorm_qformat format) 
 
 /* Bytes of one row's codes (the least ldc) and scales per row (the least
  * lds; 0 for the formats that keep their scales inside the blocks) for rows
- * of d elements. @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER,
+ * of d elements. Scales count in the scale's own units, as lds does: floats
+ * for INT8/FP8_E4M3, bytes for MXFP8 and with RMSNORM_QUANT_SCALE_E8M0.
+ * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER,
  * RMSNORM_ERROR_BAD_CONFIG (q's size), RMSNORM_ERROR_BAD_ARGUMENT (unknown
  * format, group or flags), RMSNORM_ERROR_BAD_SIZE (d == 0 or not a multiple
  * of the format's block or group). Either output pointer may be NULL. */
@@ -475,8 +481,9 @@ RMSNORM_API rmsnorm_status rmsnorm_quant_row_size(const rmsnorm_quant *q, size_t
 /* RMSNorm forward into a quantized format (rmsnorm_qformat): per row, y as
  * rmsnorm_forward computes it before any rounding to cfg->dtype, then the
  * format's encoder. codes: rows x ldc bytes (ldc >= row_bytes); scales:
- * rows x lds elements (float for INT8/FP8_E4M3, E8M0 bytes for MXFP8),
- * NULL for Q8_0, Q8_K, MXFP4 and static scales. rstd optional. Rows the
+ * rows x lds elements (float for INT8/FP8_E4M3, E8M0 bytes for MXFP8 and
+ * with RMSNORM_QUANT_SCALE_E8M0), NULL for Q8_0, Q8_K, MXFP4 and static
+ * scales. rstd optional. Rows the
  * double-precision rescue path computes (overflowing/underflowing sums,
  * NaN/Inf) encode y rounded to cfg->dtype. A block (group, row) whose y
  * holds a NaN gets a NaN scale and zero codes, so it dequantizes to NaN;

@@ -314,7 +314,8 @@ static void ops_add(batch *B) {
 
 /* Every quantized format, from x (rmsnorm_forward_quantized; INT8 and FP8
  * with one scale per row) and from h + u (rmsnorm_add_forward_quantized;
- * INT8 per group of 32, FP8 per row, both with power-of-two scales). */
+ * INT8 per group of 32 with power-of-two scales, FP8 per row with E8M0
+ * scale bytes). */
 static void ops_quant(batch *B) {
   static const char *names[NFORMATS] = {"int8", "fp8 e4m3", "q8_0", "q8_k", "mxfp8", "mxfp4"};
   size_t n = B->n, d = B->d, rb = B->rb, ss = B->ss;
@@ -326,11 +327,12 @@ static void ops_quant(batch *B) {
       rmsnorm_quant_init(&q, (rmsnorm_qformat)f);
       if (fused && f <= RMSNORM_QF_FP8_E4M3) {
         q.group = f == RMSNORM_QF_INT8 ? 32 : 0;
-        q.flags = RMSNORM_QUANT_SCALE_POW2;
+        q.flags = f == RMSNORM_QF_INT8 ? RMSNORM_QUANT_SCALE_POW2 : RMSNORM_QUANT_SCALE_E8M0;
       }
       size_t cb, ns;
       TU_OK(rmsnorm_quant_row_size(&q, d, &cb, &ns));
-      size_t sb = f == RMSNORM_QF_MXFP8_E4M3 ? ns : ns * sizeof(float); /* E8M0 or float */
+      int bytes = f == RMSNORM_QF_MXFP8_E4M3 || (q.flags & RMSNORM_QUANT_SCALE_E8M0);
+      size_t sb = bytes ? ns : ns * sizeof(float); /* E8M0 or float */
       void *codes = take(B, n * cb), *scales = ns ? take(B, n * sb) : NULL;
       char name[96];
       const char *op = fused ? "add_forward_quantized" : "forward_quantized";

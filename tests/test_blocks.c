@@ -1,8 +1,8 @@
 /* test_blocks.c - the block and per-group encoders of src/ref/blocks_ref.c
  * on hand-checked cases: rounding ties (Q8_0 away from zero, Q8_K to even),
  * zero blocks, MXFP4's scale just below a power of two, MXFP8 saturation,
- * subnormal scales, power-of-two scales kept in UE8M0's range, NaN and
- * Inf. Bytes against the oracles:
+ * subnormal scales, power-of-two scales kept in UE8M0's range and their
+ * E8M0 bytes, NaN and Inf. Bytes against the oracles:
  * tests/blocks/check_blocks_oracle.py. */
 #include "check.h"
 
@@ -202,17 +202,31 @@ static void test_group(void) {
   /* amax 126 * 2^-127: s = 126/127 * 2^-127 rounds up to 2^-127 (byte 0),
    * codes 126 and -64 (t = y / 2^-127) */
   y[0] = 126.0f * 0x1p-127f, y[1] = -64.0f * 0x1p-127f;
+  unsigned char e[4];
   rn_ref_group(y, 32, 32, RN_GROUP_INT8, RN_GROUP_SCALE_POW2, c, sc);
   tu_check(sc[0] == 0x1p-127f && (int8_t)c[0] == 126 && (int8_t)c[1] == -64, "group pow2 smallest");
-  /* e4m3, amax 448 * 2^-126: s = 2^-126 exactly, codes 448 */
+  rn_ref_group(y, 32, 32, RN_GROUP_INT8, RN_GROUP_SCALE_POW2 | RN_GROUP_SCALE_E8M0, c, e);
+  tu_check(e[0] == 0 && (int8_t)c[0] == 126 && (int8_t)c[1] == -64, "group e8m0 smallest %d", e[0]);
+  /* e4m3, amax 448 * 2^-126: s = 2^-126 exactly (byte 1), codes 448 */
   y[0] = 448.0f * 0x1p-126f, y[1] = 0;
-  rn_ref_group(y, 32, 32, RN_GROUP_E4M3, RN_GROUP_SCALE_POW2, c, sc);
-  tu_check(sc[0] == 0x1p-126f && c[0] == 0x7e, "group pow2 2^-126: %g %02x", sc[0], c[0]);
+  rn_ref_group(y, 32, 32, RN_GROUP_E4M3, RN_GROUP_SCALE_POW2 | RN_GROUP_SCALE_E8M0, c, e);
+  tu_check(e[0] == 1 && c[0] == 0x7e, "group e8m0 2^-126: %d %02x", e[0], c[0]);
   /* an all-zero e4m3 group with -0: 2^-127 and the codes of +-0 / 2^-127 */
   memset(y, 0, sizeof y);
   y[3] = -0.0f;
   rn_ref_group(y, 32, 32, RN_GROUP_E4M3, RN_GROUP_SCALE_POW2, c, sc);
   tu_check(sc[0] == 0x1p-127f && c[0] == 0 && c[3] == 0x80, "group e4m3 zero pow2 %02x", c[3]);
+  /* E8M0 bytes of ordinary scales: amax 127 -> s 1 (127), amax 100 -> 1
+   * (127), amax 128 -> 2 (128), amax 127 * 2^-20 -> 2^-20 (107) */
+  float g4[128] = {0};
+  g4[0] = 127.0f, g4[32] = 100.0f, g4[64] = -128.0f, g4[96] = 127.0f * 0x1p-20f;
+  rn_ref_group(g4, 128, 32, RN_GROUP_INT8, RN_GROUP_SCALE_POW2 | RN_GROUP_SCALE_E8M0, c, e);
+  tu_check(e[0] == 127 && e[1] == 127 && e[2] == 128 && e[3] == 107, "group e8m0 bytes %d %d %d %d",
+           e[0], e[1], e[2], e[3]);
+  tu_check((int8_t)c[64] == -64 && (int8_t)c[96] == 127, "group e8m0 codes");
+  float f4[4];
+  rn_ref_group(g4, 128, 32, RN_GROUP_INT8, RN_GROUP_SCALE_POW2, c, f4);
+  for (int i = 0; i < 4; i++) tu_check(rn_e8m0_value(e[i]) == f4[i], "group e8m0 value %d", i);
   /* e4m3, g 128: amax 448 -> s 1; pow2 of 480/448 -> 2 */
   memset(y, 0, sizeof y);
   y[0] = 448.0f, y[1] = 2.5f, y[2] = -0.0f;
@@ -221,8 +235,8 @@ static void test_group(void) {
   y[0] = 480.0f;
   rn_ref_group(y, 128, 128, RN_GROUP_E4M3, RN_GROUP_SCALE_POW2, c, sc);
   tu_check(sc[0] == 2.0f && c[0] == 0x77 && c[1] == 0x3a, "group e4m3 pow2 %02x %02x", c[0], c[1]);
-  /* a NaN: that group's s NaN (pow2 keeps it) and its codes 0, the next
-   * group as before; an infinity: s = inf */
+  /* a NaN: that group's s NaN (pow2 keeps it; E8M0 0xFF) and its codes 0,
+   * the next group as before; an infinity: s = inf (E8M0 0xFF too) */
   memset(y, 0, sizeof y);
   y[3] = NAN, y[4] = 5.0f, y[40] = 127.0f;
   for (int kind = 0; kind < 2; kind++) {
@@ -231,13 +245,18 @@ static void test_group(void) {
     for (int j = 0; j < 32; j++) zero &= c[j] == 0;
     tu_check(isnan(sc[0]) && zero && sc[1] > 0 && c[40] != 0, "group NaN (%s)",
              kind ? "e4m3" : "int8");
+    rn_ref_group(y, 64, 32, kind ? RN_GROUP_E4M3 : RN_GROUP_INT8,
+                 RN_GROUP_SCALE_POW2 | RN_GROUP_SCALE_E8M0, c, e);
+    /* the next group: 127/127 = 1 (byte 127), 127/448 up to 0.5 (126) */
+    tu_check(e[0] == 0xFF && e[1] == (kind ? 126 : 127), "group NaN e8m0 (%s)", kind ? "e4m3" : "int8");
   }
   y[3] = INFINITY;
-  rn_ref_group(y, 64, 32, RN_GROUP_INT8, RN_GROUP_SCALE_POW2, c, sc);
-  tu_check(isinf(sc[0]) && c[3] == 0 && c[4] == 0, "group inf pow2");
+  rn_ref_group(y, 64, 32, RN_GROUP_INT8, RN_GROUP_SCALE_POW2 | RN_GROUP_SCALE_E8M0, c, e);
+  rn_ref_group(y, 64, 32, RN_GROUP_INT8, RN_GROUP_SCALE_POW2, c + 64, sc);
+  tu_check(e[0] == 0xFF && isinf(sc[0]) && !memcmp(c, c + 64, 64), "group inf e8m0");
 }
 
-/* The UE8M0 scale rule (numerics/quant.h). */
+/* The UE8M0 scale rule and the E8M0 bytes (numerics/quant.h). */
 static void test_ue8m0(void) {
   tu_check(rn_ue8m0_scale(0.0f) == 0x1p-127f && rn_ue8m0_scale(0x1p-149f) == 0x1p-127f &&
            rn_ue8m0_scale(0x1p-127f) == 0x1p-127f && rn_ue8m0_scale(0x1.8p-128f) == 0x1p-127f,
@@ -248,9 +267,15 @@ static void test_ue8m0(void) {
            "ue8m0 rounds up");
   tu_check(rn_ue8m0_scale(0x1p127f) == 0x1p127f && rn_ue8m0_scale(FLT_MAX) == 0x1p127f &&
            isinf(rn_ue8m0_scale(INFINITY)) && isnan(rn_ue8m0_scale(NAN)), "ue8m0 top");
+  tu_check(rn_e8m0_byte(0x1p-127f) == 0 && rn_e8m0_byte(0x1p-126f) == 1 && rn_e8m0_byte(1.0f) == 127 &&
+           rn_e8m0_byte(0x1p127f) == 254 && rn_e8m0_byte(NAN) == 0xFF &&
+           rn_e8m0_byte(INFINITY) == 0xFF, "e8m0 bytes");
   int ok = 1;
-  for (int e = -127; e <= 127; e++) ok &= rn_ue8m0_scale(ldexpf(1.0f, e)) == ldexpf(1.0f, e);
-  tu_check(ok, "ue8m0 powers of two stay");
+  for (int e = 0; e < 255; e++) {
+    float v = rn_e8m0_value((uint8_t)e);
+    ok &= v == ldexpf(1.0f, e - 127) && rn_e8m0_byte(v) == e && rn_ue8m0_scale(v) == v;
+  }
+  tu_check(ok && isnan(rn_e8m0_value(0xFF)), "e8m0 values");
 }
 
 int main(void) {

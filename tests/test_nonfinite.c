@@ -795,6 +795,8 @@ static const qfmt qfmts[] = {
     {"e4m3/static", RMSNORM_QF_FP8_E4M3, 0, 0, 1},
     {"int8/32", RMSNORM_QF_INT8, 32, 0, 0},
     {"e4m3/64 pow2", RMSNORM_QF_FP8_E4M3, 64, RMSNORM_QUANT_SCALE_POW2, 0},
+    {"int8/row e8m0", RMSNORM_QF_INT8, 0, RMSNORM_QUANT_SCALE_E8M0, 0},
+    {"e4m3/32 e8m0", RMSNORM_QF_FP8_E4M3, 32, RMSNORM_QUANT_SCALE_E8M0, 0},
     {"q8_0", RMSNORM_QF_Q8_0, 0, 0, 0},
     {"q8_k", RMSNORM_QF_Q8_K, 0, 0, 0},
     {"mxfp4", RMSNORM_QF_MXFP4, 0, 0, 0},
@@ -847,6 +849,10 @@ static qblk qblock_at(const qfmt *f, const unsigned char *codes, const unsigned 
     case RMSNORM_QF_MXFP8_E4M3: r.scale_nan = scales[b] == 0xff; break;
     default: {
       if (f->fixed) break;
+      if (f->flags & RMSNORM_QUANT_SCALE_E8M0) {
+        r.scale_nan = scales[b] == 0xff;
+        break;
+      }
       float s;
       memcpy(&s, scales + b * 4, 4);
       r.scale_nan = isnan(s);
@@ -871,6 +877,10 @@ static size_t qblock_bytes(const qfmt *f, const unsigned char *codes, const unsi
     default:
       memcpy(out, codes + b * bs, bs);
       if (f->fixed) return bs;
+      if (f->flags & RMSNORM_QUANT_SCALE_E8M0) {
+        out[bs] = scales[b];
+        return bs + 1;
+      }
       memcpy(out + bs, scales + b * 4, 4);
       return bs + 4;
   }
@@ -900,7 +910,8 @@ static void quant_fmt(const nf *c, const qfmt *f, int in_weight) {
     tu_check(0, "%s: row size", f->name);
     return;
   }
-  size_t sbytes = f->format == RMSNORM_QF_MXFP8_E4M3 ? 1 : 4, nb = d / bs;
+  size_t sbytes = f->format == RMSNORM_QF_MXFP8_E4M3 || (f->flags & RMSNORM_QUANT_SCALE_E8M0) ? 1 : 4;
+  size_t nb = d / bs;
   float *g = fvec(d), *g2 = malloc(d * 4);
   memcpy(g2, g, d * 4);
   tu_tensor x = mat(dt, ROWS, d, 1);

@@ -1,10 +1,11 @@
 /* test_quantized.c - rmsnorm_forward_quantized and rmsnorm_add_forward_quantized
- * (the block and per-group formats): every kernel set and thread count gives
- * the scalar reference's bytes; the bytes are the reference encoders'
- * (ref/blocks_ref.c, held to gguf-py and numpy by the blocks-oracle test) of
- * the fp32 forward's y; chosen y rows (ties, powers of two, subnormal and
- * zero blocks, zero rows, NaN/Inf) fed through the weight; rescue rows;
- * strides and gaps; the fused add; the error statuses, with nothing written. */
+ * (the block and per-group formats, float and E8M0 scales): every kernel
+ * set and thread count gives the scalar reference's bytes; the bytes are the
+ * reference encoders' (ref/blocks_ref.c, held to gguf-py and numpy by the
+ * blocks-oracle test) of the fp32 forward's y; chosen y rows (ties, powers
+ * of two, subnormal and zero blocks, zero rows, NaN/Inf) fed through the
+ * weight; rescue rows; strides and gaps; the fused add; the error statuses,
+ * with nothing written. */
 #include <float.h>
 
 #include "numerics/blocks.h"
@@ -32,7 +33,12 @@ static const fmt fmts[] = {
     {"e4m3/32 pow2", RMSNORM_QF_FP8_E4M3, 32, RMSNORM_QUANT_SCALE_POW2},
     {"int8/row pow2", RMSNORM_QF_INT8, 0, RMSNORM_QUANT_SCALE_POW2},
     {"e4m3/row", RMSNORM_QF_FP8_E4M3, 0, 0},
+    {"int8/32 e8m0", RMSNORM_QF_INT8, 32, RMSNORM_QUANT_SCALE_E8M0},
+    {"e4m3/128 pow2 e8m0", RMSNORM_QF_FP8_E4M3, 128,
+     RMSNORM_QUANT_SCALE_POW2 | RMSNORM_QUANT_SCALE_E8M0},
+    {"int8/row e8m0", RMSNORM_QF_INT8, 0, RMSNORM_QUANT_SCALE_E8M0},
     {"e4m3/row pow2", RMSNORM_QF_FP8_E4M3, 0, RMSNORM_QUANT_SCALE_POW2},
+    {"e4m3/row e8m0", RMSNORM_QF_FP8_E4M3, 0, RMSNORM_QUANT_SCALE_E8M0},
 };
 #define NFMTS (sizeof fmts / sizeof fmts[0])
 
@@ -44,8 +50,10 @@ static rmsnorm_quant desc_of(const fmt *f) {
   return q;
 }
 
-/* Bytes of one scale: E8M0 bytes for MXFP8, else floats. */
-static size_t scale_es_of(const fmt *f) { return f->format == RMSNORM_QF_MXFP8_E4M3 ? 1 : 4; }
+/* Bytes of one scale: E8M0 bytes for MXFP8 and with the E8M0 flag, else floats. */
+static size_t scale_es_of(const fmt *f) {
+  return f->format == RMSNORM_QF_MXFP8_E4M3 || (f->flags & RMSNORM_QUANT_SCALE_E8M0) ? 1 : 4;
+}
 
 static int block_of(const fmt *f) {
   return f->format == RMSNORM_QF_Q8_K ? 256 : f->group ? (int)f->group : 32;
@@ -202,7 +210,9 @@ static void encode_ref(const fmt *f, const float *y, size_t d, unsigned char *co
     default:
       rn_ref_group(y, d, f->group ? f->group : d,
                    f->format == RMSNORM_QF_FP8_E4M3 ? RN_GROUP_E4M3 : RN_GROUP_INT8,
-                   f->flags ? RN_GROUP_SCALE_POW2 : 0, codes, (float *)(void *)scales);
+                   (f->flags ? RN_GROUP_SCALE_POW2 : 0) |
+                       (f->flags & RMSNORM_QUANT_SCALE_E8M0 ? RN_GROUP_SCALE_E8M0 : 0),
+                   codes, scales);
   }
 }
 
@@ -358,6 +368,34 @@ static void test_errors(void) {
   q.static_scale = &one; /* a static scale is one per tensor: not with groups */
   EXPECT(RMSNORM_ERROR_BAD_ARGUMENT, rmsnorm_forward_quantized(c, &cfg, 1, 128, x, 128, NULL,
                                                                NULL, &q, codes, 128, NULL, 0, NULL));
+  /* E8M0 scales: one byte per group or row (row_scales and lds count bytes);
+   * not with a static scale, nor for a format without a scales choice */
+  rmsnorm_quant_init(&q, RMSNORM_QF_INT8);
+  q.group = 32;
+  q.flags = RMSNORM_QUANT_SCALE_E8M0;
+  EXPECT(RMSNORM_OK, rmsnorm_quant_row_size(&q, 128, &rb, &rs));
+  tu_check(rb == 128 && rs == 4, "int8/32 e8m0 row size %zu %zu", rb, rs);
+  EXPECT(RMSNORM_ERROR_BAD_STRIDE, rmsnorm_forward_quantized(c, &cfg, 2, 128, x, 128, NULL, NULL,
+                                                             &q, codes, 128, sc, 3, NULL));
+  EXPECT(RMSNORM_OK, rmsnorm_forward_quantized(c, &cfg, 2, 128, x, 128, NULL, NULL, &q, codes,
+                                               128, sc, 4, NULL));
+  q.group = 0;
+  EXPECT(RMSNORM_OK, rmsnorm_quant_row_size(&q, 96, &rb, &rs));
+  tu_check(rb == 96 && rs == 1, "int8/row e8m0 row size %zu %zu", rb, rs);
+  q.static_scale = &one;
+  EXPECT(RMSNORM_ERROR_BAD_ARGUMENT, rmsnorm_forward_quantized(c, &cfg, 1, 128, x, 128, NULL,
+                                                               NULL, &q, codes, 128, NULL, 0, NULL));
+  q.static_scale = NULL;
+  q.flags = 1u << 2; /* no such flag */
+  EXPECT(RMSNORM_ERROR_BAD_ARGUMENT, rmsnorm_quant_row_size(&q, 128, &rb, &rs));
+  rmsnorm_quant_init(&q, RMSNORM_QF_Q8_0);
+  q.flags = RMSNORM_QUANT_SCALE_E8M0;
+  EXPECT(RMSNORM_ERROR_BAD_ARGUMENT, rmsnorm_forward_quantized(c, &cfg, 1, 64, x, 64, NULL, NULL,
+                                                               &q, codes, 68, NULL, 0, NULL));
+  rmsnorm_quant_init(&q, RMSNORM_QF_MXFP8_E4M3);
+  q.flags = RMSNORM_QUANT_SCALE_E8M0; /* its scales are E8M0 anyway: the flag is not its */
+  EXPECT(RMSNORM_ERROR_BAD_ARGUMENT, rmsnorm_forward_quantized(c, &cfg, 1, 64, x, 64, NULL, NULL,
+                                                               &q, codes, 64, sc, 2, NULL));
   rmsnorm_quant_init(&q, RMSNORM_QF_FP8_E4M3);
   q.static_scale = &bad;
   EXPECT(RMSNORM_ERROR_BAD_ARGUMENT, rmsnorm_forward_quantized(c, &cfg, 1, 128, x, 128, NULL,

@@ -69,6 +69,7 @@ enum {
 /* beyond int's range, so not enumerators: the option sets are 64 bits */
 #define O_COS_SIN (1u << 31)
 #define O_ACROSS_HEADS ((uint64_t)1 << 32)
+#define O_E8M0 ((uint64_t)1 << 33)
 
 /* The quantized formats by their names on the command line, in the order
  * --help lists them. */
@@ -121,6 +122,7 @@ static const option_def option_defs[] = {
   {"scales", O_SCALES, "FILE", "int8/fp8_e4m3/mxfp8 --quant: the scales (required)"},
   {"group", O_GROUP, "G", "int8/fp8_e4m3: a scale per G columns (a multiple of 32)"},
   {"pow2-scale", O_POW2, NULL, "int8/fp8_e4m3: scales rounded up to a power of two"},
+  {"e8m0-scale", O_E8M0, NULL, "int8/fp8_e4m3: those scales as E8M0 bytes ('|u1')"},
   {"static-scale", O_STATIC_SCALE, "S", "int8/fp8_e4m3: one given scale for all (no --scales)"},
   {"act", O_ACT, "A", "the gate's activation act(z): silu (default) or sigmoid"},
   {"group", O_GATE_GROUP, "G", "one r per G columns, G dividing the row (default: the row)"},
@@ -142,7 +144,7 @@ static const option_def option_defs[] = {
 #define N_OPTION_DEFS (sizeof option_defs / sizeof option_defs[0])
 
 #define COMMON_OPTS (O_OUT | O_EPS | O_OFFSET | O_WEIGHT | O_BIAS | O_BF16 | O_DIMS)
-#define QUANT_OPTS (O_QUANT | O_SCALES | O_GROUP | O_POW2 | O_STATIC_SCALE)
+#define QUANT_OPTS (O_QUANT | O_SCALES | O_GROUP | O_POW2 | O_E8M0 | O_STATIC_SCALE)
 
 typedef struct op_spec {
   const char *name;
@@ -160,17 +162,17 @@ static const op_spec op_specs[] = {
    COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD | QUANT_OPTS,
    "X.npy -o Y.npy [--rstd R.npy] [options]\n"
    "       rmsnorm forward X.npy --quant FORMAT -o CODES.npy [--scales S.npy]\n"
-   "               [--group G] [--pow2-scale | --static-scale S] [--rstd R.npy]\n"
-   "               [options]",
+   "               [--group G] [--pow2-scale | --e8m0-scale | --static-scale S]\n"
+   "               [--rstd R.npy] [options]",
    "RMSNorm of each row of X (the last axis, or the last K with --dims K):\n"
    "  y = x * r * g + b,  r = 1/sqrt(mean(x^2) + eps)\n"
    "With --quant, Y is written in an 8- or 4-bit format instead: -o gets the\n"
    "codes (int8 '|i1', fp8_e4m3 and mxfp8 '|u1' E4M3 bits: X's shape; the blocks\n"
-   "of q8_0, q8_k, mxfp4: '|u1', (rows..., bytes per row)), and --scales the\n"
-   "scales of int8 and fp8_e4m3 ('<f4', (rows..., d/G or 1); none with\n"
-   "--static-scale) or mxfp8 ('|u1' E8M0, (rows..., d/32)); the block formats\n"
-   "keep theirs inside. The row length must be a multiple of the block (32;\n"
-   "q8_k 256) or group."},
+   "of q8_0, q8_k, mxfp4: '|u1', (rows..., bytes per row)), and --scales\n"
+   "the scales of int8 and fp8_e4m3 ('<f4', or '|u1' E8M0 with --e8m0-scale,\n"
+   "(rows..., d/G or 1); none with --static-scale) or mxfp8 ('|u1' E8M0,\n"
+   "(rows..., d/32)); the block formats keep theirs inside. The row length must\n"
+   "be a multiple of the block (32; q8_k 256) or group."},
   {"backward", OP_RMS_BACKWARD, 2, "X.npy DY.npy", "DX.npy",
    COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_DWEIGHT | O_DBIAS,
    "X.npy DY.npy -o DX.npy [--dweight DG.npy] [--dbias DB.npy] [options]",
@@ -192,7 +194,8 @@ static const op_spec op_specs[] = {
    COMMON_OPTS | O_EPS_OUTSIDE | O_PARTIAL | O_RSTD | O_RESIDUAL_OUT | QUANT_OPTS,
    "H.npy U.npy -o Y.npy [--residual-out H2.npy] [--rstd R.npy] [options]\n"
    "       rmsnorm add-forward H.npy U.npy --quant FORMAT -o CODES.npy\n"
-   "               [--scales S.npy] [--group G] [--pow2-scale | --static-scale S]\n"
+   "               [--scales S.npy] [--group G]\n"
+   "               [--pow2-scale | --e8m0-scale | --static-scale S]\n"
    "               [--residual-out H2.npy] [--rstd R.npy] [options]",
    "Residual add + RMSNorm in one pass (a pre-norm transformer block): the\n"
    "residual stream H plus a sub-layer's output U (same shape and dtype),\n"
@@ -312,7 +315,7 @@ typedef struct norm_args {
   const qformat_def *quant; /* NULL: Y in X's dtype */
   const char *scales;
   size_t group;
-  int have_group, pow2;
+  int have_group, pow2, e8m0;
   float static_scale; /* > 0 with --static-scale */
 } norm_args;
 
@@ -404,6 +407,7 @@ static int set_option(const op_spec *op, norm_args *a, const option_def *o, cons
     case O_BF16: a->bf16 = 1; break;
     case O_SCALES: a->scales = v; break;
     case O_POW2: a->pow2 = 1; break;
+    case O_E8M0: a->e8m0 = 1; break;
     case O_STATIC_SCALE: {
       double sv;
       /* the library takes a float: it must stay finite and > 0 as one */
@@ -513,6 +517,7 @@ static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
   const char *qopt = a->scales         ? "--scales"
                      : a->have_group   ? "--group"
                      : a->pow2         ? "--pow2-scale"
+                     : a->e8m0         ? "--e8m0-scale"
                      : a->static_scale ? "--static-scale"
                                        : NULL;
   if (qopt && !a->quant) return usage_error(op, "%s needs --quant", qopt);
@@ -522,14 +527,21 @@ static int parse_args(const op_spec *op, int argc, char **argv, norm_args *a) {
   if (a->quant) {
     const char *name = a->quant->name;
     char msg[160];
-    if (!has_groups(a->quant) && (a->have_group || a->pow2 || a->static_scale)) {
+    if (!has_groups(a->quant) && (a->have_group || a->pow2 || a->e8m0 || a->static_scale)) {
       snprintf(msg, sizeof msg, "%s is for int8 and fp8_e4m3 (%s's scales are fixed by its blocks)",
-               a->have_group ? "--group" : a->pow2 ? "--pow2-scale" : "--static-scale", name);
+               a->have_group ? "--group"
+               : a->pow2     ? "--pow2-scale"
+               : a->e8m0     ? "--e8m0-scale"
+                             : "--static-scale",
+               name);
       return usage_error(op, "%s", msg);
     }
-    if (a->static_scale && (a->group || a->pow2 || a->scales)) {
+    if (a->static_scale && (a->group || a->pow2 || a->e8m0 || a->scales)) {
       snprintf(msg, sizeof msg, "--static-scale is one scale for every row: not with %s",
-               a->group ? "--group" : a->pow2 ? "--pow2-scale" : "--scales");
+               a->group  ? "--group"
+               : a->pow2 ? "--pow2-scale"
+               : a->e8m0 ? "--e8m0-scale"
+                         : "--scales");
       return usage_error(op, "%s", msg);
     }
     if (a->quant->scales && !a->scales && !a->static_scale) {
@@ -838,7 +850,7 @@ static int run(const op_spec *op, const norm_args *a) {
     }
     rmsnorm_quant_init(&q, qf->format);
     q.group = a->group;
-    q.flags = a->pow2 ? RMSNORM_QUANT_SCALE_POW2 : 0u;
+    q.flags = (a->pow2 ? RMSNORM_QUANT_SCALE_POW2 : 0u) | (a->e8m0 ? RMSNORM_QUANT_SCALE_E8M0 : 0u);
     if (a->static_scale) q.static_scale = &a->static_scale;
     rmsnorm_status qst = rmsnorm_quant_row_size(&q, d, &row_bytes, &row_scales);
     if (qst != RMSNORM_OK) {
@@ -846,7 +858,7 @@ static int run(const op_spec *op, const norm_args *a) {
                    rmsnorm_status_name(qst));
       goto done;
     }
-    size_t scale_size = qf->scales == 1 ? sizeof(float) : 1;
+    size_t scale_size = qf->scales == 1 && !a->e8m0 ? sizeof(float) : 1; /* float or E8M0 */
     if ((row_bytes && rows > SIZE_MAX / row_bytes) ||
         (row_scales && rows > SIZE_MAX / scale_size / row_scales)) {
       rn_cli_error("%s: the quantized output's shape is too large", x.path);
@@ -887,7 +899,7 @@ static int run(const op_spec *op, const norm_args *a) {
     {a->dweight, -1, param, k, xi->shape + lead, dweight, d * param_size, 0},
     {a->dbias, -1, param, k, xi->shape + lead, dbias, d * param_size, 0},
     {a->residual_out, -1, xi->dtype, xi->ndim, xi->shape, h, xi->data_bytes, 0},
-    {a->scales, -1, qf && qf->scales == 1 ? NPY_F32 : NPY_U8, lead + 1, scales_shape, scales,
+    {a->scales, -1, qf && qf->scales == 1 && !a->e8m0 ? NPY_F32 : NPY_U8, lead + 1, scales_shape, scales,
      scales_bytes, 0},
     {a->post_rstd, -1, NPY_F32, lead, xi->shape, rstd_post, rows * sizeof(float), 1},
   };

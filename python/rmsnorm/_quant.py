@@ -28,6 +28,11 @@ class Ops:
     def ints(self, a):  # byte values as int32
         return self.raw(a).to(self.xp.int32) if self.is_torch else self.raw(a).astype("int32")
 
+    def is_bytes(self, a):  # an array of 1-byte elements (uint8, E8M0)
+        if self.is_torch:
+            return a.element_size() == 1
+        return self.xp.asarray(a).dtype.itemsize == 1
+
     def f32(self, a):
         return a.to(self.xp.float32) if self.is_torch else self.xp.asarray(a, "float32")
 
@@ -63,7 +68,8 @@ def _minifloat(b, ebits: int, mbits: int, bias: int, X):
 
 
 def dequantize(codes, scales, fmt, group, X):
-    """float32 values of codes and scales as rms_norm_quant returns them (X: Ops)."""
+    """float32 values of codes and scales as rms_norm_quant returns them (X: Ops); int8 and
+    fp8_e4m3 scales of 1-byte elements are E8M0 bytes."""
     if fmt not in FORMATS:
         raise ValueError(format_error(fmt))
     block, nbytes = FORMATS[fmt]
@@ -87,7 +93,9 @@ def dequantize(codes, scales, fmt, group, X):
         v = X.f32(_signed8(b))
     else:  # E4M3 (OCP FN): S.1111.111 is NaN
         v = X.xp.where(b & 127 == 127, float("nan"), _minifloat(b, 4, 3, 7, X))
-    s = _e8m0(X.ints(scales), X) if fmt == "mxfp8" else X.f32(scales)
+    # E8M0 bytes: mxfp8's, and int8/fp8_e4m3's scales given as bytes (the library's
+    # RMSNORM_QUANT_SCALE_E8M0); else float scales
+    s = _e8m0(X.ints(scales), X) if fmt == "mxfp8" or X.is_bytes(scales) else X.f32(scales)
     if s.ndim == 0:  # a static scale
         return v * s
     n = s.shape[-1]

@@ -205,6 +205,22 @@ def test_dequantize_round_trip(rng, fmt, dtype):
     assert (err <= blocks * (REL_ERR[fmt] * 1.01) + 1e-5).all(), fmt
 
 
+def test_dequantize_e8m0_scales(rng):
+    """int8 / fp8_e4m3 scales given as E8M0 bytes (uint8: the C library's
+    RMSNORM_QUANT_SCALE_E8M0, the command's --e8m0-scale) decode as 2^(e - 127), 0xFF as
+    NaN, and a zero row's 2^-127 as byte 0."""
+    x = activations(rng)
+    for fmt in ("int8", "fp8_e4m3"):
+        codes, scales = rmsnorm.rms_norm_quant(x, 512, format=fmt, group=32, pow2_scale=True)
+        e = (np.frexp(scales)[1] + 126).astype(np.uint8)
+        assert (e[2] == 0).all()  # the zero row
+        np.testing.assert_array_equal(rmsnorm.dequantize(codes, e, fmt, 32),
+                                      rmsnorm.dequantize(codes, scales, fmt, 32))
+        e[0, 1] = 255
+        y = rmsnorm.dequantize(codes, e, fmt, 32)
+        assert np.isnan(y[0, 32:64]).all() and not np.isnan(y[0, :32]).any()
+
+
 def test_rounded_y_of_other_dtypes(rng):
     """float64 data: the block formats encode y rounded to float32; float16 data: its y
     in float32, as the float32 path computes it from the same (exact) input."""

@@ -30,20 +30,24 @@ typedef struct quant_layout {
   size_t row_bytes, row_scales, scale_es;
 } quant_layout;
 
+#define RN_QUANT_FLAGS ((unsigned)(RMSNORM_QUANT_SCALE_POW2 | RMSNORM_QUANT_SCALE_E8M0))
+
 static rmsnorm_status layout_of(const rmsnorm_quant *q, size_t d, quant_layout *l) {
   size_t block = 0, bytes = 0;
   *l = (quant_layout){0, 0, 1};
   int scalar_codes = q->format == RMSNORM_QF_INT8 || q->format == RMSNORM_QF_FP8_E4M3;
-  if (q->flags & ~(unsigned)RMSNORM_QUANT_SCALE_POW2) return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (q->flags & ~RN_QUANT_FLAGS) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (!scalar_codes && (q->group || q->flags || q->static_scale)) return RMSNORM_ERROR_BAD_ARGUMENT;
   switch (q->format) {
     case RMSNORM_QF_INT8:
     case RMSNORM_QF_FP8_E4M3:
       if (q->group % RN_MX_BLOCK != 0) return RMSNORM_ERROR_BAD_ARGUMENT;
+      /* a static scale is the caller's float: no rounding, no E8M0 byte */
       if (q->static_scale && (q->group || q->flags)) return RMSNORM_ERROR_BAD_ARGUMENT;
       block = q->group ? q->group : d;
       bytes = block;
-      *l = (quant_layout){0, q->static_scale ? 0 : 1, sizeof(float)};
+      *l = (quant_layout){0, q->static_scale ? 0 : 1,
+                          q->flags & RMSNORM_QUANT_SCALE_E8M0 ? 1 : sizeof(float)};
       break;
     case RMSNORM_QF_Q8_0: block = RN_Q8_0_BLOCK, bytes = RN_Q8_0_BYTES; break;
     case RMSNORM_QF_Q8_K: block = RN_Q8_K_BLOCK, bytes = RN_Q8_K_BYTES; break;
@@ -162,7 +166,8 @@ static rmsnorm_status quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg,
   job.args.q = codes;
   job.args.ldq = ldc;
   job.args.static_scale = s0;
-  job.args.pow2 = (q.flags & RMSNORM_QUANT_SCALE_POW2) != 0;
+  job.args.e8m0 = (q.flags & RMSNORM_QUANT_SCALE_E8M0) != 0; /* implies POW2 */
+  job.args.pow2 = (q.flags & RMSNORM_QUANT_SCALE_POW2) != 0 || job.args.e8m0;
   job.args.format = q.format;
   job.args.group = q.group;
   job.args.scales = scales;
@@ -172,7 +177,7 @@ static rmsnorm_status quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg,
   if (q.group || (q.format != RMSNORM_QF_INT8 && q.format != RMSNORM_QF_FP8_E4M3))
     job.args.encode = e.kernels->encode;
   else
-    job.args.scale = scales; /* per row: one float per row, stride lds */
+    job.args.scale = scales; /* per row: one float (or E8M0 byte) per row, stride lds */
   rn_run_rows(ctx, sp, rows, quant_rows, &job);
   return rn_entry_unlock(&e, RMSNORM_OK);
 }

@@ -125,9 +125,10 @@ typedef struct rn_quant_args {
   int fp8;             /* 0: int8, 1: fp8 e4m3 (OCP "FN": max 448, NaN 0x7f) */
   void *q;             /* q: (rows, ldq) bytes */
   size_t ldq;
-  float *scale;        /* scale: (rows, lds) written when dynamic */
+  void *scale;         /* scale: (rows, lds) floats or E8M0 bytes, written when dynamic */
   float static_scale;  /* > 0: the one scale of every row; 0: dynamic, per row */
   int pow2;            /* dynamic scales: rn_ue8m0_scale (quant.h) */
+  int e8m0;            /* dynamic scales stored as E8M0 bytes (pow2 set too) */
   /* The block and per-group formats (numerics/blocks.h): when `encode` is set,
    * each row's y, rounded to float, goes to it instead of the per-row codes. */
   void (*encode)(const struct rn_quant_args *q, size_t row, const float *y);

@@ -22,7 +22,10 @@
 
 /* Per-group scales: the code type and how the scale is rounded. */
 enum { RN_GROUP_INT8 = 0, RN_GROUP_E4M3 = 1 };
-enum { RN_GROUP_SCALE_POW2 = 1 }; /* scale rounded up to a power of two in UE8M0's range */
+enum {
+  RN_GROUP_SCALE_POW2 = 1, /* scale rounded up to a power of two in UE8M0's range */
+  RN_GROUP_SCALE_E8M0 = 2  /* with POW2: the scales stored as E8M0 bytes */
+};
 
 /* Each encoder reads n fp32 values of y (n a multiple of its block, or of g)
  * and writes n / block blocks (or codes and scales); any alignment. */
@@ -32,9 +35,10 @@ void rn_ref_mxfp4(const float *y, size_t n, unsigned char *blocks);
 /* codes: n bytes of e4m3; scales: n / 32 E8M0 bytes. */
 void rn_ref_mxfp8(const float *y, size_t n, unsigned char *codes, unsigned char *scales);
 /* g in {32, 64, 128} (any g > 0 works); kind RN_GROUP_INT8 or RN_GROUP_E4M3;
- * flags 0 or RN_GROUP_SCALE_POW2. codes: n bytes (int8 or e4m3); scales: n / g floats. */
+ * flags 0, RN_GROUP_SCALE_POW2, or that | RN_GROUP_SCALE_E8M0. codes: n
+ * bytes (int8 or e4m3); scales: n / g floats, or bytes with E8M0. */
 void rn_ref_group(const float *y, size_t n, size_t g, int kind, unsigned flags,
-                  unsigned char *codes, float *scales);
+                  unsigned char *codes, void *scales);
 
 /* The reference encoder of the kernel sets (rn_encode_fn, kernels.h): a
  * row's y to q->format (group formats through rn_ref_group). */

@@ -7,7 +7,9 @@
 #define RMSNORM_QUANT_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "numerics/convert.h"
 
@@ -40,11 +42,36 @@ static inline float rn_pow2_up(float s) {
  * UE8M0's range [2^-127, 2^127], so that its exponent byte is the scale.
  * Below it (0 too: an all-zero row or group, whose t = y / s are then all
  * zero) 2^-127, as MXFP8's smallest block scale; above it (only a double
- * row's finite s above 2^127) 2^127. NaN and inf stay. */
+ * row's finite s above 2^127) 2^127. NaN and inf stay (E8M0 0xFF). */
 static inline float rn_ue8m0_scale(float s) {
   if (s != s || isinf(s)) return s;
   if (!(s > 0x1p-127f)) return 0x1p-127f;
   return s > 0x1p127f ? 0x1p127f : rn_pow2_up(s);
+}
+
+/* The E8M0 byte of a scale rn_ue8m0_scale gave: e with s = 2^(e - 127), e
+ * in 0..254 (2^-127 is the float subnormal whose exponent field is 0), 0xFF
+ * for NaN and inf. */
+static inline uint8_t rn_e8m0_byte(float s) {
+  if (s != s || isinf(s)) return 0xFF;
+  return s == 0x1p-127f ? 0 : (uint8_t)(rn_f32_bits(s) >> 23);
+}
+
+/* The value of an E8M0 byte: 2^(e - 127), NaN for 0xFF. */
+static inline float rn_e8m0_value(uint8_t e) {
+  if (e == 0xFF) return NAN;
+  return e == 0 ? 0x1p-127f : rn_bits_f32((uint32_t)e << 23);
+}
+
+/* Bytes of one stored scale: a float, or an E8M0 byte. */
+static inline size_t rn_scale_bytes(int e8m0) { return e8m0 ? 1 : sizeof(float); }
+
+/* A row's or group's scale into scales[at]: the float, or (e8m0) its byte. */
+static inline void rn_store_scale(void *scales, size_t at, float s, int e8m0) {
+  if (e8m0)
+    ((unsigned char *)scales)[at] = rn_e8m0_byte(s);
+  else
+    memcpy((char *)scales + at * sizeof s, &s, sizeof s); /* any alignment */
 }
 
 /* int8 code of t (float compute): NaN -> 0, clamp to [-128, 127], round to

@@ -40,9 +40,10 @@
  * per group of g (int8 or e4m3): as rmsnorm_forward_quant's per-row rule
  *   applied to each group: s = amax / QMAX (127 or 448) in fp32, optionally
  *   rounded UP to a power of two in UE8M0's range (rn_ue8m0_scale: a power
- *   of two stays, 0 and anything below 2^-127 become 2^-127); t_j = y_j *
- *   (1/s), or y_j / s outside 2^-126 <= s <= 2^126, 0 when s = 0; int8
- *   round half even, e4m3 as above (rn_quant_t_mode and codes, quant.h).
+ *   of two stays, 0 and anything below 2^-127 become 2^-127) and then
+ *   optionally stored as its E8M0 byte; t_j = y_j * (1/s), or y_j / s
+ *   outside 2^-126 <= s <= 2^126, 0 when s = 0; int8 round half even, e4m3
+ *   as above (rn_quant_t_mode and codes, quant.h).
  *
  * NaN and Inf: a block (or group) that dequantizes to NaN throughout. A
  * NaN makes the block's scale NaN and every code 0: Q8_0 d = fp16 NaN
@@ -214,15 +215,16 @@ void rn_ref_mxfp8(const float *y, size_t n, unsigned char *codes, unsigned char 
 }
 
 void rn_ref_group(const float *y, size_t n, size_t g, int kind, unsigned flags,
-                  unsigned char *codes, float *scales) {
+                  unsigned char *codes, void *scales) {
   assert(g > 0 && n % g == 0);
+  assert(!(flags & RN_GROUP_SCALE_E8M0) || (flags & RN_GROUP_SCALE_POW2));
   float qmax = kind == RN_GROUP_E4M3 ? (float)RN_E4M3_MAX : (float)RN_INT8_QMAX;
   for (size_t gi = 0; gi < n / g; gi++) {
     const float *x = y + gi * g; /* x: (g,) */
     unsigned char *c = codes + gi * g;
     float s = amax_f32(x, g) / qmax;
     if (flags & RN_GROUP_SCALE_POW2) s = rn_ue8m0_scale(s);
-    scales[gi] = s;
+    rn_store_scale(scales, gi, s, (flags & RN_GROUP_SCALE_E8M0) != 0);
     int mode = rn_quant_t_mode(s);
     float inv = 1.0f / s; /* used only in RN_QT_MUL mode */
     for (size_t j = 0; j < g; j++) {
@@ -244,7 +246,8 @@ void rn_ref_encode(const rn_quant_args *q, size_t row, const float *y) {
       break;
     default:
       rn_ref_group(y, d, q->group, q->format == RMSNORM_QF_FP8_E4M3 ? RN_GROUP_E4M3 : RN_GROUP_INT8,
-                   q->pow2 ? RN_GROUP_SCALE_POW2 : 0, out, (float *)q->scales + row * q->lds);
+                   (q->pow2 ? RN_GROUP_SCALE_POW2 : 0) | (q->e8m0 ? RN_GROUP_SCALE_E8M0 : 0), out,
+                   (char *)q->scales + row * q->lds * rn_scale_bytes(q->e8m0));
       break;
   }
 }

@@ -4,6 +4,7 @@
  *   blocks_tool q8_0 | q8_k | mxfp4      -> the blocks
  *   blocks_tool mxfp8                    -> n e4m3 codes, then n/32 E8M0 bytes
  *   blocks_tool int8|e4m3 G [pow2]       -> n codes, then n/G float scales
+ *   blocks_tool int8|e4m3 G e8m0         -> n codes, then n/G E8M0 bytes
  *   blocks_tool mxfp4-e8m0               -> one byte per value: rn_mxfp4_e8m0 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,13 +42,15 @@ int main(int argc, char **argv) {
     bytes = n;
   } else if ((!strcmp(f, "int8") || !strcmp(f, "e4m3")) && argc >= 3) {
     size_t g = (size_t)atol(argv[2]);
-    unsigned flags = argc >= 4 && !strcmp(argv[3], "pow2") ? RN_GROUP_SCALE_POW2 : 0;
-    float *scales = malloc((n / g + 1) * sizeof *scales);
-    if (!g || n % g || !scales) return 2;
-    rn_ref_group(y, n, g, f[0] == 'e' ? RN_GROUP_E4M3 : RN_GROUP_INT8, flags, out, scales);
-    memcpy(out + n, scales, n / g * sizeof *scales);
-    bytes = n + n / g * sizeof *scales;
-    free(scales);
+    const char *rule = argc >= 4 ? argv[3] : "";
+    unsigned flags = !strcmp(rule, "pow2")   ? RN_GROUP_SCALE_POW2
+                     : !strcmp(rule, "e8m0") ? RN_GROUP_SCALE_POW2 | RN_GROUP_SCALE_E8M0
+                                             : 0;
+    size_t es = flags & RN_GROUP_SCALE_E8M0 ? 1 : sizeof(float);
+    if (!g || n % g) return 2;
+    /* the scales straight after the codes (out has room for 8 bytes each) */
+    rn_ref_group(y, n, g, f[0] == 'e' ? RN_GROUP_E4M3 : RN_GROUP_INT8, flags, out, out + n);
+    bytes = n + n / g * es;
   } else {
     return 2;
   }

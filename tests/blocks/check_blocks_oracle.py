@@ -2,7 +2,7 @@
 the test-only filter blocks_tool) against independent oracles, byte for byte:
 gguf-py's quantizers for Q8_0 and MXFP4, numpy transcriptions of the published
 definitions (with ml_dtypes for the E4M3 and E8M0 encodings) for Q8_K, MXFP8
-and the per-group scales.
+and the per-group scales (floats, or E8M0 bytes).
 
 usage: python check_blocks_oracle.py PATH/TO/blocks_tool
 Exit 0 when all agree, 1 on a mismatch, 77 when numpy, gguf or ml_dtypes is
@@ -146,8 +146,9 @@ def mxfp8_numpy(y):
 
 # ---- per-group int8 / e4m3, the per-row rule of rmsnorm_forward_quant ----
 def group_numpy(y, g, kind, rule):
-    """rule: "" (float scales) or "pow2" (rounded up to a power of two in UE8M0's
-    range [2^-127, 2^127]: an all-zero or tiny group gets 2^-127)."""
+    """rule: "" (float scales), "pow2" (rounded up to a power of two in UE8M0's
+    range [2^-127, 2^127]: an all-zero or tiny group gets 2^-127) or "e8m0"
+    (that, stored as E8M0 bytes)."""
     blocks = y.reshape(-1, g).astype(F32)
     qmax = F32(448 if kind == "e4m3" else 127)
     s = (np.abs(blocks).max(axis=1) / qmax).astype(F32)
@@ -164,6 +165,8 @@ def group_numpy(y, g, kind, rule):
         codes = np.clip(t, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     else:
         codes = np.rint(np.clip(t, -128, 127)).astype(np.int8).view(np.uint8)
+    if rule == "e8m0":
+        return np.concatenate([codes.ravel(), s.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8)])
     return np.concatenate([codes.ravel(), s.astype("<f4").view(np.uint8)])
 
 
@@ -172,7 +175,7 @@ for name, y in DATA.items():
     check(f"mxfp8 {name} vs numpy", tool(y, "mxfp8"), mxfp8_numpy(y))
     for g in (32, 64, 128):
         for kind in ("int8", "e4m3"):
-            for rule in ("", "pow2"):
+            for rule in ("", "pow2", "e8m0"):
                 args = [kind, str(g)] + ([rule] if rule else [])
                 check(f"{' '.join(args)} {name} vs numpy", tool(y, *args),
                       group_numpy(y, g, kind, rule))

@@ -30,7 +30,7 @@ static const qfmt qfmts[] = {
 typedef struct qcase {
   int fmt;        /* index in qfmts */
   size_t group;   /* --group (int8, fp8_e4m3) */
-  int pow2;       /* --pow2-scale */
+  int pow2;       /* 1: --pow2-scale, 2: --e8m0-scale (E8M0 bytes), 3: both */
   norm_opts o;
   int weight;     /* 0 none, 1 in the data's dtype, 2 float32 */
   int bias;
@@ -54,6 +54,8 @@ static const qcase cases[] = {
   {4, 0, 0, {2, 0.25, 0, 0, 0}, 0, 1, 0, 0},
   {0, 0, 0, {0, -1, 0, 0, 0}, 1, 0, 0, 0.03125f},
   {1, 0, 0, {2, 0.25, 1, 0, 0}, 0, 0, 1, 0.01f},
+  {0, 32, 2, {0, 0.25, 0, 0, 0}, 1, 1, 1, 0},
+  {1, 0, 3, {0, -1, 0, 1, 0}, 2, 0, 0, 0},
 };
 
 /* The file at path must be numpy's header for descr and shape (format 1.0)
@@ -84,11 +86,14 @@ static void run_case(const qcase *c, tdt dt, int add) {
   for (int i = lead; i < 3; i++) d *= shape[i];
   tdt pdt = c->weight ? (c->weight == 2 ? TF32 : dt) : c->bias ? (c->bias == 2 ? TF32 : dt) : dt;
   int scales_file = f->scales_descr && !c->static_scale;
+  int e8m0 = (c->pow2 & 2) != 0;
+  const char *scales_descr = e8m0 ? "|u1" : f->scales_descr;
+  size_t scale_size = e8m0 ? 1 : f->scale_size;
   char label[200], group_text[32], static_text[48];
   snprintf(label, sizeof label,
-           "%s --quant %s %s group=%zu%s static=%g dims=%d eps=%g%s%s p=%g w=%d b=%d",
+           "%s --quant %s %s group=%zu%s%s static=%g dims=%d eps=%g%s%s p=%g w=%d b=%d",
            add ? "add-forward" : "forward", f->name, tdt_name[dt], c->group,
-           c->pow2 ? " pow2" : "", c->static_scale, k, c->o.eps,
+           c->pow2 & 1 ? " pow2" : "", e8m0 ? " e8m0" : "", c->static_scale, k, c->o.eps,
            c->o.eps_outside ? " eps-outside" : "", c->o.offset ? " offset" : "", c->o.partial,
            c->weight, c->bias);
   arr x = npy_fixture("x.npy", dt, 3, shape, FILL_DATA);
@@ -112,7 +117,8 @@ static void run_case(const qcase *c, tdt dt, int add) {
     snprintf(group_text, sizeof group_text, "--group=%zu", c->group);
     args[n++] = group_text;
   }
-  if (c->pow2) args[n++] = "--pow2-scale";
+  if (c->pow2 & 1) args[n++] = "--pow2-scale";
+  if (e8m0) args[n++] = "--e8m0-scale";
   if (c->stats) args[n++] = "--rstd", args[n++] = "rstd.npy";
   if (add) args[n++] = "--residual-out", args[n++] = "h2.npy";
   if (c->weight) args[n++] = "--weight", args[n++] = "w.npy";
@@ -129,12 +135,12 @@ static void run_case(const qcase *c, tdt dt, int add) {
   norm_opts_config(&c->o, dt, pdt, &cfg);
   rmsnorm_quant_init(&q, f->format);
   q.group = c->group;
-  q.flags = c->pow2 ? RMSNORM_QUANT_SCALE_POW2 : 0u;
+  q.flags = (c->pow2 & 1 ? RMSNORM_QUANT_SCALE_POW2 : 0u) | (e8m0 ? RMSNORM_QUANT_SCALE_E8M0 : 0u);
   if (c->static_scale) q.static_scale = &c->static_scale;
   rmsnorm_status st = rmsnorm_quant_row_size(&q, d, &row_bytes, &row_scales);
   tu_check(st == RMSNORM_OK, "%s: row size: %s", label, rmsnorm_status_name(st));
   unsigned char *codes = calloc(rows * row_bytes + 1, 1);
-  unsigned char *scales = scales_file ? calloc(rows * row_scales + 1, f->scale_size) : NULL;
+  unsigned char *scales = scales_file ? calloc(rows * row_scales + 1, scale_size) : NULL;
   unsigned char *r = calloc(rows + 1, 8), *h = malloc(x.n * tdt_size[dt]);
   memcpy(h, x.bytes, x.n * tdt_size[dt]);
   const void *wp = c->weight ? w.bytes : NULL, *bp = c->bias ? b.bytes : NULL;
@@ -161,8 +167,8 @@ static void run_case(const qcase *c, tdt dt, int add) {
       qshape[lead] = row_scales;
       tu_check(row_scales == (c->group ? d / c->group : f->scale_size == 1 ? d / 32 : 1),
                "%s: %zu scales per row", label, row_scales);
-      check_npy_bytes(label, "scales.npy", f->scales_descr, lead + 1, qshape, scales,
-                      rows * row_scales * f->scale_size);
+      check_npy_bytes(label, "scales.npy", scales_descr, lead + 1, qshape, scales,
+                      rows * row_scales * scale_size);
     } else {
       tu_check(!file_exists("scales.npy"), "%s: a scales file for %s", label, f->name);
     }
@@ -268,6 +274,10 @@ static const qerr qerrs[] = {
    "forward: --group is for int8 and fp8_e4m3"},
   {{"forward", "x64.npy", "--quant", "mxfp4", "--pow2-scale", "-o", "out.npy"}, 2,
    "forward: --pow2-scale is for int8 and fp8_e4m3"},
+  {{"forward", "x64.npy", "--quant", "q8_0", "--e8m0-scale", "-o", "out.npy"}, 2,
+   "forward: --e8m0-scale is for int8 and fp8_e4m3"},
+  {{"forward", "x64.npy", "--e8m0-scale", "-o", "out.npy"}, 2,
+   "forward: --e8m0-scale needs --quant"},
   {{"forward", "x64.npy", "--quant", "int8", "--group", "48", "-o", "out.npy", "--scales",
     "s.npy"}, 2, "forward: --group must be a multiple of 32 (0: one scale per row), not '48'"},
   {{"forward", "x64.npy", "--group", "32", "-o", "out.npy"}, 2, "forward: --group needs --quant"},
@@ -277,6 +287,8 @@ static const qerr qerrs[] = {
    "'out.npy' is named by two outputs"},
   {{"forward", "x64.npy", "--quant", "int8", "--static-scale", "0.1", "--group", "32", "-o",
     "out.npy"}, 2, "forward: --static-scale is one scale for every row: not with --group"},
+  {{"forward", "x64.npy", "--quant", "int8", "--static-scale", "0.1", "--e8m0-scale", "-o",
+    "out.npy"}, 2, "forward: --static-scale is one scale for every row: not with --e8m0-scale"},
   {{"forward", "x64.npy", "--quant", "fp8_e4m3", "--static-scale", "0.1", "--scales", "s.npy",
     "-o", "out.npy"}, 2, "forward: --static-scale is one scale for every row: not with --scales"},
   {{"forward", "x64.npy", "--quant", "int8", "--static-scale", "0", "-o", "out.npy"}, 2,
@@ -331,7 +343,7 @@ static void test_help(void) {
     int rc = RUN(with[i], "--help");
     tu_check(rc == 0 && strstr(out_text, "--quant FORMAT") && strstr(out_text, "--scales FILE") &&
                  strstr(out_text, "--group G") && strstr(out_text, "--pow2-scale") &&
-                 strstr(out_text, "--static-scale S") &&
+                 strstr(out_text, "--e8m0-scale") && strstr(out_text, "--static-scale S") &&
                  strstr(out_text, "q8_0") && strstr(out_text, "mxfp4"),
              "%s --help lacks the --quant options: %s", with[i], out_text);
   }
