@@ -432,7 +432,10 @@ typedef enum rmsnorm_qformat {
   RMSNORM_QF_MXFP8_E4M3 = 4,
   /* ggml block_mxfp4: per 32 elements 17 bytes, the E8M0 byte, then 16
    * bytes of E2M1 nibbles (element j low, j + 16 high); no scales array */
-  RMSNORM_QF_MXFP4 = 5
+  RMSNORM_QF_MXFP4 = 5,
+  /* ggml block_q8_1: per 32 elements 36 bytes, fp16 d, fp16 s, int8 qs[32];
+   * d and qs as Q8_0's, s = d * sum(qs) (in fp32, then fp16); no scales array */
+  RMSNORM_QF_Q8_1 = 6
 } rmsnorm_qformat;
 
 /* Flags for rmsnorm_quant.flags (INT8/FP8_E4M3 with dynamic scales only). */
@@ -482,8 +485,8 @@ RMSNORM_API rmsnorm_status rmsnorm_quant_row_size(const rmsnorm_quant *q, size_t
  * rmsnorm_forward computes it before any rounding to cfg->dtype, then the
  * format's encoder. codes: rows x ldc bytes (ldc >= row_bytes); scales:
  * rows x lds elements (float for INT8/FP8_E4M3, E8M0 bytes for MXFP8 and
- * with RMSNORM_QUANT_SCALE_E8M0), NULL for Q8_0, Q8_K, MXFP4 and static
- * scales. rstd optional. Rows the
+ * with RMSNORM_QUANT_SCALE_E8M0), NULL for Q8_0, Q8_1, Q8_K, MXFP4 and
+ * static scales. rstd optional. Rows the
  * double-precision rescue path computes (overflowing/underflowing sums,
  * NaN/Inf) encode y rounded to cfg->dtype. A block (group, row) whose y
  * holds a NaN gets a NaN scale and zero codes, so it dequantizes to NaN;

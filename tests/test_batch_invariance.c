@@ -53,7 +53,7 @@
 #include "testutil.h"
 
 #define POOL 48
-#define NFORMATS 6   /* rmsnorm_qformat: INT8 .. MXFP4 */
+#define NFORMATS 7   /* rmsnorm_qformat: INT8 .. Q8_1 */
 #define HEAD_DIM 128 /* QK-norm: a pool row of d is d / HEAD_DIM heads */
 #define GROUP 128    /* gated RMSNorm's group in the per-group case */
 #define NOUT 32      /* RMSNorm + linear: output columns */
@@ -317,7 +317,8 @@ static void ops_add(batch *B) {
  * INT8 per group of 32 with power-of-two scales, FP8 per row with E8M0
  * scale bytes). */
 static void ops_quant(batch *B) {
-  static const char *names[NFORMATS] = {"int8", "fp8 e4m3", "q8_0", "q8_k", "mxfp8", "mxfp4"};
+  static const char *names[NFORMATS] = {"int8", "fp8 e4m3", "q8_0",  "q8_k",
+                                        "mxfp8", "mxfp4",    "q8_1"};
   size_t n = B->n, d = B->d, rb = B->rb, ss = B->ss;
   unsigned char *h = take(B, n * rb);
   void *r = take(B, n * ss);

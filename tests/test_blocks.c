@@ -1,8 +1,8 @@
 /* test_blocks.c - the block and per-group encoders of src/ref/blocks_ref.c
- * on hand-checked cases: rounding ties (Q8_0 away from zero, Q8_K to even),
- * zero blocks, MXFP4's scale just below a power of two, MXFP8 saturation,
- * subnormal scales, power-of-two scales kept in UE8M0's range and their
- * E8M0 bytes, NaN and Inf. Bytes against the oracles:
+ * on hand-checked cases: rounding ties (Q8_0 and Q8_1 away from zero, Q8_K
+ * to even), Q8_1's sum, zero blocks, MXFP4's scale just below a power of
+ * two, MXFP8 saturation, subnormal scales, power-of-two scales kept in
+ * UE8M0's range and their E8M0 bytes, NaN and Inf. Bytes against the oracles:
  * tests/blocks/check_blocks_oracle.py. */
 #include "check.h"
 
@@ -54,6 +54,59 @@ static void test_q8_0(void) {
   rn_ref_q8_0(y, 32, o);
   tu_check(rd_u16(o) == 0x7c00, "q8_0 inf d %04x", rd_u16(o));
   for (int j = 0; j < 32; j++) tu_check(o[2 + j] == 0, "q8_0 inf q[%d]", j);
+}
+
+static void test_q8_1(void) {
+  float y[64] = {0};
+  unsigned char o[2 * RN_Q8_1_BYTES], o0[2 * RN_Q8_0_BYTES];
+  /* amax 127: d = 1, q = roundf(y) (ties away), s = sum(q) * 1 */
+  y[0] = 127.0f, y[1] = 2.5f, y[2] = -2.5f, y[3] = 0.5f, y[4] = -0.5f, y[5] = 3.5f, y[6] = 1.49f;
+  y[31] = -100.0f;
+  memset(o, 0xAA, sizeof o);
+  rn_ref_q8_1(y, 64, o);
+  tu_check(rd_u16(o) == 0x3c00, "q8_1 d %04x", rd_u16(o));
+  /* 127 + 3 - 3 + 1 - 1 + 4 + 1 - 100 = 32: fp16 0x5000 */
+  tu_check(rd_u16(o + 2) == 0x5000, "q8_1 s %04x", rd_u16(o + 2));
+  const int8_t want[7] = {127, 3, -3, 1, -1, 4, 1};
+  for (int j = 0; j < 7; j++) tu_check(q8(o, 4 + j) == want[j], "q8_1 q[%d] %d want %d", j, q8(o, 4 + j), want[j]);
+  tu_check(q8(o, 4 + 31) == -100, "q8_1 q[31]");
+  for (int j = 0; j < RN_Q8_1_BYTES; j++) tu_check(o[RN_Q8_1_BYTES + j] == 0, "q8_1 zero block byte %d", j);
+  /* d and the codes are Q8_0's */
+  rn_ref_q8_0(y, 64, o0);
+  tu_check(!memcmp(o, o0, 2) && !memcmp(o + 4, o0 + 2, 32), "q8_1 d and qs as q8_0's");
+  /* s = sum * the fp32 d, rounded to fp32 then fp16, not the fp16 d: 32
+   * values of 31.765625 give q = 127 each, sum 4064, s = fp16(4064 * d) =
+   * 0x63f1 (1016.5), where the stored d would give 0x63f2 */
+  for (int j = 0; j < 32; j++) y[j] = 31.765625f;
+  rn_ref_q8_1(y, 32, o);
+  float d = 31.765625f / 127.0f;
+  int all127 = 1;
+  for (int j = 0; j < 32; j++) all127 &= q8(o, 4 + j) == 127;
+  tu_check(all127 && rd_u16(o) == rn_f32_to_f16(d) && rd_u16(o + 2) == 0x63f1 &&
+           rn_f32_to_f16(4064.0f * rn_f16_to_f32(rd_u16(o))) == 0x63f2,
+           "q8_1 s of the fp32 d %04x", rd_u16(o + 2));
+  /* a sum that fp16 rounds: d = 3/127, the codes -127 and round(j/16 * 127/3) */
+  y[0] = -3.0f;
+  for (int j = 1; j < 32; j++) y[j] = (float)j / 16.0f;
+  rn_ref_q8_1(y, 32, o);
+  int sum = 0;
+  for (int j = 0; j < 32; j++) sum += q8(o, 4 + j);
+  d = 3.0f / 127.0f;
+  tu_check(rd_u16(o + 2) == rn_f32_to_f16((float)sum * d), "q8_1 s %04x sum %d", rd_u16(o + 2), sum);
+  /* an fp32-subnormal d: q = 0, so s = 0 */
+  memset(y, 0, sizeof y);
+  y[0] = 1e-39f, y[1] = -1e-39f;
+  rn_ref_q8_1(y, 32, o);
+  tu_check(rd_u16(o) == 0 && rd_u16(o + 2) == 0, "q8_1 tiny d %04x s %04x", rd_u16(o), rd_u16(o + 2));
+  /* a NaN: d and s 0x7e00, codes 0; an Inf: d = inf, codes 0, s = inf * 0 = NaN */
+  y[0] = -NAN, y[1] = 127.0f;
+  rn_ref_q8_1(y, 32, o);
+  tu_check(rd_u16(o) == 0x7e00 && rd_u16(o + 2) == 0x7e00, "q8_1 NaN d %04x s %04x", rd_u16(o), rd_u16(o + 2));
+  for (int j = 0; j < 32; j++) tu_check(o[4 + j] == 0, "q8_1 NaN q[%d]", j);
+  y[0] = 0, y[5] = -INFINITY;
+  rn_ref_q8_1(y, 32, o);
+  tu_check(rd_u16(o) == 0x7c00 && rd_u16(o + 2) == 0x7e00, "q8_1 inf d %04x s %04x", rd_u16(o), rd_u16(o + 2));
+  for (int j = 0; j < 32; j++) tu_check(o[4 + j] == 0, "q8_1 inf q[%d]", j);
 }
 
 static void test_q8_k(void) {
@@ -280,6 +333,7 @@ static void test_ue8m0(void) {
 
 int main(void) {
   test_q8_0();
+  test_q8_1();
   test_q8_k();
   test_mxfp4();
   test_mxfp8();

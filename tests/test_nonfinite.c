@@ -798,6 +798,7 @@ static const qfmt qfmts[] = {
     {"int8/row e8m0", RMSNORM_QF_INT8, 0, RMSNORM_QUANT_SCALE_E8M0, 0},
     {"e4m3/32 e8m0", RMSNORM_QF_FP8_E4M3, 32, RMSNORM_QUANT_SCALE_E8M0, 0},
     {"q8_0", RMSNORM_QF_Q8_0, 0, 0, 0},
+    {"q8_1", RMSNORM_QF_Q8_1, 0, 0, 0},
     {"q8_k", RMSNORM_QF_Q8_K, 0, 0, 0},
     {"mxfp4", RMSNORM_QF_MXFP4, 0, 0, 0},
     {"mxfp8", RMSNORM_QF_MXFP8_E4M3, 0, 0, 0},
@@ -807,7 +808,8 @@ static const qfmt qfmts[] = {
 /* Elements per scale (a block or group; d for one scale per row). */
 static size_t qblock(const qfmt *f, size_t d) {
   switch (f->format) {
-    case RMSNORM_QF_Q8_0: case RMSNORM_QF_MXFP4: case RMSNORM_QF_MXFP8_E4M3: return 32;
+    case RMSNORM_QF_Q8_0: case RMSNORM_QF_Q8_1: case RMSNORM_QF_MXFP4: case RMSNORM_QF_MXFP8_E4M3:
+      return 32;
     case RMSNORM_QF_Q8_K: return 256;
     default: return f->group ? f->group : d;
   }
@@ -830,6 +832,13 @@ static qblk qblock_at(const qfmt *f, const unsigned char *codes, const unsigned 
       uint16_t h = (uint16_t)(p[0] | p[1] << 8);
       r.scale_nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
       cs = p + 2, n = 32;
+      break;
+    }
+    case RMSNORM_QF_Q8_1: { /* d and s both NaN */
+      const unsigned char *p = codes + b * 36;
+      uint16_t h = (uint16_t)(p[0] | p[1] << 8), hs = (uint16_t)(p[2] | p[3] << 8);
+      r.scale_nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff) && (hs & 0x7c00) == 0x7c00 && (hs & 0x3ff);
+      cs = p + 4, n = 32;
       break;
     }
     case RMSNORM_QF_Q8_K: {
@@ -869,6 +878,7 @@ static size_t qblock_bytes(const qfmt *f, const unsigned char *codes, const unsi
                            size_t b, size_t bs, unsigned char *out) {
   switch (f->format) {
     case RMSNORM_QF_Q8_0: memcpy(out, codes + b * 34, 34); return 34;
+    case RMSNORM_QF_Q8_1: memcpy(out, codes + b * 36, 36); return 36;
     case RMSNORM_QF_Q8_K: memcpy(out, codes + b * 292, 292); return 292;
     case RMSNORM_QF_MXFP4: memcpy(out, codes + b * 17, 17); return 17;
     case RMSNORM_QF_MXFP8_E4M3:

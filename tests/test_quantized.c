@@ -24,6 +24,7 @@ typedef struct fmt {
 
 static const fmt fmts[] = {
     {"q8_0", RMSNORM_QF_Q8_0, 0, 0},
+    {"q8_1", RMSNORM_QF_Q8_1, 0, 0},
     {"q8_k", RMSNORM_QF_Q8_K, 0, 0},
     {"mxfp4", RMSNORM_QF_MXFP4, 0, 0},
     {"mxfp8", RMSNORM_QF_MXFP8_E4M3, 0, 0},
@@ -204,6 +205,7 @@ static void encode_ref(const fmt *f, const float *y, size_t d, unsigned char *co
                        unsigned char *scales) {
   switch (f->format) {
     case RMSNORM_QF_Q8_0: rn_ref_q8_0(y, d, codes); break;
+    case RMSNORM_QF_Q8_1: rn_ref_q8_1(y, d, codes); break;
     case RMSNORM_QF_Q8_K: rn_ref_q8_k(y, d, codes); break;
     case RMSNORM_QF_MXFP4: rn_ref_mxfp4(y, d, codes); break;
     case RMSNORM_QF_MXFP8_E4M3: rn_ref_mxfp8(y, d, codes, scales); break;
@@ -388,10 +390,13 @@ static void test_errors(void) {
   q.static_scale = NULL;
   q.flags = 1u << 2; /* no such flag */
   EXPECT(RMSNORM_ERROR_BAD_ARGUMENT, rmsnorm_quant_row_size(&q, 128, &rb, &rs));
-  rmsnorm_quant_init(&q, RMSNORM_QF_Q8_0);
+  rmsnorm_quant_init(&q, RMSNORM_QF_Q8_1);
+  EXPECT(RMSNORM_OK, rmsnorm_quant_row_size(&q, 64, &rb, &rs));
+  tu_check(rb == 72 && rs == 0, "q8_1 row size %zu %zu", rb, rs);
+  EXPECT(RMSNORM_ERROR_BAD_SIZE, rmsnorm_quant_row_size(&q, 48, &rb, &rs));
   q.flags = RMSNORM_QUANT_SCALE_E8M0;
   EXPECT(RMSNORM_ERROR_BAD_ARGUMENT, rmsnorm_forward_quantized(c, &cfg, 1, 64, x, 64, NULL, NULL,
-                                                               &q, codes, 68, NULL, 0, NULL));
+                                                               &q, codes, 72, NULL, 0, NULL));
   rmsnorm_quant_init(&q, RMSNORM_QF_MXFP8_E4M3);
   q.flags = RMSNORM_QUANT_SCALE_E8M0; /* its scales are E8M0 anyway: the flag is not its */
   EXPECT(RMSNORM_ERROR_BAD_ARGUMENT, rmsnorm_forward_quantized(c, &cfg, 1, 64, x, 64, NULL, NULL,
@@ -403,7 +408,7 @@ static void test_errors(void) {
   q.static_scale = &one;
   EXPECT(RMSNORM_OK, rmsnorm_forward_quantized(c, &cfg, 1, 128, x, 128, NULL, NULL, &q, codes,
                                                128, NULL, 0, NULL));
-  rmsnorm_quant_init(&q, (rmsnorm_qformat)6);
+  rmsnorm_quant_init(&q, (rmsnorm_qformat)7);
   EXPECT(RMSNORM_ERROR_BAD_ARGUMENT, rmsnorm_forward_quantized(c, &cfg, 1, 128, x, 128, NULL,
                                                                NULL, &q, codes, 1024, NULL, 0, NULL));
   rmsnorm_quant_init(&q, RMSNORM_QF_MXFP4);

@@ -85,12 +85,13 @@ static const qformat_def qformat_defs[] = {
   {"int8", RMSNORM_QF_INT8, 0, 1, NPY_I8},
   {"fp8_e4m3", RMSNORM_QF_FP8_E4M3, 0, 1, NPY_U8},
   {"q8_0", RMSNORM_QF_Q8_0, 32, 0, NPY_U8},
+  {"q8_1", RMSNORM_QF_Q8_1, 32, 0, NPY_U8},
   {"q8_k", RMSNORM_QF_Q8_K, 256, 0, NPY_U8},
   {"mxfp8", RMSNORM_QF_MXFP8_E4M3, 32, 2, NPY_U8},
   {"mxfp4", RMSNORM_QF_MXFP4, 32, 0, NPY_U8},
 };
 #define N_QFORMATS (sizeof qformat_defs / sizeof qformat_defs[0])
-#define QFORMAT_NAMES "int8, fp8_e4m3, q8_0, q8_k, mxfp8, mxfp4"
+#define QFORMAT_NAMES "int8, fp8_e4m3, q8_0, q8_1, q8_k, mxfp8, mxfp4"
 
 /* int8 and fp8_e4m3: the formats with per-row or per-group scales */
 static int has_groups(const qformat_def *f) {
@@ -118,7 +119,7 @@ static const option_def option_defs[] = {
   {"pre-weight", O_PRE_WEIGHT, "FILE", "pre_norm's gain (on h'): the same shape and dtype"},
   {"bias", O_BIAS, "FILE", "the bias b: as the weight, and in its dtype"},
   {"linear-bias", O_LINEAR_BIAS, "FILE", "added to Z: shape (N,), in the weight's dtype"},
-  {"quant", O_QUANT, "FORMAT", "Y's codes to -o: int8 fp8_e4m3 q8_0 q8_k mxfp8 mxfp4"},
+  {"quant", O_QUANT, "FORMAT", "Y's codes to -o: int8 fp8_e4m3 q8_0 q8_1 q8_k mxfp8 mxfp4"},
   {"scales", O_SCALES, "FILE", "int8/fp8_e4m3/mxfp8 --quant: the scales (required)"},
   {"group", O_GROUP, "G", "int8/fp8_e4m3: a scale per G columns (a multiple of 32)"},
   {"pow2-scale", O_POW2, NULL, "int8/fp8_e4m3: scales rounded up to a power of two"},
@@ -168,7 +169,7 @@ static const op_spec op_specs[] = {
    "  y = x * r * g + b,  r = 1/sqrt(mean(x^2) + eps)\n"
    "With --quant, Y is written in an 8- or 4-bit format instead: -o gets the\n"
    "codes (int8 '|i1', fp8_e4m3 and mxfp8 '|u1' E4M3 bits: X's shape; the blocks\n"
-   "of q8_0, q8_k, mxfp4: '|u1', (rows..., bytes per row)), and --scales\n"
+   "of q8_0, q8_1, q8_k, mxfp4: '|u1', (rows..., bytes per row)), and --scales\n"
    "the scales of int8 and fp8_e4m3 ('<f4', or '|u1' E8M0 with --e8m0-scale,\n"
    "(rows..., d/G or 1); none with --static-scale) or mxfp8 ('|u1' E8M0,\n"
    "(rows..., d/32)); the block formats keep theirs inside. The row length must\n"

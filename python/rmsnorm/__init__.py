@@ -43,7 +43,7 @@ __all__ = _FUNCTIONS + [
 def dequantize(codes, scales, format, group=0):
     """The float32 values that rms_norm_quant's (codes, scales) in `format` (and `group`)
     stand for: of the codes' shape for int8, fp8_e4m3 and mxfp8, (*leading, d) for the
-    blocks of q8_0, q8_k and mxfp4; int8 and fp8_e4m3 scales of uint8 are E8M0 bytes
+    blocks of q8_0, q8_1, q8_k and mxfp4; int8 and fp8_e4m3 scales of uint8 are E8M0 bytes
     (the C library's RMSNORM_QUANT_SCALE_E8M0). Decoded from the formats' definitions in
     numpy."""
     import numpy

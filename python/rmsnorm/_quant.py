@@ -6,8 +6,8 @@ from __future__ import annotations
 
 # name: (elements of a block, its bytes in the codes; 0 bytes: one code per element, and 0
 # elements: int8 and fp8_e4m3, whose scales cover a row or a group)
-FORMATS = {"int8": (0, 0), "fp8_e4m3": (0, 0), "q8_0": (32, 34), "q8_k": (256, 292),
-           "mxfp8": (32, 0), "mxfp4": (32, 17)}
+FORMATS = {"int8": (0, 0), "fp8_e4m3": (0, 0), "q8_0": (32, 34), "q8_1": (32, 36),
+           "q8_k": (256, 292), "mxfp8": (32, 0), "mxfp4": (32, 17)}
 
 
 def format_error(fmt) -> str:
@@ -83,6 +83,8 @@ def dequantize(codes, scales, fmt, group, X):
         raw = X.raw(codes).reshape(lead + (-1, nbytes))
         if fmt == "q8_0":  # fp16 d, 32 int8
             y = X.view(raw[..., :2], "float16") * X.f32(_signed8(b[..., 2:]))
+        elif fmt == "q8_1":  # fp16 d, fp16 s = d * sum(qs) (not needed here), 32 int8
+            y = X.view(raw[..., :2], "float16") * X.f32(_signed8(b[..., 4:]))
         elif fmt == "q8_k":  # float d, 256 int8, 16 int16 block sums
             y = X.view(raw[..., :4], "float32") * X.f32(_signed8(b[..., 4:260]))
         else:  # mxfp4: E8M0, 16 bytes of E2M1 pairs (element j low nibble, j + 16 high)

@@ -110,8 +110,8 @@ inline constexpr std::pair<const char *, const char *> kMessages[] = {
                       "{d_global} columns"},
     {"row_sums", "{what} has dtype {dtype}; per-row sums are float64 (as rms_norm_shard_stats "
                  "returns them)"},
-    {"qformat", "format must be one of 'int8', 'fp8_e4m3', 'q8_0', 'q8_k', 'mxfp8', 'mxfp4'; got "
-                "{format}"},
+    {"qformat", "format must be one of 'int8', 'fp8_e4m3', 'q8_0', 'q8_1', 'q8_k', 'mxfp8', "
+                "'mxfp4'; got {format}"},
     {"qoptions", "format {format} with group = {group}, pow2_scale = {pow2}, scale = {scale}: "
                  "group, pow2_scale and scale apply to int8 and fp8_e4m3 only, group is 0 (one "
                  "scale per row) or a multiple of 32, and a static scale takes neither"},
@@ -570,7 +570,8 @@ struct QFormat {
 };
 inline constexpr QFormat kQFormats[] = {
     {"int8", RMSNORM_QF_INT8, ST_INT8, 0},  {"fp8_e4m3", RMSNORM_QF_FP8_E4M3, ST_E4M3, 0},
-    {"q8_0", RMSNORM_QF_Q8_0, ST_U8, 32},    {"q8_k", RMSNORM_QF_Q8_K, ST_U8, 256},
+    {"q8_0", RMSNORM_QF_Q8_0, ST_U8, 32},    {"q8_1", RMSNORM_QF_Q8_1, ST_U8, 32},
+    {"q8_k", RMSNORM_QF_Q8_K, ST_U8, 256},
     {"mxfp8", RMSNORM_QF_MXFP8_E4M3, ST_E4M3, 32}, {"mxfp4", RMSNORM_QF_MXFP4, ST_U8, 32}};
 
 /* A row's quantized layout: the descriptor, a row's code bytes and scales. */

@@ -289,7 +289,7 @@ def test_rms_norm_linear(case):
 # ---- quantized outputs ----------------------------------------------------------------------
 
 QFORMATS = [("int8", 0), ("fp8_e4m3", 0), ("int8", 32), ("fp8_e4m3", 64), ("q8_0", 0),
-            ("q8_k", 0), ("mxfp4", 0), ("mxfp8", 0)]
+            ("q8_1", 0), ("q8_k", 0), ("mxfp4", 0), ("mxfp8", 0)]
 
 
 QCASES = list(cases((256,))) + [(256, p, "nan weight") for p in (0, 128, 255)]
@@ -308,7 +308,7 @@ def test_quant(case, fmt, group):
     codes, scales = rt.rms_norm_quant(x, d, w, 1e-6, format=fmt, group=group)
     deq = rt.dequantize(codes, scales, fmt, group).reshape(ROWS, d)
     y = F.rms_norm(x, (d,), w, 1e-6)
-    block = {"q8_k": 256, "q8_0": 32, "mxfp4": 32, "mxfp8": 32}.get(fmt, group or d)
+    block = {"q8_k": 256, "q8_0": 32, "q8_1": 32, "mxfp4": 32, "mxfp8": 32}.get(fmt, group or d)
     nan_blocks = y.unflatten(-1, (-1, block)).isnan().any(-1, keepdim=True)
     blocks = deq.unflatten(-1, (-1, block))
     assert torch.equal(blocks.isnan(), nan_blocks.expand_as(blocks)), f"{fmt}: NaN blocks"

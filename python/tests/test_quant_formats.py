@@ -1,7 +1,7 @@
 """test_quant_formats.py - rms_norm_quant and fused_add_rms_norm_quant (numpy and torch)
-against independent oracles: gguf-py's quantizers for Q8_0 and MXFP4 byte for byte, numpy
-transcriptions of the definitions for Q8_K, MXFP8 and per-row / per-group int8 and e4m3
-(power-of-two scales kept in [2^-127, 2^127]),
+against independent oracles: gguf-py's quantizers for Q8_0 and MXFP4 byte for byte (and its
+Q8_0 plus ggml's sum for Q8_1), numpy transcriptions of the definitions for Q8_K, MXFP8 and
+per-row / per-group int8 and e4m3 (power-of-two scales kept in [2^-127, 2^127]),
 a float64 RMSNorm for y; dequantize round trips, input dtypes, the fused residual add, NaN
 and Inf rows, the errors, and the torch ops under opcheck, torch.compile and torch.export."""
 
@@ -13,9 +13,9 @@ import rmsnorm
 ml_dtypes = pytest.importorskip("ml_dtypes")
 E4M3 = ml_dtypes.float8_e4m3fn
 F32_EPS = float(np.finfo(np.float32).eps)
-BLOCK_FORMATS = ["q8_0", "q8_k", "mxfp4"]
+BLOCK_FORMATS = ["q8_0", "q8_1", "q8_k", "mxfp4"]
 FORMATS = ["int8", "fp8_e4m3", "mxfp8"] + BLOCK_FORMATS
-ROW_BYTES = {"q8_0": 34 / 32, "q8_k": 292 / 256, "mxfp4": 17 / 32}
+ROW_BYTES = {"q8_0": 34 / 32, "q8_1": 36 / 32, "q8_k": 292 / 256, "mxfp4": 17 / 32}
 
 
 def activations(rng, rows=6, d=512, dtype=np.float32):
@@ -119,6 +119,27 @@ def test_ggml_blocks_equal_gguf_py(rng, fmt):
                                   gguf.quants.dequantize(want, qtype[fmt]))
 
 
+def test_q8_1_equals_gguf_q8_0_and_sum(rng):
+    """ggml's block_q8_1: Q8_0's d and qs (gguf-py has no Q8_1 quantizer), and after d
+    s = fp16(sum(qs) * d) with the float32 d = amax / 127, as quantize_row_q8_1_ref."""
+    gguf = pytest.importorskip("gguf")
+    x = activations(rng)
+    w, b = params(rng, 512)
+    codes, scales = rmsnorm.rms_norm_quant(x, 512, w, bias=b, format="q8_1")
+    assert codes.dtype == np.uint8 and codes.shape == (6, 512 * 36 // 32)
+    assert scales.shape == (6, 0)
+    y = y32(x, w, b)
+    q80 = gguf.quants.quantize(y, gguf.GGMLQuantizationType.Q8_0).reshape(6, -1, 34)
+    blk = codes.reshape(6, -1, 36)
+    np.testing.assert_array_equal(blk[..., :2], q80[..., :2])
+    np.testing.assert_array_equal(blk[..., 4:], q80[..., 2:])
+    d = np.abs(y.reshape(6, -1, 32)).max(-1) / np.float32(127)
+    s = (q80[..., 2:].view(np.int8).astype(np.int32).sum(-1).astype(np.float32) * d)
+    np.testing.assert_array_equal(blk[..., 2:4].copy().view("<f2")[..., 0], s.astype(np.float16))
+    np.testing.assert_array_equal(rmsnorm.dequantize(codes, scales, "q8_1"),
+                                  rmsnorm.dequantize(q80.reshape(6, -1), None, "q8_0"))
+
+
 def test_q8_k_equals_transcription(rng):
     x = activations(rng)
     w, _ = params(rng, 512)
@@ -185,8 +206,9 @@ def test_static_scale(rng):
 # step of int8; e4m3's 3 mantissa bits; MX blocks whose max lands above the element type's
 # largest value (448 of [256, 512), 6 of [4, 8)) saturate; q8_0's d is stored in fp16
 REL_ERR = {"int8": 0.5 / 127, "fp8_e4m3": 1 / 16, "mxfp8": 1 / 8, "q8_0": 0.6 / 127,
-           "q8_k": 0.5 / 127, "mxfp4": 0.25}
-BLOCK = {"int8": 512, "fp8_e4m3": 512, "mxfp8": 32, "q8_0": 32, "q8_k": 256, "mxfp4": 32}
+           "q8_1": 0.6 / 127, "q8_k": 0.5 / 127, "mxfp4": 0.25}
+BLOCK = {"int8": 512, "fp8_e4m3": 512, "mxfp8": 32, "q8_0": 32, "q8_1": 32, "q8_k": 256,
+         "mxfp4": 32}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -300,7 +322,7 @@ def test_nan_and_inf_rows(rng):
 def test_errors(rng):
     x = activations(rng)
     with pytest.raises(ValueError, match="format must be one of 'int8', 'fp8_e4m3', 'q8_0', "
-                                         "'q8_k', 'mxfp8', 'mxfp4'; got 'q4_0'"):
+                                         "'q8_1', 'q8_k', 'mxfp8', 'mxfp4'; got 'q4_0'"):
         rmsnorm.rms_norm_quant(x, 512, format="q4_0")
     with pytest.raises(TypeError, match="missing required argument 'format'"):
         rmsnorm.rms_norm_quant(x, 512)
@@ -370,7 +392,8 @@ def test_torch_equals_numpy(rng, rt, fmt):
 
 
 @pytest.mark.parametrize("fmt,group", [("int8", 0), ("int8", 32), ("fp8_e4m3", 64),
-                                       ("mxfp8", 0), ("q8_0", 0), ("q8_k", 0), ("mxfp4", 0)])
+                                       ("mxfp8", 0), ("q8_0", 0), ("q8_1", 0), ("q8_k", 0),
+                                       ("mxfp4", 0)])
 def test_opcheck(rt, fmt, group):
     import torch
 

@@ -50,6 +50,7 @@ static rmsnorm_status layout_of(const rmsnorm_quant *q, size_t d, quant_layout *
                           q->flags & RMSNORM_QUANT_SCALE_E8M0 ? 1 : sizeof(float)};
       break;
     case RMSNORM_QF_Q8_0: block = RN_Q8_0_BLOCK, bytes = RN_Q8_0_BYTES; break;
+    case RMSNORM_QF_Q8_1: block = RN_Q8_1_BLOCK, bytes = RN_Q8_1_BYTES; break;
     case RMSNORM_QF_Q8_K: block = RN_Q8_K_BLOCK, bytes = RN_Q8_K_BYTES; break;
     case RMSNORM_QF_MXFP8_E4M3: block = RN_MX_BLOCK, bytes = RN_MX_BLOCK; break;
     case RMSNORM_QF_MXFP4: block = RN_MX_BLOCK, bytes = RN_MXFP4_BYTES; break;

@@ -1,5 +1,5 @@
 /* blocks.h - the block and per-group quantizers of a normed fp32 row segment
- * (Q8_0, Q8_K, MXFP4, MXFP8 E4M3, per-group int8/e4m3): sizes, layouts and
+ * (Q8_0, Q8_1, Q8_K, MXFP4, MXFP8 E4M3, per-group int8/e4m3): sizes, layouts and
  * the scalar reference encoders (src/ref/blocks_ref.c, which states the rules). */
 #ifndef RMSNORM_BLOCKS_H
 #define RMSNORM_BLOCKS_H
@@ -10,6 +10,9 @@
 /* Q8_0: 32 elements -> 34 bytes: fp16 d (little-endian), then int8 qs[32]. */
 #define RN_Q8_0_BLOCK 32
 #define RN_Q8_0_BYTES 34
+/* Q8_1: 32 elements -> 36 bytes: fp16 d, fp16 s = d * sum(qs), int8 qs[32]. */
+#define RN_Q8_1_BLOCK 32
+#define RN_Q8_1_BYTES 36
 /* Q8_K: 256 elements -> 292 bytes: float d, int8 qs[256], int16 bsums[16]
  * (bsums[i] = sum of qs[16i..16i+15]); all little-endian, no padding. */
 #define RN_Q8_K_BLOCK 256
@@ -30,6 +33,7 @@ enum {
 /* Each encoder reads n fp32 values of y (n a multiple of its block, or of g)
  * and writes n / block blocks (or codes and scales); any alignment. */
 void rn_ref_q8_0(const float *y, size_t n, unsigned char *blocks);
+void rn_ref_q8_1(const float *y, size_t n, unsigned char *blocks);
 void rn_ref_q8_k(const float *y, size_t n, unsigned char *blocks);
 void rn_ref_mxfp4(const float *y, size_t n, unsigned char *blocks);
 /* codes: n bytes of e4m3; scales: n / 32 E8M0 bytes. */

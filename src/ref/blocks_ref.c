@@ -1,5 +1,5 @@
 /* blocks_ref.c - the scalar reference (the spec) of the block and per-group
- * quantizers of a normed fp32 row segment y: Q8_0, Q8_K, MXFP4, MXFP8 E4M3,
+ * quantizers of a normed fp32 row segment y: Q8_0, Q8_1, Q8_K, MXFP4, MXFP8 E4M3,
  * per-group int8/e4m3. Plain C11, no ISA flags; layouts in numerics/blocks.h.
  *
  * All arithmetic is fp32 without contraction (the build has
@@ -13,6 +13,9 @@
  *   (only with an fp32-subnormal d, whose fp16 is 0 anyway): an infinite id
  *   (amax <= ~2^-122) gives q = 0, what ggml's x86 build and gguf-py write;
  *   a finite one whose |y_j * id| exceeds 127.5 gives q_j clamped to +-127.
+ * Q8_1 (ggml's quantize_row_q8_1_ref; gguf-py has no quantizer for it): d
+ *   and q_j as Q8_0's; then s = sum_j q_j (an integer, exact in fp32) times
+ *   the fp32 d (not the stored fp16 one), rounded to fp32, then to fp16.
  * Q8_K (ggml's quantize_row_q8_K_ref; gguf-py has no quantizer for it):
  *   max = the y_j of largest |y_j|, the first one on ties; amax = |max|;
  *   amax == 0: d = 0, qs = 0 and bsums = 0 (ggml leaves bsums as they were);
@@ -47,10 +50,11 @@
  *
  * NaN and Inf: a block (or group) that dequantizes to NaN throughout. A
  * NaN makes the block's scale NaN and every code 0: Q8_0 d = fp16 NaN
- * (0x7e00), Q8_K d = NaN with bsums 0, MXFP4 and MXFP8 scale byte 0xFF (the
+ * (0x7e00), Q8_1 d and s both 0x7e00, Q8_K d = NaN with bsums 0, MXFP4 and MXFP8 scale byte 0xFF (the
  * E8M0 NaN), a group's s = NaN (gguf-py's NaN max gives a NaN Q8_0 d too; its
  * codes are then undefined). Without a NaN, an infinity makes amax infinite:
- * Q8_0 d = fp16 inf and q = 0 (ggml, gguf-py); Q8_K d = 1/iscale = -+inf,
+ * Q8_0 d = fp16 inf and q = 0 (ggml, gguf-py), Q8_1 the same with s =
+ * fp16 NaN 0x7e00 (inf * 0); Q8_K d = 1/iscale = -+inf,
  * q = 0, bsums 0; MXFP4 and MXFP8 scale byte 0xFF (E8M0 has no infinity),
  * MXFP4 codes 0, MXFP8 codes 0 and the infinities e4m3 NaN with their sign;
  * per group s = inf and the per-row rule's codes (t = y / inf: 0, or NaN for
@@ -85,21 +89,35 @@ static int8_t q8_0_code(float t) {
   return (int8_t)roundf(t);
 }
 
-void rn_ref_q8_0(const float *y, size_t n, unsigned char *blocks) {
+/* fp16 of v, 0x7e00 for any NaN */
+static uint16_t f16_canonical(float v) { return rn_f32_to_f16(isnan(v) ? NAN : v); }
+
+/* Q8_0 (sum 0) and Q8_1 (sum 1: s after d, the codes 2 bytes later). */
+static void q8_blocks(const float *y, size_t n, unsigned char *blocks, int sum) {
+  size_t bytes = sum ? RN_Q8_1_BYTES : RN_Q8_0_BYTES, at = sum ? 4 : 2;
   assert(n % RN_Q8_0_BLOCK == 0);
   for (size_t b = 0; b < n / RN_Q8_0_BLOCK; b++) {
-    const float *x = y + b * RN_Q8_0_BLOCK;           /* x: (32,) */
-    unsigned char *o = blocks + b * RN_Q8_0_BYTES;    /* o: fp16 d, int8 qs[32] */
+    const float *x = y + b * RN_Q8_0_BLOCK; /* x: (32,) */
+    unsigned char *o = blocks + b * bytes;  /* o: fp16 d, [fp16 s,] int8 qs[32] */
     float d = amax_f32(x, RN_Q8_0_BLOCK) / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    uint16_t dh = rn_f32_to_f16(isnan(d) ? NAN : d); /* 0x7e00 for any NaN */
+    uint16_t dh = f16_canonical(d);
     memcpy(o, &dh, sizeof dh);
+    int total = 0;
     for (size_t j = 0; j < RN_Q8_0_BLOCK; j++) {
       int8_t q = isinf(id) || isnan(id) ? 0 : q8_0_code(x[j] * id);
-      memcpy(o + 2 + j, &q, 1);
+      memcpy(o + at + j, &q, 1);
+      total += q;
+    }
+    if (sum) { /* ggml: the int sum times the fp32 d, in fp32 */
+      uint16_t sh = f16_canonical((float)total * d);
+      memcpy(o + 2, &sh, sizeof sh);
     }
   }
 }
+
+void rn_ref_q8_0(const float *y, size_t n, unsigned char *blocks) { q8_blocks(y, n, blocks, 0); }
+void rn_ref_q8_1(const float *y, size_t n, unsigned char *blocks) { q8_blocks(y, n, blocks, 1); }
 
 void rn_ref_q8_k(const float *y, size_t n, unsigned char *blocks) {
   assert(n % RN_Q8_K_BLOCK == 0);
@@ -239,6 +257,7 @@ void rn_ref_encode(const rn_quant_args *q, size_t row, const float *y) {
   unsigned char *out = (unsigned char *)q->q + row * q->ldq;
   switch (q->format) {
     case RMSNORM_QF_Q8_0: rn_ref_q8_0(y, d, out); break;
+    case RMSNORM_QF_Q8_1: rn_ref_q8_1(y, d, out); break;
     case RMSNORM_QF_Q8_K: rn_ref_q8_k(y, d, out); break;
     case RMSNORM_QF_MXFP4: rn_ref_mxfp4(y, d, out); break;
     case RMSNORM_QF_MXFP8_E4M3:

@@ -1,7 +1,7 @@
 /* blocks_tool.c - a test-only filter over the block encoders of
  * src/ref/blocks_ref.c, for the Python oracle (check_blocks_oracle.py):
  * reads fp32 values from stdin and writes the encoded bytes to stdout.
- *   blocks_tool q8_0 | q8_k | mxfp4      -> the blocks
+ *   blocks_tool q8_0 | q8_1 | q8_k | mxfp4 -> the blocks
  *   blocks_tool mxfp8                    -> n e4m3 codes, then n/32 E8M0 bytes
  *   blocks_tool int8|e4m3 G [pow2]       -> n codes, then n/G float scales
  *   blocks_tool int8|e4m3 G e8m0         -> n codes, then n/G E8M0 bytes
@@ -28,6 +28,9 @@ int main(int argc, char **argv) {
   if (!strcmp(f, "q8_0")) {
     rn_ref_q8_0(y, n, out);
     bytes = n / RN_Q8_0_BLOCK * RN_Q8_0_BYTES;
+  } else if (!strcmp(f, "q8_1")) {
+    rn_ref_q8_1(y, n, out);
+    bytes = n / RN_Q8_1_BLOCK * RN_Q8_1_BYTES;
   } else if (!strcmp(f, "q8_k")) {
     rn_ref_q8_k(y, n, out);
     bytes = n / RN_Q8_K_BLOCK * RN_Q8_K_BYTES;

@@ -1,8 +1,10 @@
 """check_blocks_oracle.py - the block encoders of src/ref/blocks_ref.c (through
 the test-only filter blocks_tool) against independent oracles, byte for byte:
-gguf-py's quantizers for Q8_0 and MXFP4, numpy transcriptions of the published
-definitions (with ml_dtypes for the E4M3 and E8M0 encodings) for Q8_K, MXFP8
-and the per-group scales (floats, or E8M0 bytes).
+gguf-py's quantizers for Q8_0 and MXFP4 (and Q8_0's d and codes for Q8_1,
+whose s = d * sum(qs) is computed here as ggml's quantize_row_q8_1_ref does),
+numpy transcriptions of the published definitions (with ml_dtypes for the
+E4M3 and E8M0 encodings) for Q8_K, MXFP8 and the per-group scales (floats,
+or E8M0 bytes).
 
 usage: python check_blocks_oracle.py PATH/TO/blocks_tool
 Exit 0 when all agree, 1 on a mismatch, 77 when numpy, gguf or ml_dtypes is
@@ -107,6 +109,28 @@ tiny = (rng.uniform(-1, 1, (ks.size, 32)) * 2.0 ** ks[:, None]).astype(F32)
 with np.errstate(all="ignore"):
     check("q8_0 tiny blocks vs gguf", tool(tiny, "q8_0"),
           gguf.quants.quantize(tiny, gguf.GGMLQuantizationType.Q8_0))
+
+# ---- Q8_1: ggml's block_q8_1 is Q8_0's d and qs with s after d; s is the
+# integer sum of the codes times the fp32 d (not the fp16 one) in fp32, then
+# fp16 (quantize_row_q8_1_ref). gguf-py has no Q8_1 quantizer: its Q8_0
+# gives d and qs. ----
+def q8_1_from_q8_0(y):
+    with np.errstate(all="ignore"):
+        q80 = gguf.quants.quantize(y, gguf.GGMLQuantizationType.Q8_0).reshape(-1, 34)
+        qs = q80[:, 2:].view(np.int8).astype(np.int32)
+        d = np.abs(y.reshape(-1, 32).astype(F32)).max(axis=1) / F32(127)
+        s = (qs.sum(axis=1).astype(F32) * d).astype(F32).astype(np.float16)
+    out = np.zeros((q80.shape[0], 36), np.uint8)
+    out[:, 0:2] = q80[:, 0:2]
+    out[:, 2:4] = s.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 4:] = q80[:, 2:]
+    return out
+
+
+for name, y in DATA.items():
+    check(f"q8_1 {name} vs gguf q8_0 + sum", tool(y, "q8_1"), q8_1_from_q8_0(y))
+check("q8_1 tiny blocks vs gguf q8_0 + sum", tool(tiny, "q8_1"), q8_1_from_q8_0(tiny))
+
 
 # ---- Q8_K: numpy transcription of ggml's reference ----
 def q8_k_numpy(y):

@@ -23,6 +23,7 @@ static const qfmt qfmts[] = {
   {"q8_k", RMSNORM_QF_Q8_K, "|u1", NULL, 0},
   {"mxfp8", RMSNORM_QF_MXFP8_E4M3, "|u1", "|u1", 1},
   {"mxfp4", RMSNORM_QF_MXFP4, "|u1", NULL, 0},
+  {"q8_1", RMSNORM_QF_Q8_1, "|u1", NULL, 0},
 };
 #define N_QFMTS (sizeof qfmts / sizeof qfmts[0])
 
@@ -54,6 +55,8 @@ static const qcase cases[] = {
   {4, 0, 0, {2, 0.25, 0, 0, 0}, 0, 1, 0, 0},
   {0, 0, 0, {0, -1, 0, 0, 0}, 1, 0, 0, 0.03125f},
   {1, 0, 0, {2, 0.25, 1, 0, 0}, 0, 0, 1, 0.01f},
+  {6, 0, 0, {0, -1, 0, 0, 0}, 1, 0, 1, 0},
+  {6, 0, 0, {2, 0.25, 0, 0, 0.5}, 2, 1, 0, 0},
   {0, 32, 2, {0, 0.25, 0, 0, 0}, 1, 1, 1, 0},
   {1, 0, 3, {0, -1, 0, 1, 0}, 2, 0, 0, 0},
 };
@@ -265,7 +268,7 @@ static const qerr qerrs[] = {
   {{"add-forward", "x100.npy", "x100.npy", "--quant", "q8_0", "-o", "out.npy", "--residual-out",
     "h2.npy"}, 1, "x100.npy: normalized size 100 is not a multiple of 32, the q8_0 block size"},
   {{"forward", "x64.npy", "--quant", "int4", "-o", "out.npy"}, 2,
-   "forward: --quant must be one of int8, fp8_e4m3, q8_0, q8_k, mxfp8, mxfp4, not 'int4'"},
+   "forward: --quant must be one of int8, fp8_e4m3, q8_0, q8_1, q8_k, mxfp8, mxfp4, not 'int4'"},
   {{"forward", "x64.npy", "--quant", "int8", "-o", "out.npy"}, 2,
    "forward: --quant int8 needs --scales FILE"},
   {{"forward", "x64.npy", "--quant", "q8_0", "-o", "out.npy", "--scales", "s.npy"}, 2,
@@ -274,10 +277,12 @@ static const qerr qerrs[] = {
    "forward: --group is for int8 and fp8_e4m3"},
   {{"forward", "x64.npy", "--quant", "mxfp4", "--pow2-scale", "-o", "out.npy"}, 2,
    "forward: --pow2-scale is for int8 and fp8_e4m3"},
-  {{"forward", "x64.npy", "--quant", "q8_0", "--e8m0-scale", "-o", "out.npy"}, 2,
+  {{"forward", "x64.npy", "--quant", "q8_1", "--e8m0-scale", "-o", "out.npy"}, 2,
    "forward: --e8m0-scale is for int8 and fp8_e4m3"},
   {{"forward", "x64.npy", "--e8m0-scale", "-o", "out.npy"}, 2,
    "forward: --e8m0-scale needs --quant"},
+  {{"forward", "x100.npy", "--quant", "q8_1", "-o", "out.npy"}, 1,
+   "x100.npy: normalized size 100 is not a multiple of 32, the q8_1 block size"},
   {{"forward", "x64.npy", "--quant", "int8", "--group", "48", "-o", "out.npy", "--scales",
     "s.npy"}, 2, "forward: --group must be a multiple of 32 (0: one scale per row), not '48'"},
   {{"forward", "x64.npy", "--group", "32", "-o", "out.npy"}, 2, "forward: --group needs --quant"},
@@ -344,7 +349,7 @@ static void test_help(void) {
     tu_check(rc == 0 && strstr(out_text, "--quant FORMAT") && strstr(out_text, "--scales FILE") &&
                  strstr(out_text, "--group G") && strstr(out_text, "--pow2-scale") &&
                  strstr(out_text, "--e8m0-scale") && strstr(out_text, "--static-scale S") &&
-                 strstr(out_text, "q8_0") && strstr(out_text, "mxfp4"),
+                 strstr(out_text, "q8_0") && strstr(out_text, "q8_1") && strstr(out_text, "mxfp4"),
              "%s --help lacks the --quant options: %s", with[i], out_text);
   }
   static const char *const without[] = {"backward", "layernorm", "layernorm-backward", "linear"};
