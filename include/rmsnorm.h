@@ -513,6 +513,25 @@ RMSNORM_API rmsnorm_status rmsnorm_add_forward_quantized(
     const void *u, size_t ldu, const void *weight, const void *bias, const rmsnorm_quant *q,
     void *codes, size_t ldc, void *scales, size_t lds, void *rstd);
 
+/* The float values of codes and scales as rmsnorm_forward_quantized writes
+ * them for q (format, group, flags, static scale) and rows of d elements:
+ * y_j = value(code_j) * scale, the product in float, where value is the
+ * int8, e4m3 (S.1111.111: NaN) or E2M1 value of the code and scale the
+ * float, fp16 (Q8_0, Q8_1's d) or E8M0 one (2^(e - 127), 0xFF: NaN) of the
+ * element's row, group or block (a NaN scale gives NaN throughout).
+ * codes: rows x ldc bytes; scales: rows x lds elements as
+ * rmsnorm_forward_quantized's (NULL where the format has none); y: rows x
+ * ldy floats (ldy >= d), which must not overlap codes or scales.
+ * @return RMSNORM_OK or an error status (nothing written):
+ * rmsnorm_quant_row_size's, a stride below the row's size
+ * (RMSNORM_ERROR_BAD_STRIDE), a bad static scale or an extra scales array
+ * (RMSNORM_ERROR_BAD_ARGUMENT), a missing pointer
+ * (RMSNORM_ERROR_NULL_POINTER), y overlapping the input
+ * (RMSNORM_ERROR_OVERLAP). rows == 0 is RMSNORM_OK. */
+RMSNORM_API rmsnorm_status rmsnorm_dequantize(const rmsnorm_quant *q, size_t rows, size_t d,
+                                              const void *codes, size_t ldc, const void *scales,
+                                              size_t lds, float *y, size_t ldy);
+
 /* QK-norm: RMSNorm of every head of every token, x: [tokens, heads, head_dim]
  * with one weight (and bias) of head_dim shared by all heads. The row of
  * (token t, head h) starts at x + t*ldx_token + h*ldx_head (elements), so Q or

@@ -62,13 +62,16 @@ python-install: $(PY_PKG_STAMP)
 # Which torch module loads (the one compiled at install, or one compiled into
 # the cache now, its warnings shown) is said before pytest, so that no test
 # waits for a compile and a compile error stops here.
-# The C block encoders' bytes against gguf-py and the numpy transcriptions
-# run here too, with the venv's gguf and ml_dtypes (ctest's own python may lack them).
+# The C block encoders' bytes against gguf-py and the numpy transcriptions, and
+# rmsnorm_dequantize against the package's dequantize, run here too, with the
+# venv's gguf, numpy and ml_dtypes (ctest's own python may lack them).
 test-python: $(PY_PKG_STAMP) build-tests
 	$(call stage_begin,test-python)
 	$(PY_RUN) -m rmsnorm._torch_build
 	$(PY_RUN) -m pytest python/tests $(PYTEST_ARGS)
 	$(VENV_PY) tests/blocks/check_blocks_oracle.py $(BUILD)/tests/blocks_tool
+	$(VENV_PY) tests/blocks/check_dequantize.py $(BUILD)/tests/blocks_tool \
+	  $(BUILD)/tests/dequantize_tool
 	$(call stage_end,test-python)
 
 # `make check`'s Python part: the tests of the core ops, numpy and torch,

@@ -1,6 +1,7 @@
 /* quant.c - the public entry points of RMSNorm with a quantized output: per
  * row int8 / fp8 e4m3 (a static scale or one per row), and the block and
- * per-group formats of rmsnorm_qformat, alone or after the residual add. The
+ * per-group formats of rmsnorm_qformat, alone or after the residual add;
+ * and the format's row layout (qlayout.h). The
  * kernels compute the norm in the compute type and round once to the 8-bit
  * type (ref/fused_ref.inc), or hand the row's y, rounded to float, to the
  * format's encoder (ref/blocks_ref.c is the spec of each). */
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "api/entry.h"
+#include "api/qlayout.h"
 #include "numerics/blocks.h"
 #include "numerics/dtype.h"
 #include "numerics/rowmath.h"
@@ -25,16 +27,11 @@ static rmsnorm_status read_quant(const rmsnorm_quant *q, rmsnorm_quant *out) {
   return rn_read_versioned(q, out, sizeof *out, RN_QUANT_SIZE_V1);
 }
 
-/* A format's row: codes bytes, scales and the bytes of one scale. */
-typedef struct quant_layout {
-  size_t row_bytes, row_scales, scale_es;
-} quant_layout;
-
 #define RN_QUANT_FLAGS ((unsigned)(RMSNORM_QUANT_SCALE_POW2 | RMSNORM_QUANT_SCALE_E8M0))
 
-static rmsnorm_status layout_of(const rmsnorm_quant *q, size_t d, quant_layout *l) {
+static rmsnorm_status layout_of(const rmsnorm_quant *q, size_t d, rn_qlayout *l) {
   size_t block = 0, bytes = 0;
-  *l = (quant_layout){0, 0, 1};
+  *l = (rn_qlayout){0, 0, 1};
   int scalar_codes = q->format == RMSNORM_QF_INT8 || q->format == RMSNORM_QF_FP8_E4M3;
   if (q->flags & ~RN_QUANT_FLAGS) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (!scalar_codes && (q->group || q->flags || q->static_scale)) return RMSNORM_ERROR_BAD_ARGUMENT;
@@ -46,8 +43,8 @@ static rmsnorm_status layout_of(const rmsnorm_quant *q, size_t d, quant_layout *
       if (q->static_scale && (q->group || q->flags)) return RMSNORM_ERROR_BAD_ARGUMENT;
       block = q->group ? q->group : d;
       bytes = block;
-      *l = (quant_layout){0, q->static_scale ? 0 : 1,
-                          q->flags & RMSNORM_QUANT_SCALE_E8M0 ? 1 : sizeof(float)};
+      *l = (rn_qlayout){0, q->static_scale ? 0 : 1,
+                        q->flags & RMSNORM_QUANT_SCALE_E8M0 ? 1 : sizeof(float)};
       break;
     case RMSNORM_QF_Q8_0: block = RN_Q8_0_BLOCK, bytes = RN_Q8_0_BYTES; break;
     case RMSNORM_QF_Q8_1: block = RN_Q8_1_BLOCK, bytes = RN_Q8_1_BYTES; break;
@@ -60,18 +57,23 @@ static rmsnorm_status layout_of(const rmsnorm_quant *q, size_t d, quant_layout *
   if (d / block > SIZE_MAX / bytes) return RMSNORM_ERROR_BAD_SIZE;
   l->row_bytes = d / block * bytes;
   if (!scalar_codes)
-    *l = (quant_layout){l->row_bytes, q->format == RMSNORM_QF_MXFP8_E4M3 ? d / RN_MX_BLOCK : 0, 1};
+    *l = (rn_qlayout){l->row_bytes, q->format == RMSNORM_QF_MXFP8_E4M3 ? d / RN_MX_BLOCK : 0, 1};
   else if (q->group)
     l->row_scales = d / q->group;
   return RMSNORM_OK;
 }
 
+rmsnorm_status rn_qlayout_read(const rmsnorm_quant *q, size_t d, rmsnorm_quant *out,
+                               rn_qlayout *l) {
+  rmsnorm_status st = read_quant(q, out);
+  return st != RMSNORM_OK ? st : layout_of(out, d, l);
+}
+
 rmsnorm_status rmsnorm_quant_row_size(const rmsnorm_quant *q, size_t d, size_t *row_bytes,
                                       size_t *row_scales) {
   rmsnorm_quant desc;
-  quant_layout l;
-  rmsnorm_status st = read_quant(q, &desc);
-  if (st == RMSNORM_OK) st = layout_of(&desc, d, &l);
+  rn_qlayout l;
+  rmsnorm_status st = rn_qlayout_read(q, d, &desc, &l);
   if (st != RMSNORM_OK) return st;
   if (row_bytes) *row_bytes = l.row_bytes;
   if (row_scales) *row_scales = l.row_scales;
@@ -118,12 +120,11 @@ static rmsnorm_status quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg,
                                 void *codes, size_t ldc, void *scales, size_t lds, void *rstd) {
   rn_entry e;
   rmsnorm_quant q;
-  quant_layout l;
+  rn_qlayout l;
   rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE, d);
   if (st == RMSNORM_OK)
     st = add ? rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldu)) : rn_entry_matrices(&e, rows, d, RN_LDS(ldx));
-  if (st == RMSNORM_OK) st = read_quant(qp, &q);
-  if (st == RMSNORM_OK) st = layout_of(&q, d, &l);
+  if (st == RMSNORM_OK) st = rn_qlayout_read(qp, d, &q, &l);
   if (st == RMSNORM_OK) st = rn_check_matrix(rows, l.row_bytes, ldc, 1);
   if (st == RMSNORM_OK && l.row_scales) st = rn_check_matrix(rows, l.row_scales, lds, l.scale_es);
   if (st != RMSNORM_OK) return st;
