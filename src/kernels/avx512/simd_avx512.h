@@ -171,8 +171,13 @@ static inline void vd_stream_f64(double *p, vd v) { _mm512_stream_pd(p, v); }
 static inline void v_store_fence(void) { _mm_sfence(); }
 /* a hint: the line holding p will be read soon; into L2 (prefetcht1), not L1,
  * where it would evict the row being worked on. (_mm_prefetch inside an
- * inline function was dropped by GCC 12, hence the builtin.) */
-static inline void v_prefetch(const void *p) { __builtin_prefetch(p, 0, 2); }
+ * inline function was dropped by GCC 12, hence the builtin.) Always inlined:
+ * a call that GCC leaves out of line (past its large-function-growth limit,
+ * as in the forward's entry functions) calls a function without side
+ * effects, and GCC then deletes the call, prefetch and all. */
+static inline __attribute__((always_inline)) void v_prefetch(const void *p) {
+  __builtin_prefetch(p, 0, 2);
+}
 /* prefetches per 64-byte vector from DRAM-sized inputs: four a line
  * (store_simd.inc, V_PREFETCH_REPEAT) */
 #define V_PREFETCH_REPEAT 4

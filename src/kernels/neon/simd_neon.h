@@ -112,7 +112,13 @@ static inline void vd_stream_f64(double *p, vd v) { vst1q_f64(p, v); }
 /* the "streaming" stores are plain stores (above): DMB ISHST orders them
  * anyway, as SFENCE does on x86, so the contract is the same */
 static inline void v_store_fence(void) { __asm__ volatile("dmb ishst" ::: "memory"); }
-/* a hint: the line holding p will be read soon; into L2 (PRFM PLDL2KEEP) */
-static inline void v_prefetch(const void *p) { __builtin_prefetch(p, 0, 2); }
+/* a hint: the line holding p will be read soon; into L2 (PRFM PLDL2KEEP).
+ * Always inlined: a call that GCC leaves out of line (past its
+ * large-function-growth limit, as in the forward's entry functions) calls a
+ * function without side effects, and GCC then deletes the call, prefetch
+ * and all. */
+static inline __attribute__((always_inline)) void v_prefetch(const void *p) {
+  __builtin_prefetch(p, 0, 2);
+}
 
 #endif
