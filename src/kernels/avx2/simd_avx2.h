@@ -49,13 +49,12 @@ static inline void vf_store_f32(float *p, vf v) { _mm256_storeu_ps(p, v); }
 V_BUFFERED_TAILS(vf, f32, float, VF_W)
 static inline void vf_stream_f32(float *p, vf v) { _mm256_stream_ps(p, v); }
 
-/* A 16-bit storage type's accessors, from its widening to and narrowing from
- * a float vector: load, load of the first n, store, store of the first n,
- * streaming store, and the round trip (the value the stored bits hold). */
-#define VF_HALF_ACCESSORS(T, widen, narrow)                                        \
-  static inline vf vf_load_##T(const uint16_t *p) {                                \
-    return widen(_mm_loadu_si128((const __m128i *)(const void *)p));               \
-  }                                                                                \
+/* A 16-bit storage type's accessors, from its load of 8 values widened to a
+ * float vector, its widening of 8 values in a register and its narrowing:
+ * load, load of the first n, store, store of the first n, streaming store,
+ * and the round trip (the value the stored bits hold). */
+#define VF_HALF_ACCESSORS(T, load, widen, narrow)                                  \
+  static inline vf vf_load_##T(const uint16_t *p) { return load(p); }              \
   static inline void vf_store_##T(uint16_t *p, vf v) {                             \
     _mm_storeu_si128((__m128i *)(void *)p, narrow(v));                             \
   }                                                                                \
@@ -69,7 +68,10 @@ static inline __m128i f32_to_f16(vf v) {
   return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 static inline vf f16_widen(__m128i h) { return _mm256_cvtph_ps(h); }
-VF_HALF_ACCESSORS(f16, f16_widen, f32_to_f16)
+static inline vf f16_load(const uint16_t *p) {
+  return f16_widen(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+VF_HALF_ACCESSORS(f16, f16_load, f16_widen, f32_to_f16)
 /* Two vectors, 16 outputs (a's, then b's), in one 32-byte store: half the
  * loop's bookkeeping per output (p aligned to 32 bytes when streamed). */
 #define VF_F16_PAIRS 1
@@ -81,8 +83,20 @@ static inline void vf_stream2_f16(uint16_t *p, vf a, vf b) {
   _mm256_stream_si256((__m256i *)(void *)p, f32x2_to_f16(a, b));
 }
 
+/* bf16 -> fp32 puts the 16 bits at the top of a 32-bit lane, zeros below.
+ * From a register: zero extension, then a shift. From memory: the 8 values
+ * loaded into both 128-bit halves (a broadcast load, which takes no vector
+ * pipe), then one byte shuffle moves values 0-3 into the low half's lanes
+ * and 4-7 into the high half's: one vector operation where the other takes
+ * two, in loops that run out of vector pipes before loads. */
 static inline vf bf16_widen(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline vf bf16_load(const uint16_t *p) {
+  const __m256i spread = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,
+                                          -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
+  __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+  return _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(h), spread));
 }
 /* round to nearest even on the dropped 16 bits; NaN keeps its top bits, made quiet */
 static inline __m128i f32_to_bf16(vf v) {
@@ -95,7 +109,7 @@ static inline __m128i f32_to_bf16(vf v) {
   __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
   return _mm256_castsi256_si128(packed);
 }
-VF_HALF_ACCESSORS(bf16, bf16_widen, f32_to_bf16)
+VF_HALF_ACCESSORS(bf16, bf16_load, bf16_widen, f32_to_bf16)
 #define VF_BF16_PAIRS 1
 /* Two vectors, 16 outputs (a's, then b's): the rounding above without its
  * NaN blend, and one pack for both. A NaN lane in either (rare; one compare
