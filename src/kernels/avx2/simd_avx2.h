@@ -98,33 +98,41 @@ static inline vf bf16_load(const uint16_t *p) {
   __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
   return _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(h), spread));
 }
-/* round to nearest even on the dropped 16 bits; NaN keeps its top bits, made quiet */
-static inline __m128i f32_to_bf16(vf v) {
+/* fp32 -> bf16 rounds to nearest even on the dropped 16 bits; a NaN keeps its
+ * top 16 bits, made quiet (convert.h). The rounding, its result in the low
+ * 16 bits of each lane: */
+static inline __m256i bf16_rne_low(vf v) {
   __m256i u = _mm256_castps_si256(v);
   __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  r = _mm256_blendv_epi8(r, q, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+}
+/* r with v's NaN lanes replaced by their quiet top halves */
+static inline __m256i bf16_quiet_nans(vf v, __m256i r) {
+  __m256i q = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(r, q, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+/* NaN lanes are rare, and one compare finds them in one vector or two: the
+ * blend goes behind a branch (three operations a vector, of the eleven that
+ * one vector's conversion took with it). */
+static inline __m128i f32_to_bf16(vf v) {
+  __m256i r = bf16_rne_low(v);
+  __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  if (__builtin_expect(!_mm256_testz_ps(nan, nan), 0)) r = bf16_quiet_nans(v, r);
   /* 8 x 32 -> 8 x 16: pack within lanes, then gather the two low halves */
   __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
   return _mm256_castsi256_si128(packed);
 }
 VF_HALF_ACCESSORS(bf16, bf16_load, bf16_widen, f32_to_bf16)
 #define VF_BF16_PAIRS 1
-/* Two vectors, 16 outputs (a's, then b's): the rounding above without its
- * NaN blend, and one pack for both. A NaN lane in either (rare; one compare
- * finds it) sends both through f32_to_bf16, so the bits are the same. */
-static inline __m256i bf16_rne_low(vf v) { /* round to nearest even, in the low 16 bits */
-  __m256i u = _mm256_castps_si256(v);
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-}
+/* Two vectors, 16 outputs (a's, then b's): one NaN test and one pack for
+ * both. */
 static inline __m256i f32x2_to_bf16(vf a, vf b) {
+  __m256i ra = bf16_rne_low(a), rb = bf16_rne_low(b);
   __m256 nan = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
   if (__builtin_expect(!_mm256_testz_ps(nan, nan), 0))
-    return _mm256_set_m128i(f32_to_bf16(b), f32_to_bf16(a));
+    ra = bf16_quiet_nans(a, ra), rb = bf16_quiet_nans(b, rb);
   /* packed: a0-3 b0-3 | a4-7 b4-7; the quadword permute puts a before b */
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_rne_low(a), bf16_rne_low(b)), 0xd8);
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(ra, rb), 0xd8);
 }
 static inline void vf_store2_bf16(uint16_t *p, vf a, vf b) {
   _mm256_storeu_si256((__m256i *)(void *)p, f32x2_to_bf16(a, b));
