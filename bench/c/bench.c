@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "bench_copy.h"
+#include "bench_stats.h"
 #include "cli.h"
 #include "rmsnorm.h"
 
@@ -51,10 +52,6 @@ static double now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 /* ---- the copy limit, on a team of threads started once ------------------- */
 
@@ -189,8 +186,7 @@ static double median_time(void (*fn)(const void *), const void *arg, double budg
     fn(arg);
     t[i] = now() - a;
   }
-  qsort(t, (size_t)reps, sizeof *t, cmp_double);
-  double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+  double med = bench_median(t, reps);
   free(t);
   return med;
 }
@@ -239,8 +235,7 @@ static void interleaved_medians(timed *items, int n, double budget, int lo, int 
     }
   for (int i = 0; i < n; i++) {
     double *ti = t + (size_t)i * (size_t)rounds;
-    qsort(ti, (size_t)rounds, sizeof *ti, cmp_double);
-    items[i].median = rounds % 2 ? ti[rounds / 2] : 0.5 * (ti[rounds / 2 - 1] + ti[rounds / 2]);
+    items[i].median = bench_median(ti, rounds);
   }
   free(t);
 }

@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "rmsnorm.h"
+#include "bench_stats.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define BENCH_X86 1
@@ -461,14 +462,6 @@ static int verify(const bcase *c, int *spec_equal) {
   return bad;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* Calls of the loop in one batch: BATCH_S of them, sized from a doubling
  * run that lasts at least 20 us. */
@@ -504,14 +497,14 @@ static void time_case(const bcase *c, int rounds, double *t, double *ratio, resu
       if (r >= 0) t[who * rounds + r] = per;
     }
   }
-  for (int who = 0; who < CONTENDERS; who++) { /* the ratios first: median() sorts */
+  for (int who = 0; who < CONTENDERS; who++) { /* the ratios first: bench_median() sorts */
     res->ratio[who] = NAN;
     if (!c->has[who]) continue;
     for (int r = 0; r < rounds; r++) ratio[r] = t[C_LOOP * rounds + r] / t[who * rounds + r];
-    res->ratio[who] = median(ratio, rounds);
+    res->ratio[who] = bench_median(ratio, rounds);
   }
   for (int who = 0; who < CONTENDERS; who++)
-    res->ns[who] = c->has[who] ? median(t + who * rounds, rounds) * 1e9 : NAN;
+    res->ns[who] = c->has[who] ? bench_median(t + who * rounds, rounds) * 1e9 : NAN;
 }
 
 /* ---- the table ------------------------------------------------------------ */

@@ -49,6 +49,7 @@
 #include <time.h>
 
 #include "bench_copy.h"
+#include "bench_stats.h"
 #include "rmsnorm.h"
 #ifdef BENCH_HAVE_BLAS
 #include <cblas.h>
@@ -192,14 +193,6 @@ static void bench_qk(rmsnorm_context *ctx, size_t tokens, size_t heads, size_t h
   free(qkv), free(flat), free(w);
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* The quantized outputs against the fp32-output forward of the same rows
  * (and the fused add + quantize against the fused add with an fp32 output),
@@ -262,11 +255,11 @@ static void bench_quant(rmsnorm_context *ctx, size_t rows, size_t d, int add) {
     }
     printf("%s f32 %zux%zu threads=%d, median of %d interleaved rounds: f32 out %.3f us\n",
            add ? "add+rmsnorm" : "rmsnorm", rows, d, threads, reps,
-           median(t, reps) * 1e6);
+           bench_median(t, reps) * 1e6);
     for (size_t k = 1; k <= NQ; k++) {
       for (int r = 0; r < reps; r++) ratio[r] = t[k * (size_t)reps + (size_t)r] / t[r];
       printf("  %-15s %10.3f us  %.2fx\n", qcases[k - 1].name,
-             median(t + k * (size_t)reps, reps) * 1e6, median(ratio, reps));
+             bench_median(t + k * (size_t)reps, reps) * 1e6, bench_median(ratio, reps));
     }
   }
   free(x), free(u), free(y), free(w), free(codes), free(scales), free(t), free(ratio);
@@ -320,11 +313,11 @@ static void bench_sandwich(rmsnorm_context *ctx, size_t rows, size_t d, int bf16
       }
     }
     for (int r = 0; r < reps; r++) ratio[r] = t[r] / t[(size_t)reps + (size_t)r];
-    double fused = median(t, reps), separate = median(t + reps, reps);
+    double fused = bench_median(t, reps), separate = bench_median(t + reps, reps);
     printf("sandwich %s %zux%zu threads=%d, median of %d interleaved rounds: fused %.3f us, "
            "forward+add+forward %.3f us, fused/separate %.2fx\n",
            bf16 ? "bf16" : "f32", rows, d, threads, reps, fused * 1e6, separate * 1e6,
-           median(ratio, reps));
+           bench_median(ratio, reps));
   }
   free(af), free(hf), free(w1), free(w2), free(a), free(h0), free(h), free(x), free(tmp);
   free(t), free(ratio);
@@ -455,11 +448,11 @@ static void bench_gated(rmsnorm_context *ctx, size_t rows, size_t d, int norm_fi
         if (r >= 0) t[(size_t)(2 + 2 * k) * reps + r] = cf, t[(size_t)(3 + 2 * k) * reps + r] = cb;
       }
     }
-    double fwd = median(t, reps), bwd = median(t + reps, reps), lf = 1e30, lb = 1e30;
+    double fwd = bench_median(t, reps), bwd = bench_median(t + reps, reps), lf = 1e30, lb = 1e30;
     const char *nf = "", *nb = "";
     for (int k = 0; k < nkinds; k++) {
-      double cf = median(t + (size_t)(2 + 2 * k) * reps, reps);
-      double cb = median(t + (size_t)(3 + 2 * k) * reps, reps);
+      double cf = bench_median(t + (size_t)(2 + 2 * k) * reps, reps);
+      double cb = bench_median(t + (size_t)(3 + 2 * k) * reps, reps);
       if (cf < lf) lf = cf, nf = kinds[k]->name;
       if (cb < lb) lb = cb, nb = kinds[k]->name;
     }
@@ -635,9 +628,9 @@ static void bench_rope(rmsnorm_context *ctx, size_t tokens, int bf16) {
            "interleaved rounds: fused %.3f us, qk-norm + rope pass %.3f us (qk-norm %.3f, "
            "rope pass %.3f), fused/unfused %.2f, qk-norm share %.2f\n",
            bf16 ? "bf16" : "f32", tokens == 1 ? "decode" : "prefill", tokens, ROPE_HQ, ROPE_HK,
-           ROPE_HD, threads, reps, median(t + FUSED * reps, reps) * 1e6,
-           median(t + UNFUSED * reps, reps) * 1e6, median(t + QK * reps, reps) * 1e6,
-           median(t + ROT * reps, reps) * 1e6, median(ratio, reps), median(share, reps));
+           ROPE_HD, threads, reps, bench_median(t + FUSED * reps, reps) * 1e6,
+           bench_median(t + UNFUSED * reps, reps) * 1e6, bench_median(t + QK * reps, reps) * 1e6,
+           bench_median(t + ROT * reps, reps) * 1e6, bench_median(ratio, reps), bench_median(share, reps));
   }
   free(v), free(wq), free(wk), free(table), free(qkv), free(pos), free(t), free(ratio);
 }
@@ -717,13 +710,13 @@ static void bench_rope_limit(rmsnorm_context *ctx, size_t rows, int bf16, int bw
         if (r >= 0) t[(size_t)(1 + k) * reps + r] = now() - t0;
       }
     }
-    double op = median(t, reps), lim = 1e30;
+    double op = bench_median(t, reps), lim = 1e30;
     const char *name = "";
     for (int k = 0; k < nkinds; k++) {
-      double c = median(t + (size_t)(1 + k) * reps, reps);
+      double c = bench_median(t + (size_t)(1 + k) * reps, reps);
       if (c < lim) lim = c, name = kinds[k]->name;
     }
-    double row_ns = 1e9 / (double)rows, cache_ns = median(tc, reps) * 1e9 / ROPE_CACHE_ROWS;
+    double row_ns = 1e9 / (double)rows, cache_ns = bench_median(tc, reps) * 1e9 / ROPE_CACHE_ROWS;
     printf("rope %s %s %zux%d (one head per token) threads=%d, median of %d interleaved "
            "rounds: %.3f ms (%s %.1f MB + table %.1f MB) = %.2f of the copy limit (%s %.3f ms); "
            "a row: %.1f ns, %.1f in cache (%d rows), copy limit %.1f\n",
