@@ -59,21 +59,28 @@ rmsnorm_status rn_entry_matrices(const rn_entry *e, size_t rows, size_t d, const
 /* Whether every written buffer's extent is apart from every other buffer's:
  * then nothing can overlap, whatever the strides. The common case, decided
  * from the extents alone (a decode-sized call spends a good part of its
- * fixed cost here otherwise). */
+ * fixed cost here otherwise). An in-place input that is exactly out[0]'s
+ * rows (the view rn_check_overlaps allows) is left out of the test against
+ * out[0] alone: in-place calls take this path too. */
 static int extents_apart(const rn_buffers *b, size_t ps) {
   uintptr_t lo[RN_BUFFERS_IN + 2 + RN_BUFFERS_OUT], hi[RN_BUFFERS_IN + 2 + RN_BUFFERS_OUT];
+  int same0[RN_BUFFERS_IN + 2 + RN_BUFFERS_OUT]; /* out[0]'s exact in-place view */
   size_t n = 0; /* the outputs first, then the inputs */
   for (size_t i = 0; i < RN_BUFFERS_OUT; i++)
-    if (b->out[i].p) lo[n] = b->out[i].lo, hi[n++] = b->out[i].hi;
+    if (b->out[i].p) same0[n] = 0, lo[n] = b->out[i].lo, hi[n++] = b->out[i].hi;
   size_t nout = n;
   for (size_t i = 0; i < RN_BUFFERS_IN; i++)
-    if (b->in[i].p) lo[n] = b->in[i].lo, hi[n++] = b->in[i].hi;
+    if (b->in[i].p) {
+      same0[n] = b->in[i].inplace && b->out[0].p && rn_spans_same(&b->in[i], &b->out[0]);
+      lo[n] = b->in[i].lo, hi[n++] = b->in[i].hi;
+    }
   const void *param[2] = {b->weight, b->bias};
   for (size_t i = 0; i < 2; i++)
-    if (b->nparam && param[i]) lo[n] = (uintptr_t)param[i], hi[n] = lo[n] + b->nparam * ps, n++;
+    if (b->nparam && param[i])
+      same0[n] = 0, lo[n] = (uintptr_t)param[i], hi[n] = lo[n] + b->nparam * ps, n++;
   for (size_t i = 0; i < nout; i++)
     for (size_t j = i + 1; j < n; j++)
-      if (lo[i] < hi[j] && lo[j] < hi[i]) return 0;
+      if (lo[i] < hi[j] && lo[j] < hi[i] && !(i == 0 && b->out[0].p && same0[j])) return 0;
   return 1;
 }
 
