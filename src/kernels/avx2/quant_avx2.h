@@ -127,13 +127,14 @@ static inline void vi_store_bytes4(void *p, vi c0, vi c1, vi c2, vi c3, int uns,
 
 /* roundf of each lane, ties away from zero: trunc(t + copysign(0.5 - 2^-25,
  * t)) (the sum rounds a tie up to the next integer and nothing else: equal
- * to roundf on every float below 2^23); NaN -> 0 */
+ * to roundf on every float below 2^23); t holds no NaN (the block encoders
+ * never see one) */
 static inline vi vf_round_away_i32(vf t) {
   vf step = _mm256_or_ps(_mm256_and_ps(t, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(0.49999997f));
-  vi c = _mm256_cvttps_epi32(_mm256_add_ps(t, step));
-  return _mm256_and_si256(c, _mm256_castps_si256(_mm256_cmp_ps(t, t, _CMP_ORD_Q)));
+  return _mm256_cvttps_epi32(_mm256_add_ps(t, step));
 }
-/* lanes holding integers to int32 */
+/* each lane rounded to the nearest integer, ties to even (no NaN, within
+ * int32) */
 static inline vi vf_cvt_i32(vf t) { return _mm256_cvtps_epi32(t); }
 /* acc + (a > b ? 1 : 0), per lane (false for NaN) */
 static inline vf vf_gt_add(vf acc, vf a, vf b) {
@@ -162,6 +163,62 @@ static inline void vi_store_bytes16(void *p, const vi *c, int uns) {
   (void)uns;
   vi_store_bytes(p, c[0], 8);
   vi_store_bytes((char *)p + 8, c[1], 8);
+}
+
+/* ---- words for VF_W blocks at once: one lane per block ---- */
+
+static inline vi vi_zero(void) { return _mm256_setzero_si256(); }
+static inline vi vi_set1(int a) { return _mm256_set1_epi32(a); }
+static inline vi vi_add(vi a, vi b) { return _mm256_add_epi32(a, b); }
+static inline vi vi_sub(vi a, vi b) { return _mm256_sub_epi32(a, b); }
+static inline vf vi_to_vf(vi c) { return _mm256_cvtepi32_ps(c); }
+static inline vi vf_bits(vf v) { return _mm256_castps_si256(v); }
+static inline vf vf_from_bits(vi b) { return _mm256_castsi256_ps(b); }
+static inline vf vf_min(vf a, vf b) { return _mm256_min_ps(a, b); }
+static inline float vf_hmin(vf v) {
+  __m128 a = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_min_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_min_ss(a, _mm_shuffle_ps(a, a, 1)));
+}
+/* the biased exponent of each lane of a >= 0 (0 for subnormals) */
+static inline vi vf_exponent(vf a) { return _mm256_srli_epi32(_mm256_castps_si256(a), 23); }
+static inline void vi_store_i32(int32_t *p, vi c) { _mm256_storeu_si256((__m256i *)(void *)p, c); }
+/* the VF_W values, narrowed to int16 (they fit), to p */
+static inline void vi_store_i16(void *p, vi c) {
+  __m256i h = _mm256_permute4x64_epi64(_mm256_packs_epi32(c, c), 0x08); /* qwords 0, 2 */
+  _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(h));
+}
+/* bit i set where lane i of v is outside [lo, hi] */
+static inline unsigned vf_outside_mask(vf v, float lo, float hi) {
+  vf in = _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(lo), _CMP_GE_OQ),
+                        _mm256_cmp_ps(v, _mm256_set1_ps(hi), _CMP_LE_OQ));
+  return (unsigned)_mm256_movemask_ps(in) ^ 0xffu;
+}
+
+/* One reduction tree for eight vectors (op: max of floats, or sum of int32
+ * lanes), lane b of the result holding m[b]'s lanes reduced. Level 1 puts
+ * m[2k]'s partial results at even places and m[2k+1]'s at odd ones, level 2
+ * four vectors' in each 128-bit half, level 3 joins the halves. */
+static inline __m256 lanes_tree(const __m256 *m, int add_i32) {
+#define RN_OP(a, b)                                                                  \
+  (add_i32 ? _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(a), _mm256_castps_si256(b))) \
+           : _mm256_max_ps(a, b))
+  __m256 p[4], r[2];
+  for (int k = 0; k < 4; k++)
+    p[k] = RN_OP(_mm256_unpacklo_ps(m[2 * k], m[2 * k + 1]), _mm256_unpackhi_ps(m[2 * k], m[2 * k + 1]));
+  for (int k = 0; k < 2; k++)
+    r[k] = RN_OP(_mm256_shuffle_ps(p[2 * k], p[2 * k + 1], 0x44),
+                 _mm256_shuffle_ps(p[2 * k], p[2 * k + 1], 0xee));
+  return RN_OP(_mm256_permute2f128_ps(r[0], r[1], 0x20), _mm256_permute2f128_ps(r[0], r[1], 0x31));
+#undef RN_OP
+}
+/* lane b = the max of m[b]'s lanes (no NaN) */
+static inline vf vf_max_lanes(const vf *m) { return lanes_tree(m, 0); }
+/* lane b = the sum of c[b]'s lanes */
+static inline vi vi_sum_lanes(const vi *c) {
+  __m256 m[VF_W];
+  for (int b = 0; b < VF_W; b++) m[b] = _mm256_castsi256_ps(c[b]);
+  return _mm256_castps_si256(lanes_tree(m, 1));
 }
 
 #endif

@@ -104,14 +104,16 @@ static inline void vi_store_bytes4(void *p, vi c0, vi c1, vi c2, vi c3, int uns,
 
 /* roundf of each lane, ties away from zero: trunc(t + copysign(0.5 - 2^-25,
  * t)) (the sum rounds a tie up to the next integer and nothing else: equal
- * to roundf on every float below 2^23); NaN -> 0 */
+ * to roundf on every float below 2^23); t holds no NaN (the block encoders
+ * never see one) */
 static inline vi vf_round_away_i32(vf t) {
   __m512i h = _mm512_castps_si512(_mm512_set1_ps(0.49999997f));
   vf step = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
       h, _mm512_castps_si512(t), _mm512_set1_epi32((int)0x80000000u), 0xf8)); /* h | sign(t) */
-  return _mm512_maskz_cvttps_epi32(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), _mm512_add_ps(t, step));
+  return _mm512_cvttps_epi32(_mm512_add_ps(t, step));
 }
-/* lanes holding integers to int32 */
+/* each lane rounded to the nearest integer, ties to even (no NaN, within
+ * int32) */
 static inline vi vf_cvt_i32(vf t) { return _mm512_cvtps_epi32(t); }
 /* acc + (a > b ? 1 : 0), per lane (false for NaN) */
 static inline vf vf_gt_add(vf acc, vf a, vf b) {
@@ -142,6 +144,60 @@ static inline void vi_store_bytes16(void *p, const vi *c, int uns) {
   __m512i b = uns ? _mm512_packus_epi16(h, h) : _mm512_packs_epi16(h, h);
   b = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), b);
   _mm_storeu_si128((__m128i *)p, _mm512_castsi512_si128(b));
+}
+
+/* ---- words for VF_W blocks at once: one lane per block ---- */
+
+static inline vi vi_zero(void) { return _mm512_setzero_si512(); }
+static inline vi vi_set1(int a) { return _mm512_set1_epi32(a); }
+static inline vi vi_add(vi a, vi b) { return _mm512_add_epi32(a, b); }
+static inline vi vi_sub(vi a, vi b) { return _mm512_sub_epi32(a, b); }
+static inline vf vi_to_vf(vi c) { return _mm512_cvtepi32_ps(c); }
+static inline vi vf_bits(vf v) { return _mm512_castps_si512(v); }
+static inline vf vf_from_bits(vi b) { return _mm512_castsi512_ps(b); }
+static inline vf vf_min(vf a, vf b) { return _mm512_min_ps(a, b); }
+static inline float vf_hmin(vf v) { return _mm512_reduce_min_ps(v); }
+/* the biased exponent of each lane of a >= 0 (0 for subnormals) */
+static inline vi vf_exponent(vf a) { return _mm512_srli_epi32(_mm512_castps_si512(a), 23); }
+static inline void vi_store_i32(int32_t *p, vi c) { _mm512_storeu_si512(p, c); }
+/* the VF_W values, narrowed to int16 (they fit), to p */
+static inline void vi_store_i16(void *p, vi c) {
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtsepi32_epi16(c));
+}
+/* bit i set where lane i of v is outside [lo, hi] */
+static inline unsigned vf_outside_mask(vf v, float lo, float hi) {
+  return (unsigned)(__mmask16) ~(_mm512_cmp_ps_mask(v, _mm512_set1_ps(lo), _CMP_GE_OQ) &
+                                 _mm512_cmp_ps_mask(v, _mm512_set1_ps(hi), _CMP_LE_OQ));
+}
+
+/* One reduction tree for sixteen vectors (op: max of floats, or sum of int32
+ * lanes), lane b of the result holding m[b]'s lanes reduced. Level 1 puts
+ * m[2k]'s partial results at even places and m[2k+1]'s at odd ones, level 2
+ * four vectors' in each 128-bit quarter, level 3 eight vectors' in each
+ * half (quarters 0-1, 2-3), level 4 joins the quarters. */
+static inline __m512 lanes_tree(const __m512 *m, int add_i32) {
+#define RN_OP(a, b)                                                                  \
+  (add_i32 ? _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b))) \
+           : _mm512_max_ps(a, b))
+  __m512 p[8], r[4], t[2];
+  for (int k = 0; k < 8; k++)
+    p[k] = RN_OP(_mm512_unpacklo_ps(m[2 * k], m[2 * k + 1]), _mm512_unpackhi_ps(m[2 * k], m[2 * k + 1]));
+  for (int k = 0; k < 4; k++)
+    r[k] = RN_OP(_mm512_shuffle_ps(p[2 * k], p[2 * k + 1], 0x44),
+                 _mm512_shuffle_ps(p[2 * k], p[2 * k + 1], 0xee));
+  for (int k = 0; k < 2; k++) /* quarters 0, 2 of each, then 1, 3 */
+    t[k] = RN_OP(_mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0x88),
+                 _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0xdd));
+  return RN_OP(_mm512_shuffle_f32x4(t[0], t[1], 0x88), _mm512_shuffle_f32x4(t[0], t[1], 0xdd));
+#undef RN_OP
+}
+/* lane b = the max of m[b]'s lanes (no NaN) */
+static inline vf vf_max_lanes(const vf *m) { return lanes_tree(m, 0); }
+/* lane b = the sum of c[b]'s lanes */
+static inline vi vi_sum_lanes(const vi *c) {
+  __m512 m[VF_W];
+  for (int b = 0; b < VF_W; b++) m[b] = _mm512_castsi512_ps(c[b]);
+  return _mm512_castps_si512(lanes_tree(m, 1));
 }
 
 #endif

@@ -93,7 +93,8 @@ static inline void vi_store_bytes4(void *p, vi c0, vi c1, vi c2, vi c3, int uns,
 
 /* roundf of each lane: FCVTAS rounds ties away from zero; NaN -> 0 */
 static inline vi vf_round_away_i32(vf t) { return vcvtaq_s32_f32(t); }
-/* lanes holding integers to int32 */
+/* each lane rounded to the nearest integer, ties to even (no NaN, within
+ * int32) */
 static inline vi vf_cvt_i32(vf t) { return vcvtnq_s32_f32(t); }
 /* acc + (a > b ? 1 : 0), per lane (false for NaN) */
 static inline vf vf_gt_add(vf acc, vf a, vf b) {
@@ -117,6 +118,39 @@ static inline void vi_store_bytes32(void *p, const vi *c, int uns) {
 /* the low bytes of 16 codes (c[0]'s to c[3]'s) to p, one 16-byte store */
 static inline void vi_store_bytes16(void *p, const vi *c, int uns) {
   vi_store_bytes4(p, c[0], c[1], c[2], c[3], uns, 0);
+}
+
+/* ---- words for VF_W blocks at once: one lane per block ---- */
+
+static inline vi vi_zero(void) { return vdupq_n_s32(0); }
+static inline vi vi_set1(int a) { return vdupq_n_s32(a); }
+static inline vi vi_add(vi a, vi b) { return vaddq_s32(a, b); }
+static inline vi vi_sub(vi a, vi b) { return vsubq_s32(a, b); }
+static inline vf vi_to_vf(vi c) { return vcvtq_f32_s32(c); }
+static inline vi vf_bits(vf v) { return vreinterpretq_s32_f32(v); }
+static inline vf vf_from_bits(vi b) { return vreinterpretq_f32_s32(b); }
+static inline vf vf_min(vf a, vf b) { return vminq_f32(a, b); }
+static inline float vf_hmin(vf v) { return vminvq_f32(v); }
+/* the biased exponent of each lane of a >= 0 (0 for subnormals) */
+static inline vi vf_exponent(vf a) {
+  return vreinterpretq_s32_u32(vshrq_n_u32(vreinterpretq_u32_f32(a), 23));
+}
+static inline void vi_store_i32(int32_t *p, vi c) { vst1q_s32(p, c); }
+/* the VF_W values, narrowed to int16 (they fit), to p */
+static inline void vi_store_i16(void *p, vi c) { vst1_s16((int16_t *)p, vmovn_s32(c)); }
+/* bit i set where lane i of v is outside [lo, hi] */
+static inline unsigned vf_outside_mask(vf v, float lo, float hi) {
+  const uint32_t bits[4] = {1, 2, 4, 8};
+  uint32x4_t in = vandq_u32(vcgeq_f32(v, vdupq_n_f32(lo)), vcleq_f32(v, vdupq_n_f32(hi)));
+  return vaddvq_u32(vbicq_u32(vld1q_u32(bits), in));
+}
+/* lane b = the max of m[b]'s lanes (no NaN): two pairwise steps */
+static inline vf vf_max_lanes(const vf *m) {
+  return vpmaxq_f32(vpmaxq_f32(m[0], m[1]), vpmaxq_f32(m[2], m[3]));
+}
+/* lane b = the sum of c[b]'s lanes */
+static inline vi vi_sum_lanes(const vi *c) {
+  return vpaddq_s32(vpaddq_s32(c[0], c[1]), vpaddq_s32(c[2], c[3]));
 }
 
 #endif
