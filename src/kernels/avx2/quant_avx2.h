@@ -188,6 +188,13 @@ static inline void vi_store_i16(void *p, vi c) {
   __m256i h = _mm256_permute4x64_epi64(_mm256_packs_epi32(c, c), 0x08); /* qwords 0, 2 */
   _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(h));
 }
+static inline vi vi_and(vi a, vi b) { return _mm256_and_si256(a, b); }
+/* e << 23: a float's exponent field (wrapping, as the integer steps want) */
+static inline vi vi_shl23(vi e) { return _mm256_slli_epi32(e, 23); }
+/* bit i set where lane i of a > lane i of b (signed) */
+static inline unsigned vi_gt_mask(vi a, vi b) {
+  return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, b)));
+}
 /* bit i set where lane i of v is outside [lo, hi] */
 static inline unsigned vf_outside_mask(vf v, float lo, float hi) {
   vf in = _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(lo), _CMP_GE_OQ),
@@ -219,6 +226,45 @@ static inline vi vi_sum_lanes(const vi *c) {
   __m256 m[VF_W];
   for (int b = 0; b < VF_W; b++) m[b] = _mm256_castsi256_ps(c[b]);
   return _mm256_castps_si256(lanes_tree(m, 1));
+}
+
+
+/* MXFP4 (blocks_simd.inc): key_j = ceil((bits(|y_j| / d) - bits(0.5)) /
+ * 2^21), the quarter-octave of t = |y_j| / d above 0.5, rounded up (t on a
+ * quarter boundary keeps its own). bias = ((4 - ex) << 23) + 2^21 - 1 folds
+ * d = 2^(ex - 130) into the integer add (exact for normal y; a subnormal y
+ * or an underflowing t gives a key below 1, as t <= 0.5 does, for ex >= 6). */
+static inline vi vf_mxfp4_keys(vf y, vi bias) {
+  __m256i a = _mm256_and_si256(_mm256_castps_si256(y), _mm256_set1_epi32(0x7fffffff));
+  return _mm256_srai_epi32(_mm256_add_epi32(a, bias), 21);
+}
+/* A block's 16 MXFP4 bytes from its keys (k[0..3]) and y (for the signs).
+ * The E2M1 magnitude is the count of midpoints 0.5 1.5 2.5 3.5 5 7 10 below
+ * t: their keys are 0 6 9 11 13 15 17, so key 1-6 -> 1, 7-9 -> 2, 10-11 -> 3,
+ * 12-13 -> 4, 14-15 -> 5, 16-17 -> 6, 18-20 -> 7 (t < 16), below 1 -> 0 (a tie
+ * goes to the smaller, the reference's first minimum). Keys and signs go to
+ * bytes through saturating packs, whose order puts element j in byte i of a
+ * 128-bit lane and element j + 16 in byte i + 8; a shuffle looks keys 0-15
+ * up, another keys 16-20 (a negative key gives 0). A negative y of nonzero
+ * magnitude adds 8 (its packed bits are 0x80; a positive y's with a nonzero
+ * magnitude 0x7f). */
+static inline void vi_store_mxfp4(void *p, const vi *k, const vf *y) {
+  const __m256i lo = _mm256_setr_epi8(0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5, 0, 1, 1, 1,
+                                      1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5);
+  const __m256i hi = _mm256_setr_epi8(6, 6, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 6, 7, 7,
+                                      7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  __m256i kb = _mm256_packs_epi16(_mm256_packs_epi32(k[0], k[1]), _mm256_packs_epi32(k[2], k[3]));
+  __m256i sb = _mm256_packs_epi16(
+      _mm256_packs_epi32(_mm256_castps_si256(y[0]), _mm256_castps_si256(y[1])),
+      _mm256_packs_epi32(_mm256_castps_si256(y[2]), _mm256_castps_si256(y[3])));
+  __m256i mag = _mm256_max_epu8(_mm256_shuffle_epi8(lo, kb),
+                                _mm256_shuffle_epi8(hi, _mm256_subs_epi8(kb, _mm256_set1_epi8(16))));
+  __m256i neg = _mm256_andnot_si256(sb, _mm256_add_epi8(mag, _mm256_set1_epi8(7))); /* bit 3: 8 */
+  __m256i c = _mm256_or_si256(mag, _mm256_and_si256(neg, _mm256_set1_epi8(8)));
+  /* byte i | byte i + 8 << 4, then the lanes' low 4-byte groups in order */
+  c = _mm256_or_si256(c, _mm256_slli_epi64(_mm256_srli_si256(c, 8), 4));
+  c = _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+  _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(c));
 }
 
 #endif

@@ -164,6 +164,11 @@ static inline void vi_store_i32(int32_t *p, vi c) { _mm512_storeu_si512(p, c); }
 static inline void vi_store_i16(void *p, vi c) {
   _mm256_storeu_si256((__m256i *)p, _mm512_cvtsepi32_epi16(c));
 }
+static inline vi vi_and(vi a, vi b) { return _mm512_and_si512(a, b); }
+/* e << 23: a float's exponent field (wrapping, as the integer steps want) */
+static inline vi vi_shl23(vi e) { return _mm512_slli_epi32(e, 23); }
+/* bit i set where lane i of a > lane i of b (signed) */
+static inline unsigned vi_gt_mask(vi a, vi b) { return (unsigned)_mm512_cmpgt_epi32_mask(a, b); }
 /* bit i set where lane i of v is outside [lo, hi] */
 static inline unsigned vf_outside_mask(vf v, float lo, float hi) {
   return (unsigned)(__mmask16) ~(_mm512_cmp_ps_mask(v, _mm512_set1_ps(lo), _CMP_GE_OQ) &
@@ -198,6 +203,31 @@ static inline vi vi_sum_lanes(const vi *c) {
   __m512 m[VF_W];
   for (int b = 0; b < VF_W; b++) m[b] = _mm512_castsi512_ps(c[b]);
   return _mm512_castps_si512(lanes_tree(m, 1));
+}
+
+
+/* MXFP4 (blocks_simd.inc): the keys of quant_avx2.h's vf_mxfp4_keys */
+static inline vi vf_mxfp4_keys(vf y, vi bias) {
+  __m512i a = _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(0x7fffffff));
+  return _mm512_srai_epi32(_mm512_add_epi32(a, bias), 21);
+}
+/* A block's 16 MXFP4 bytes from its keys (k[0], k[1]) and y, as
+ * quant_avx2.h's vi_store_mxfp4; here the packs put element j in byte i of a
+ * 128-bit lane and element j + 16 in byte i + 4. */
+static inline void vi_store_mxfp4(void *p, const vi *k, const vf *y) {
+  const __m512i lo = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5));
+  const __m512i hi = _mm512_broadcast_i32x4(_mm_setr_epi8(6, 6, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+  __m512i kh = _mm512_packs_epi32(k[0], k[1]);
+  __m512i kb = _mm512_packs_epi16(kh, kh);
+  __m512i sh = _mm512_packs_epi32(_mm512_castps_si512(y[0]), _mm512_castps_si512(y[1]));
+  __m512i sb = _mm512_packs_epi16(sh, sh);
+  __m512i mag = _mm512_max_epu8(_mm512_shuffle_epi8(lo, kb),
+                                _mm512_shuffle_epi8(hi, _mm512_subs_epi8(kb, _mm512_set1_epi8(16))));
+  __m512i neg = _mm512_andnot_si512(sb, _mm512_add_epi8(mag, _mm512_set1_epi8(7))); /* bit 3: 8 */
+  __m512i c = _mm512_ternarylogic_epi32(mag, neg, _mm512_set1_epi8(8), 0xf8); /* mag | (neg & 8) */
+  c = _mm512_or_si512(c, _mm512_srli_epi64(c, 28)); /* byte i | byte i + 4 << 4 (nibbles < 16) */
+  c = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), c);
+  _mm_storeu_si128((__m128i *)p, _mm512_castsi512_si128(c));
 }
 
 #endif

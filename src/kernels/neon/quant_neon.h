@@ -138,6 +138,16 @@ static inline vi vf_exponent(vf a) {
 static inline void vi_store_i32(int32_t *p, vi c) { vst1q_s32(p, c); }
 /* the VF_W values, narrowed to int16 (they fit), to p */
 static inline void vi_store_i16(void *p, vi c) { vst1_s16((int16_t *)p, vmovn_s32(c)); }
+static inline vi vi_and(vi a, vi b) { return vandq_s32(a, b); }
+/* e << 23: a float's exponent field (wrapping, as the integer steps want) */
+static inline vi vi_shl23(vi e) {
+  return vreinterpretq_s32_u32(vshlq_n_u32(vreinterpretq_u32_s32(e), 23));
+}
+/* bit i set where lane i of a > lane i of b (signed) */
+static inline unsigned vi_gt_mask(vi a, vi b) {
+  const uint32_t bits[4] = {1, 2, 4, 8};
+  return vaddvq_u32(vandq_u32(vcgtq_s32(a, b), vld1q_u32(bits)));
+}
 /* bit i set where lane i of v is outside [lo, hi] */
 static inline unsigned vf_outside_mask(vf v, float lo, float hi) {
   const uint32_t bits[4] = {1, 2, 4, 8};
@@ -151,6 +161,35 @@ static inline vf vf_max_lanes(const vf *m) {
 /* lane b = the sum of c[b]'s lanes */
 static inline vi vi_sum_lanes(const vi *c) {
   return vpaddq_s32(vpaddq_s32(c[0], c[1]), vpaddq_s32(c[2], c[3]));
+}
+
+
+/* MXFP4 (blocks_simd.inc): the keys of quant_avx2.h's vf_mxfp4_keys */
+static inline vi vf_mxfp4_keys(vf y, vi bias) {
+  int32x4_t a = vreinterpretq_s32_u32(vandq_u32(vreinterpretq_u32_f32(y), vdupq_n_u32(0x7fffffff)));
+  return vshrq_n_s32(vaddq_s32(a, bias), 21);
+}
+/* A block's 16 MXFP4 bytes from its keys (k[0..7]) and y, as quant_avx2.h's
+ * vi_store_mxfp4: keys narrowed with saturation, looked up in one 32-entry
+ * table (a negative key, 128 and up as a byte, gives 0). */
+static inline void vi_store_mxfp4(void *p, const vi *k, const vf *y) {
+  static const uint8_t table[32] = {0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 7};
+  uint8x16x2_t t = {{vld1q_u8(table), vld1q_u8(table + 16)}};
+  uint8x16_t c[2];
+  for (int h = 0; h < 2; h++) { /* elements 16h .. 16h + 15 */
+    const vi *kh = k + 4 * h;
+    const vf *yh = y + 4 * h;
+    int8x16_t kb = vcombine_s8(vqmovn_s16(vcombine_s16(vqmovn_s32(kh[0]), vqmovn_s32(kh[1]))),
+                               vqmovn_s16(vcombine_s16(vqmovn_s32(kh[2]), vqmovn_s32(kh[3]))));
+    uint8x16_t mag = vqtbl2q_u8(t, vreinterpretq_u8_s8(kb));
+    uint32x4_t n0 = vcltq_f32(yh[0], vdupq_n_f32(0.0f)), n1 = vcltq_f32(yh[1], vdupq_n_f32(0.0f));
+    uint32x4_t n2 = vcltq_f32(yh[2], vdupq_n_f32(0.0f)), n3 = vcltq_f32(yh[3], vdupq_n_f32(0.0f));
+    uint8x16_t neg = vcombine_u8(vmovn_u16(vcombine_u16(vmovn_u32(n0), vmovn_u32(n1))),
+                                 vmovn_u16(vcombine_u16(vmovn_u32(n2), vmovn_u32(n3))));
+    /* 8 where y < 0 and the magnitude is nonzero */
+    c[h] = vorrq_u8(mag, vandq_u8(vandq_u8(neg, vtstq_u8(mag, mag)), vdupq_n_u8(8)));
+  }
+  vst1q_u8((uint8_t *)p, vorrq_u8(c[0], vshlq_n_u8(c[1], 4)));
 }
 
 #endif
