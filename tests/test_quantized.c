@@ -39,6 +39,9 @@ static const fmt fmts[] = {
      RMSNORM_QUANT_SCALE_POW2 | RMSNORM_QUANT_SCALE_E8M0},
     {"int8/row e8m0", RMSNORM_QF_INT8, 0, RMSNORM_QUANT_SCALE_E8M0},
     {"e4m3/row pow2", RMSNORM_QF_FP8_E4M3, 0, RMSNORM_QUANT_SCALE_POW2},
+    /* groups of 256 and 1024: fewer groups than lanes in a batch */
+    {"int8/256 pow2", RMSNORM_QF_INT8, 256, RMSNORM_QUANT_SCALE_POW2},
+    {"e4m3/1024", RMSNORM_QF_FP8_E4M3, 1024, 0},
     {"e4m3/row e8m0", RMSNORM_QF_FP8_E4M3, 0, RMSNORM_QUANT_SCALE_E8M0},
 };
 #define NFMTS (sizeof fmts / sizeof fmts[0])
