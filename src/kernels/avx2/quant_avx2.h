@@ -136,20 +136,9 @@ static inline vi vf_round_away_i32(vf t) {
 /* each lane rounded to the nearest integer, ties to even (no NaN, within
  * int32) */
 static inline vi vf_cvt_i32(vf t) { return _mm256_cvtps_epi32(t); }
-/* acc + (a > b ? 1 : 0), per lane (false for NaN) */
-static inline vf vf_gt_add(vf acc, vf a, vf b) {
-  return _mm256_add_ps(acc, _mm256_and_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ), _mm256_set1_ps(1.0f)));
-}
 /* bit i set where lane i of a equals lane i of b */
 static inline unsigned vf_eq_mask(vf a, vf b) {
   return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ));
-}
-/* the sum of the lanes */
-static inline int vi_hsum(vi c) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  return _mm_cvtsi128_si32(s);
 }
 
 /* the low bytes of 32 codes (c[0]'s to c[3]'s) to p, one 32-byte store;
@@ -158,12 +147,6 @@ static inline void vi_store_bytes32(void *p, const vi *c, int uns) {
   vi_store_bytes4(p, c[0], c[1], c[2], c[3], uns, 0);
 }
 
-/* the low bytes of 16 codes (c[0]'s, c[1]'s) to p */
-static inline void vi_store_bytes16(void *p, const vi *c, int uns) {
-  (void)uns;
-  vi_store_bytes(p, c[0], 8);
-  vi_store_bytes((char *)p + 8, c[1], 8);
-}
 
 /* ---- words for VF_W blocks at once: one lane per block ---- */
 

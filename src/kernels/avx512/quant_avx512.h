@@ -115,16 +115,11 @@ static inline vi vf_round_away_i32(vf t) {
 /* each lane rounded to the nearest integer, ties to even (no NaN, within
  * int32) */
 static inline vi vf_cvt_i32(vf t) { return _mm512_cvtps_epi32(t); }
-/* acc + (a > b ? 1 : 0), per lane (false for NaN) */
-static inline vf vf_gt_add(vf acc, vf a, vf b) {
-  return _mm512_mask_add_ps(acc, _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ), acc, _mm512_set1_ps(1.0f));
-}
 /* bit i set where lane i of a equals lane i of b */
 static inline unsigned vf_eq_mask(vf a, vf b) {
   return (unsigned)_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ);
 }
-/* the sum of the lanes */
-static inline int vi_hsum(vi c) { return _mm512_reduce_add_epi32(c); }
+
 
 /* the low bytes of 32 codes (c[0]'s, c[1]'s) to p, one 32-byte store (the
  * packs saturate, which leaves the codes as they are: uns, codes in
@@ -135,15 +130,6 @@ static inline void vi_store_bytes32(void *p, const vi *c, int uns) {
   __m512i b = uns ? _mm512_packus_epi16(h, h) : _mm512_packs_epi16(h, h);
   b = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), b);
   _mm256_storeu_si256((__m256i *)p, _mm512_castsi512_si256(b));
-}
-
-/* the low bytes of 16 codes (c[0]'s) to p, one 16-byte store (packed as in
- * vi_store_bytes32: the memory form of VPMOVDB is slow on some cores) */
-static inline void vi_store_bytes16(void *p, const vi *c, int uns) {
-  __m512i h = uns ? _mm512_packus_epi32(c[0], c[0]) : _mm512_packs_epi32(c[0], c[0]);
-  __m512i b = uns ? _mm512_packus_epi16(h, h) : _mm512_packs_epi16(h, h);
-  b = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), b);
-  _mm_storeu_si128((__m128i *)p, _mm512_castsi512_si128(b));
 }
 
 /* ---- words for VF_W blocks at once: one lane per block ---- */

@@ -96,28 +96,17 @@ static inline vi vf_round_away_i32(vf t) { return vcvtaq_s32_f32(t); }
 /* each lane rounded to the nearest integer, ties to even (no NaN, within
  * int32) */
 static inline vi vf_cvt_i32(vf t) { return vcvtnq_s32_f32(t); }
-/* acc + (a > b ? 1 : 0), per lane (false for NaN) */
-static inline vf vf_gt_add(vf acc, vf a, vf b) {
-  uint32x4_t one = vreinterpretq_u32_f32(vdupq_n_f32(1.0f));
-  return vaddq_f32(acc, vreinterpretq_f32_u32(vandq_u32(vcgtq_f32(a, b), one)));
-}
 /* bit i set where lane i of a equals lane i of b */
 static inline unsigned vf_eq_mask(vf a, vf b) {
   const uint32_t bits[4] = {1, 2, 4, 8};
   return vaddvq_u32(vandq_u32(vceqq_f32(a, b), vld1q_u32(bits)));
 }
-/* the sum of the lanes */
-static inline int vi_hsum(vi c) { return vaddvq_s32(c); }
+
 
 /* the low bytes of 32 codes (c[0]'s to c[7]'s) to p, two 16-byte stores */
 static inline void vi_store_bytes32(void *p, const vi *c, int uns) {
   vi_store_bytes4(p, c[0], c[1], c[2], c[3], uns, 0);
   vi_store_bytes4((char *)p + 16, c[4], c[5], c[6], c[7], uns, 0);
-}
-
-/* the low bytes of 16 codes (c[0]'s to c[3]'s) to p, one 16-byte store */
-static inline void vi_store_bytes16(void *p, const vi *c, int uns) {
-  vi_store_bytes4(p, c[0], c[1], c[2], c[3], uns, 0);
 }
 
 /* ---- words for VF_W blocks at once: one lane per block ---- */
