@@ -188,9 +188,10 @@ static inline __attribute__((always_inline)) void v_prefetch(const void *p) {
 /* prefetches per 32-byte vector from DRAM-sized inputs: four a line
  * (store_simd.inc, V_PREFETCH_REPEAT) */
 #define V_PREFETCH_REPEAT 2
-/* the backward's, for each of its two inputs (x and dy): eight a line, as
- * AVX-512's (fp32 4096 x 4096, one thread: 7.6 ms at two a vector, 6.0 at
- * four, no faster at six or eight; the forward measured no faster at four) */
+/* the backward's, for each of its two inputs (x and dy): eight a line (fp32
+ * 4096 x 4096, one thread: 7.6 ms at two a vector, 6.0 at four, as fast as
+ * AVX-512's four a line; no faster at six or eight; the forward measured no
+ * faster at four) */
 #define V_PREFETCH_REPEAT_GRAD 4
 
 #endif
