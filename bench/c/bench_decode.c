@@ -72,7 +72,9 @@ AVX2_FN __m256 avx2_st_f32(float *p, __m256 v) {
   _mm256_storeu_ps(p, v);
   return v;
 }
-/* bf16 rounded to nearest even: u + 0x7fff + (bit 16 of u), its top half */
+/* bf16 rounded to nearest even: u + 0x7fff + (bit 16 of u), its top half;
+ * rt: kept in fp32 lanes (the stores shift instead of masking: a mask the
+ * compiler keeps costs the store loops an instruction) */
 AVX2_FN __m256 avx2_rt_bf16(__m256 v) {
   __m256i u = _mm256_castps_si256(v);
   __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
@@ -80,11 +82,12 @@ AVX2_FN __m256 avx2_rt_bf16(__m256 v) {
   return _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32((int)0xffff0000u)));
 }
 AVX2_FN __m256 avx2_st_bf16(uint16_t *p, __m256 v) {
-  __m256 r = avx2_rt_bf16(v);
-  __m256i b = _mm256_srli_epi32(_mm256_castps_si256(r), 16);
+  __m256i u = _mm256_castps_si256(v);
+  __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i b = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
   _mm_storeu_si128((__m128i *)p,
                    _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
-  return r;
+  return _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
 }
 AVX2_FN __m256 avx2_rt_f16(__m256 v) {
   return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
@@ -193,9 +196,11 @@ AVX512_FN __m512 avx512_rt_bf16(__m512 v) {
   return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32((int)0xffff0000u)));
 }
 AVX512_FN __m512 avx512_st_bf16(uint16_t *p, __m512 v) {
-  __m512 r = avx512_rt_bf16(v);
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r), 16)));
-  return r;
+  __m512i u = _mm512_castps_si512(v);
+  __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i b = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(b));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
 }
 AVX512_FN __m512 avx512_rt_f16(__m512 v) {
   return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
@@ -291,9 +296,11 @@ NEON_FN float32x4_t neon_rt_bf16(float32x4_t v) {
   return vreinterpretq_f32_u32(vandq_u32(u, vdupq_n_u32(0xffff0000u)));
 }
 NEON_FN float32x4_t neon_st_bf16(uint16_t *p, float32x4_t v) {
-  float32x4_t r = neon_rt_bf16(v);
-  vst1_u16(p, vshrn_n_u32(vreinterpretq_u32_f32(r), 16));
-  return r;
+  uint32x4_t u = vreinterpretq_u32_f32(v);
+  uint32x4_t odd = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+  u = vaddq_u32(vaddq_u32(u, vdupq_n_u32(0x7fff)), odd);
+  vst1_u16(p, vshrn_n_u32(u, 16));
+  return vreinterpretq_f32_u32(vandq_u32(u, vdupq_n_u32(0xffff0000u)));
 }
 NEON_FN float32x4_t neon_rt_f16(float32x4_t v) { return vcvt_f32_f16(vcvt_f16_f32(v)); }
 NEON_FN float32x4_t neon_st_f16(uint16_t *p, float32x4_t v) {
