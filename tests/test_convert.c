@@ -45,7 +45,82 @@ static uint16_t slow_round(double v, int bf16) {
   return sign | r;
 }
 
+/* The bf16 forward's stores on one kernel set: rows of x = +-1 and eps 0
+ * make r = 1 and y_j = RNE(+-w_j), so the fp32 weights `w` (n of them) are
+ * rounded by every store path of the set (plain and streaming stores, pairs
+ * in either order, with and without the NaN test) and compared with the
+ * scalar rounding checked above. Rows of d at an element offset and stride
+ * ldy; x in place of y when in_place. */
+static void forward_store_case(rmsnorm_context *ctx, rmsnorm_isa isa, const float *w, size_t n,
+                               size_t rows, size_t off, size_t ldy, int in_place) {
+  const size_t d = 4096;
+  rmsnorm_config cfg;
+  rmsnorm_config_init(&cfg, RMSNORM_BF16);
+  cfg.param_dtype = RMSNORM_F32;
+  cfg.eps = 0;
+  uint16_t *x = malloc((rows * d) * 2), *y = malloc((off + rows * ldy) * 2);
+  float *wd = malloc(d * sizeof *wd);
+  if (!x || !y || !wd) abort();
+  for (size_t c = 0; c < n; c += d) {
+    for (size_t j = 0; j < d; j++) wd[j] = w[(c + j) % n];
+    for (size_t i = 0; i < rows; i++)
+      for (size_t j = 0; j < d; j++) x[i * d + j] = i % 2 ? 0xbf80 : 0x3f80; /* -1, +1 */
+    uint16_t *out = in_place ? x : y + off;
+    size_t ld = in_place ? d : ldy;
+    TU_OK(rmsnorm_forward(ctx, &cfg, rows, d, x, d, wd, NULL, out, ld, NULL));
+    for (size_t i = 0; i < rows; i++) {
+      volatile float sign = i % 2 ? -1.0f : 1.0f; /* the product as the kernels form it */
+      for (size_t j = 0; j < d; j++) {
+        uint16_t want = rn_f32_to_bf16(sign * wd[j]), got = out[i * ld + j];
+        tu_check(got == want, "%s bf16 forward, %zu rows at offset %zu, ld %zu%s: row %zu "
+                 "column %zu, w %08x -> %04x want %04x", rmsnorm_isa_name(isa), rows, off, ld,
+                 in_place ? " in place" : "", i, j, rn_f32_bits(wd[j]), got, want);
+      }
+    }
+  }
+  free(x);
+  free(y);
+  free(wd);
+}
+
+static void forward_stores(void) {
+  /* every bf16 tie and its two neighbours, a sweep of all patterns, NaNs */
+  size_t cap = 3 * 0x7f7f + 65536 + 16, n = 0;
+  float *w = malloc(cap * sizeof *w);
+  if (!w) abort();
+  for (uint32_t h = 0; h < 0x7f7f; h++) {
+    uint32_t tie = (h << 16) | 0x8000u;
+    w[n++] = rn_bits_f32(tie);
+    w[n++] = rn_bits_f32(tie - 1);
+    w[n++] = rn_bits_f32(tie + 1);
+  }
+  for (uint64_t u = 0; u < 0x100000000ull; u += 65521) w[n++] = rn_bits_f32((uint32_t)u);
+  static const uint32_t nans[] = {0x7f800001u, 0xffc00000u, 0x7fbfffffu, 0x7fff8000u,
+                                  0xffffffffu, 0x7f7fffffu, 0x7f800000u, 0xff800000u};
+  for (size_t i = 0; i < sizeof nans / sizeof *nans; i++) w[n++] = rn_bits_f32(nans[i]);
+  static const rmsnorm_isa isas[] = {RMSNORM_ISA_SCALAR, RMSNORM_ISA_AVX2, RMSNORM_ISA_AVX512,
+                                     RMSNORM_ISA_NEON};
+  for (size_t s = 0; s < sizeof isas / sizeof *isas; s++) {
+    rmsnorm_context *ctx;
+    TU_OK(rmsnorm_context_create(&ctx));
+    if (rmsnorm_context_set_isa(ctx, isas[s]) == RMSNORM_OK) {
+      /* in cache: rows at a vector boundary, 3 elements off with a stride
+       * whose rows start at every offset, few rows (no reordered weight),
+       * in place; past RN_STREAM_BYTES: streaming stores */
+      forward_store_case(ctx, isas[s], w, n, 8, 0, 4096, 0);
+      forward_store_case(ctx, isas[s], w, n, 8, 3, 4096 + 5, 0);
+      forward_store_case(ctx, isas[s], w, n, 3, 1, 4096, 0);
+      forward_store_case(ctx, isas[s], w, n, 6, 0, 4096, 1);
+      forward_store_case(ctx, isas[s], w, 4096 * 4, 160, 0, 4096, 0);
+      forward_store_case(ctx, isas[s], w + n - 4096, 4096, 160, 8, 4096, 0);
+    }
+    rmsnorm_context_free(ctx);
+  }
+  free(w);
+}
+
 int main(void) {
+  forward_stores();
   /* fp16 -> fp32: every pattern */
   for (uint32_t h = 0; h < 65536; h++) {
     double want = f16_value((uint16_t)h), got = rn_f16_to_f32((uint16_t)h);

@@ -142,6 +142,58 @@ static inline void vf_stream2_bf16(uint16_t *p, vf a, vf b) {
   _mm256_stream_si256((__m256i *)(void *)p, f32x2_to_bf16(a, b));
 }
 
+/* bf16 16 at a time in even/odd order (VF_BF16_EVEN_ODD): a 32-byte load
+ * holds values 2i and 2i+1 in 32-bit lane i, so the even-indexed values are
+ * the lanes shifted up and the odd ones the lanes masked, and 16 rounded
+ * outputs go back into those lanes by one blend. The byte shuffles of the
+ * widening, the pack and the permute of the narrowing leave the loop (the
+ * bf16 forward on AVX2 is bound by its count of vector operations), but the
+ * parameters must come in the same order: vf_even_odd reorders them. */
+#define VF_BF16_EVEN_ODD 1
+static inline void vf_load_even_odd_bf16(const uint16_t *p, vf *even, vf *odd) {
+  __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)p);
+  *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+/* the even-indexed and the odd-indexed values of a's then b's 16 */
+static inline void vf_even_odd(vf a, vf b, vf *even, vf *odd) {
+  /* per 128-bit lane a0 a2 b0 b2 | a4 a6 b4 b6, then quadwords 0 2 1 3 */
+  *even = _mm256_castpd_ps(
+      _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
+  *odd = _mm256_castpd_ps(
+      _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
+}
+/* bf16_rne_low's sum u + 0x7fff + lsb, its lsb found by a compare (-1
+ * where it is 0), not by a shift: the shifts share two of the four vector
+ * pipes with the shuffles */
+static inline __m256i bf16_rne_sum(vf v) {
+  __m256i u = _mm256_castps_si256(v);
+  __m256i even = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x10000)),
+                                    _mm256_setzero_si256());
+  return _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x8000)), even);
+}
+/* the 16 values of even/odd order rounded to bf16, in order; may_nan 0
+ * when no lane can be NaN (the caller knows), which spares the test */
+static inline __m256i f32_even_odd_to_bf16(vf even, vf odd, int may_nan) {
+  if (may_nan) {
+    __m256 nan = _mm256_cmp_ps(even, odd, _CMP_UNORD_Q);
+    if (__builtin_expect(!_mm256_testz_ps(nan, nan), 0)) {
+      __m256i e = bf16_quiet_nans(even, bf16_rne_low(even));
+      __m256i o = bf16_quiet_nans(odd, bf16_rne_low(odd));
+      return _mm256_or_si256(e, _mm256_slli_epi32(o, 16));
+    }
+  }
+  /* 16-bit words 0, 2, .. from the even sums' top halves, 1, 3, .. from the odd */
+  return _mm256_blend_epi16(_mm256_srli_epi32(bf16_rne_sum(even), 16), bf16_rne_sum(odd), 0xaa);
+}
+static inline void vf_store_even_odd_bf16(uint16_t *p, vf even, vf odd, int may_nan) {
+  _mm256_storeu_si256((__m256i *)(void *)p, f32_even_odd_to_bf16(even, odd, may_nan));
+}
+/* p aligned to 32 bytes */
+static inline void vf_stream_even_odd_bf16(uint16_t *p, vf even, vf odd, int may_nan) {
+  _mm256_stream_si256((__m256i *)(void *)p, f32_even_odd_to_bf16(even, odd, may_nan));
+}
+
 /* ---- double compute ---- */
 V_ARITH(vd, double, pd)
 static inline vd vd_zero_from(vd v, size_t n) {
