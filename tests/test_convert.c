@@ -83,6 +83,42 @@ static void forward_store_case(rmsnorm_context *ctx, rmsnorm_isa isa, const floa
   free(wd);
 }
 
+/* A few rows of fp16/bf16 with a weight of the same dtype, which the forward
+ * reads as it is (no copy in fp32): every 16-bit weight pattern, with and
+ * without Gemma's 1 + g, must give what the copy would, RNE(+-(off + g))
+ * with off added in float (-0 becomes +0, NaNs quiet), on every set. */
+static void forward_direct_weight(rmsnorm_context *ctx, rmsnorm_isa isa) {
+  const size_t d = 4096;
+  for (int bf16 = 0; bf16 <= 1; bf16++)
+    for (int offset = 0; offset <= 1; offset++)
+      for (size_t rows = 1; rows <= 3; rows++) {
+        rmsnorm_dtype dt = bf16 ? RMSNORM_BF16 : RMSNORM_F16;
+        rmsnorm_config cfg;
+        rmsnorm_config_init(&cfg, dt);
+        cfg.eps = 0;
+        cfg.flags = offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0;
+        uint16_t x[3 * 4096], y[3 * 4096], w[4096];
+        uint16_t one = bf16 ? 0x3f80 : 0x3c00;
+        for (size_t i = 0; i < rows * d; i++) x[i] = (uint16_t)(i / d % 2 ? one | 0x8000 : one);
+        for (uint32_t c = 0; c < 65536; c += (uint32_t)d) {
+          for (size_t j = 0; j < d; j++) w[j] = (uint16_t)(c + j);
+          TU_OK(rmsnorm_forward(ctx, &cfg, rows, d, x, d, w, NULL, y, d, NULL));
+          volatile float off = (float)offset;
+          for (size_t i = 0; i < rows; i++) {
+            volatile float sign = i % 2 ? -1.0f : 1.0f;
+            for (size_t j = 0; j < d; j++) {
+              float g = off + (bf16 ? rn_bf16_to_f32(w[j]) : rn_f16_to_f32(w[j]));
+              uint16_t want = bf16 ? rn_f32_to_bf16(sign * g) : rn_f32_to_f16(sign * g);
+              tu_check(y[i * d + j] == want,
+                       "%s %s forward, %zu rows, weight %04x%s, row %zu: %04x want %04x",
+                       rmsnorm_isa_name(isa), bf16 ? "bf16" : "f16", rows, w[j],
+                       offset ? " (1 + g)" : "", i, y[i * d + j], want);
+            }
+          }
+        }
+      }
+}
+
 static void forward_stores(void) {
   /* every bf16 tie and its two neighbours, a sweep of all patterns, NaNs */
   size_t cap = 3 * 0x7f7f + 65536 + 16, n = 0;
@@ -113,6 +149,7 @@ static void forward_stores(void) {
       forward_store_case(ctx, isas[s], w, n, 6, 0, 4096, 1);
       forward_store_case(ctx, isas[s], w, 4096 * 4, 160, 0, 4096, 0);
       forward_store_case(ctx, isas[s], w + n - 4096, 4096, 160, 8, 4096, 0);
+      forward_direct_weight(ctx, isas[s]);
     }
     rmsnorm_context_free(ctx);
   }

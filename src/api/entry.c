@@ -16,6 +16,8 @@ void rn_entry_set(rn_entry *e, rmsnorm_context *ctx) {
   e->weight = e->bias = NULL;
   e->nparam = e->wcopy = e->bcopy = 0;
   e->kernels = NULL;
+  e->weight_direct = 0;
+  e->weight_data = NULL;
 }
 
 static rmsnorm_status entry_config(rn_entry *e, const rmsnorm_config **cfgp, rn_norm norm,
@@ -122,7 +124,19 @@ void rn_entry_lock(rn_entry *e) {
   e->kernels = rn_context_kernels(e->ctx);
 }
 
+void rn_entry_weight_direct(rn_entry *e, size_t rows, size_t d) {
+  rmsnorm_dtype dt = e->cfg.dtype;
+  e->weight_direct = (dt == RMSNORM_F16 || dt == RMSNORM_BF16) && e->cfg.param_dtype == dt &&
+                     e->weight && !e->bias && ((uintptr_t)e->weight & 1) == 0 &&
+                     rows <= RN_DIRECT_WEIGHT_ROWS && rows * d * e->es <= RN_DIRECT_WEIGHT_BYTES;
+}
+
 char *rn_entry_scratch(rn_entry *e, size_t bytes) {
+  if (e->weight_direct && e->kernels->weight_in_data) { /* no copy to make */
+    e->weight_data = e->weight;
+    e->weight = NULL;
+    e->wcopy = 0;
+  }
   char *s = rn_context_scratch(e->ctx, e->wcopy + e->bcopy + bytes);
   if (!s) return NULL;
   e->weight = rn_param_as_acc(&e->cfg, e->kernels, e->weight, 1, e->nparam, s);
@@ -164,7 +178,8 @@ rn_forward_args rn_entry_forward_args(const rn_entry *e, rn_norm norm, size_t d,
                                       const void *x, size_t ldx, void *y, size_t ldy) {
   rn_forward_args a = {.norm = norm, .dtype = e->cfg.dtype, .d = d, .k = stat_columns(e, norm, d),
                        .x = x, .ldx = ldx, .y = y, .ldy = ldy, .w = e->weight, .b = e->bias,
-                       .eps = e->cfg.eps, .flags = e->cfg.flags};
+                       .w_data = e->weight_data, .eps = e->cfg.eps, .flags = e->cfg.flags};
+  a.w_offset = e->cfg.flags & RMSNORM_FLAG_WEIGHT_OFFSET ? 1.0f : 0.0f;
   return a;
 }
 

@@ -35,6 +35,8 @@ typedef struct rn_entry {
   size_t nparam;          /* elements of each */
   size_t wcopy, bcopy;    /* bytes of their copies at the start of scratch (0: none) */
   const rn_kernel_set *kernels; /* the context's kernel set (lock held) */
+  int weight_direct;      /* rn_entry_weight_direct chose it: the forward kernel reads */
+  const void *weight_data; /*   the caller's weight itself (weight is then NULL) */
 } rn_entry;
 
 /* The context (NULL: RMSNORM_ERROR_NULL_POINTER), the config (rn_check_config:
@@ -92,6 +94,17 @@ rmsnorm_status rn_entry_check(rn_entry *e, const rn_buffers *b);
 /* Locks the context (context.h: the entry point that locks it unlocks it, on
  * every path) and reads its kernel set. */
 void rn_entry_lock(rn_entry *e);
+/* Whether a forward of `rows` rows of d (after rn_entry_check) lets its
+ * kernel read an fp16/bf16 weight of the data's dtype as it is, instead of
+ * a copy in the compute type made at every call: for a few rows that copy
+ * costs as much as the rows (a pass over d values each way). Taken by
+ * rn_entry_scratch where the kernel set can (weight_in_data); the kernel
+ * adds the same 0 or 1 to each value that the copy would, so the bits are
+ * the copy's. Up to RN_DIRECT_WEIGHT_ROWS rows, in cache (no streamed
+ * stores, no column split: RN_DIRECT_WEIGHT_BYTES of output), no bias. */
+#define RN_DIRECT_WEIGHT_ROWS 3
+#define RN_DIRECT_WEIGHT_BYTES ((size_t)64 << 10)
+void rn_entry_weight_direct(rn_entry *e, size_t rows, size_t d);
 /* rn_entry_lock, then rn_entry_scratch for the parameters alone. @return
  * RMSNORM_OK with the lock held, or RMSNORM_ERROR_OUT_OF_MEMORY with it
  * released. */

@@ -66,6 +66,11 @@ typedef struct rn_forward_args {
   const void *w;       /* w: (d,) acc, the effective gain (1+g folded in), or NULL */
   const void *b;       /* b: (d,) acc, or NULL (w and b are aligned to the acc type:
                           the API copies misaligned ones) */
+  const void *w_data;  /* in place of w (then NULL): the caller's fp16/bf16 weight of the
+                          data's dtype, read as it is (w_offset + g, as the copy in the
+                          acc type would hold), or NULL; a few rows, no bias, in cache
+                          (rn_entry_weight_direct) */
+  float w_offset;
   double eps;
   unsigned flags;      /* RMSNORM_FLAG_EPS_OUTSIDE, RMSNORM_FLAG_ROUND_BEFORE_WEIGHT */
   void *mean;          /* mean: (rows,) acc, LayerNorm only, or NULL */
@@ -344,6 +349,8 @@ typedef struct rn_kernel_set {
   /* float sums to fp16/bf16 parameter gradients (runtime/work.c; NULL: the
      portable loop) */
   rn_narrow_fn narrow;
+  /* the fp16/bf16 forward reads rn_forward_args.w_data (the SIMD sets) */
+  int weight_in_data;
 } rn_kernel_set;
 
 /* The scalar reference: the spec every other set is tested against. */

@@ -112,6 +112,7 @@ void rn_rescue_forward_row(const rn_forward_args *a, size_t row) {
     if (a->flags & RMSNORM_FLAG_ROUND_BEFORE_WEIGHT) xhat = rn_round_to(a->dtype, xhat);
     double v = xhat;
     if (a->w) v *= rn_load_acc(a->w, f64, j);
+    else if (a->w_data) v *= (double)(a->w_offset + (float)rn_load(a->w_data, a->dtype, j));
     if (a->b) v += rn_load_acc(a->b, f64, j);
     rn_store(y, a->dtype, j, v);
   }
