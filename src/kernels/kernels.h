@@ -70,7 +70,7 @@ typedef struct rn_forward_args {
                           data's dtype, read as it is (w_offset + g, as the copy in the
                           acc type would hold), or NULL; a few rows, no bias, in cache
                           (rn_entry_weight_direct) */
-  float w_offset;
+  float w_offset;      /* with w_data: 1 for Gemma's 1 + g (RMSNORM_FLAG_WEIGHT_OFFSET), else 0 */
   double eps;
   unsigned flags;      /* RMSNORM_FLAG_EPS_OUTSIDE, RMSNORM_FLAG_ROUND_BEFORE_WEIGHT */
   void *mean;          /* mean: (rows,) acc, LayerNorm only, or NULL */
