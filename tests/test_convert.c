@@ -120,8 +120,10 @@ static void forward_direct_weight(rmsnorm_context *ctx, rmsnorm_isa isa) {
 }
 
 static void forward_stores(void) {
-  /* every bf16 tie and its two neighbours, a sweep of all patterns, NaNs */
-  size_t cap = 3 * 0x7f7f + 65536 + 16, n = 0;
+  /* every bf16 tie and its two neighbours, a sweep of all patterns, NaNs,
+   * infinities and the largest float */
+  size_t sweep = (size_t)((0x100000000ull + 65520) / 65521), nnans = 8;
+  size_t cap = 3 * 0x7f7f + sweep + nnans, n = 0;
   float *w = malloc(cap * sizeof *w);
   if (!w) abort();
   for (uint32_t h = 0; h < 0x7f7f; h++) {
@@ -131,9 +133,10 @@ static void forward_stores(void) {
     w[n++] = rn_bits_f32(tie + 1);
   }
   for (uint64_t u = 0; u < 0x100000000ull; u += 65521) w[n++] = rn_bits_f32((uint32_t)u);
-  static const uint32_t nans[] = {0x7f800001u, 0xffc00000u, 0x7fbfffffu, 0x7fff8000u,
-                                  0xffffffffu, 0x7f7fffffu, 0x7f800000u, 0xff800000u};
-  for (size_t i = 0; i < sizeof nans / sizeof *nans; i++) w[n++] = rn_bits_f32(nans[i]);
+  static const uint32_t nans[8] = {0x7f800001u, 0xffc00000u, 0x7fbfffffu, 0x7fff8000u,
+                                   0xffffffffu, 0x7f7fffffu, 0x7f800000u, 0xff800000u};
+  for (size_t i = 0; i < nnans; i++) w[n++] = rn_bits_f32(nans[i]);
+  if (n != cap) abort();
   static const rmsnorm_isa isas[] = {RMSNORM_ISA_SCALAR, RMSNORM_ISA_AVX2, RMSNORM_ISA_AVX512,
                                      RMSNORM_ISA_NEON};
   for (size_t s = 0; s < sizeof isas / sizeof *isas; s++) {
