@@ -144,8 +144,9 @@ static void forward_stores(void) {
     TU_OK(rmsnorm_context_create(&ctx));
     if (rmsnorm_context_set_isa(ctx, isas[s]) == RMSNORM_OK) {
       /* in cache: rows at a vector boundary, 3 elements off with a stride
-       * whose rows start at every offset, few rows (no reordered weight),
-       * in place; past RN_STREAM_BYTES: streaming stores */
+       * that starts the 8 rows at 8 offsets to a 16-value pair, few rows
+       * (no reordered weight), in place; past RN_STREAM_BYTES: streaming
+       * stores */
       forward_store_case(ctx, isas[s], w, n, 8, 0, 4096, 0);
       forward_store_case(ctx, isas[s], w, n, 8, 3, 4096 + 5, 0);
       forward_store_case(ctx, isas[s], w, n, 3, 1, 4096, 0);
