@@ -1,5 +1,6 @@
-/* forward_f64.c - the AVX2 set's fp64 forward over rows, its column split
- * of long rows and the sandwich forward (compiled with the set's ISA flags only, CMakeLists.txt). */
+/* forward_f64.c - the AVX2 set's fp64 forward over rows, its column split of long rows, the
+ * sandwich forward and the gated norm's blocked dot (compiled with the set's ISA flags only,
+ * CMakeLists.txt). */
 #include "simd_avx2.h"
 
 #define RN_SET_PREFIX rn_avx2_
@@ -8,3 +9,4 @@
 #include "kernels/forward_simd.inc"
 #include "kernels/cols_simd.inc"
 #include "kernels/sandwich_simd.inc"
+#include "kernels/acc_dot_simd.inc"

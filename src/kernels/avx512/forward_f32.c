@@ -1,6 +1,6 @@
-/* forward_f32.c - the AVX-512 set's fp32 forward over rows, its column split
- * of long rows and the sandwich forward (compiled with the set's ISA flags
- * only, CMakeLists.txt). */
+/* forward_f32.c - the AVX-512 set's fp32 forward over rows, its column split of long rows, the
+ * sandwich forward and the gated norm's blocked dot (compiled with the set's ISA flags only,
+ * CMakeLists.txt). */
 #include "simd_avx512.h"
 
 #define RN_SET_PREFIX rn_avx512_
@@ -9,3 +9,4 @@
 #include "kernels/forward_simd.inc"
 #include "kernels/cols_simd.inc"
 #include "kernels/sandwich_simd.inc"
+#include "kernels/acc_dot_simd.inc"
