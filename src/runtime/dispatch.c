@@ -24,6 +24,20 @@ extern const rn_kernel_set rn_kernels_avx512_bf16;
 static rn_kernel_set avx512_bf16_set;
 static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
 
+/* RMSNORM_AVX512_BF16=0 leaves the variant out: the AVX-512 set's own bf16
+ * kernels run, as on CPUs without AVX512_BF16 (tests and benchmarks reach
+ * them on CPUs with it). Read once. */
+static int bf16_off;
+static pthread_once_t bf16_env_once = PTHREAD_ONCE_INIT;
+static void read_bf16_env(void) {
+  const char *v = getenv("RMSNORM_AVX512_BF16");
+  bf16_off = v && strcmp(v, "0") == 0;
+}
+static int avx512_bf16_off(void) {
+  pthread_once(&bf16_env_once, read_bf16_env);
+  return bf16_off;
+}
+
 static void fill_avx512_bf16(void) {
   const rn_kernel_set *b = &rn_kernels_avx512_bf16;
   rn_kernel_set *s = &avx512_bf16_set;
@@ -67,7 +81,8 @@ const rn_kernel_set *rn_kernels_for(rmsnorm_isa isa) {
            RMSNORM_CPU_F16C)) {
 #ifdef RMSNORM_HAVE_AVX512BF16
         if ((f & (RMSNORM_CPU_AVX512BF16 | RN_CPU_AVX512DQ)) ==
-            (RMSNORM_CPU_AVX512BF16 | RN_CPU_AVX512DQ)) {
+                (RMSNORM_CPU_AVX512BF16 | RN_CPU_AVX512DQ) &&
+            !avx512_bf16_off()) {
           pthread_once(&bf16_once, fill_avx512_bf16);
           return &avx512_bf16_set;
         }

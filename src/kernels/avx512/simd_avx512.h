@@ -129,6 +129,66 @@ static inline void vf_stream2_bf16(uint16_t *p, vf a, vf b) {
 }
 #else
 static inline __m256i f32_to_bf16(vf v) { return _mm512_cvtepi32_epi16(f32_to_bf16_int(v)); }
+/* Two vectors, 32 outputs (a's, then b's): one pack and one quadword permute
+ * for the two VPMOVDWs (two operations each) of single vectors. */
+#define VF_BF16_PAIRS 1
+static inline __m512i f32x2_to_bf16(vf a, vf b) {
+  /* packed per 128-bit lane: a0-3 b0-3 | a4-7 b4-7 | ..; quadwords 0 2 4 6 1 3 5 7 */
+  __m512i ab = _mm512_packus_epi32(f32_to_bf16_int(a), f32_to_bf16_int(b));
+  return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), ab);
+}
+static inline void vf_store2_bf16(uint16_t *p, vf a, vf b) {
+  _mm512_storeu_si512(p, f32x2_to_bf16(a, b));
+}
+/* p aligned to 64 bytes */
+static inline void vf_stream2_bf16(uint16_t *p, vf a, vf b) {
+  _mm512_stream_si512((void *)p, f32x2_to_bf16(a, b));
+}
+/* bf16 32 at a time in even/odd order (VF_BF16_EVEN_ODD, as simd_avx2.h's):
+ * a 64-byte load holds values 2i and 2i+1 in 32-bit lane i, the even ones
+ * widened by a shift and the odd ones by a mask; 32 rounded outputs go back
+ * into those lanes by one word blend. Widening and narrowing take no
+ * shuffle (VPMOVZXWD, VPMOVDW: two of them a pair otherwise), and the weight
+ * comes reordered (vf_even_odd). */
+#define VF_BF16_EVEN_ODD 1
+static inline void vf_load_even_odd_bf16(const uint16_t *p, vf *even, vf *odd) {
+  __m512i v = _mm512_loadu_si512(p);
+  *even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  *odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
+}
+/* the even-indexed and the odd-indexed values of a's then b's 32 */
+static inline void vf_even_odd(vf a, vf b, vf *even, vf *odd) {
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  *even = _mm512_permutex2var_ps(a, ie, b);
+  *odd = _mm512_permutex2var_ps(a, _mm512_add_epi32(ie, _mm512_set1_epi32(1)), b);
+}
+/* u + 0x7fff + lsb (f32_to_bf16_int's sum before its shift): 0x8000 added,
+ * less one where the lsb is 0 */
+static inline __m512i bf16_rne_sum(vf v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x8000));
+  return _mm512_mask_sub_epi32(r, _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x10000)), r,
+                               _mm512_set1_epi32(1));
+}
+/* the 32 values of even/odd order rounded to bf16, in order; may_nan 0 when
+ * no lane can be NaN (the caller knows), which spares the test */
+static inline __m512i f32_even_odd_to_bf16(vf even, vf odd, int may_nan) {
+  if (may_nan) {
+    __mmask16 nan = _mm512_cmp_ps_mask(even, odd, _CMP_UNORD_Q);
+    if (__builtin_expect(nan != 0, 0))
+      return _mm512_or_si512(f32_to_bf16_int(even), _mm512_slli_epi32(f32_to_bf16_int(odd), 16));
+  }
+  /* 16-bit words 0, 2, .. from the even sums' top halves, 1, 3, .. from the odd */
+  return _mm512_mask_blend_epi16((__mmask32)0xaaaaaaaau,
+                                 _mm512_srli_epi32(bf16_rne_sum(even), 16), bf16_rne_sum(odd));
+}
+static inline void vf_store_even_odd_bf16(uint16_t *p, vf even, vf odd, int may_nan) {
+  _mm512_storeu_si512(p, f32_even_odd_to_bf16(even, odd, may_nan));
+}
+/* p aligned to 64 bytes */
+static inline void vf_stream_even_odd_bf16(uint16_t *p, vf even, vf odd, int may_nan) {
+  _mm512_stream_si512((void *)p, f32_even_odd_to_bf16(even, odd, may_nan));
+}
 #endif
 VF_HALF_ACCESSORS(bf16, bf16_widen, f32_to_bf16)
 
