@@ -128,14 +128,34 @@ static inline void vf_stream2_bf16(uint16_t *p, vf a, vf b) {
   _mm512_stream_si512((void *)p, f32x2_to_bf16(a, b));
 }
 #else
-static inline __m256i f32_to_bf16(vf v) { return _mm512_cvtepi32_epi16(f32_to_bf16_int(v)); }
-/* Two vectors, 32 outputs (a's, then b's): one pack and one quadword permute
- * for the two VPMOVDWs (two operations each) of single vectors. */
+/* u + 0x7fff + lsb (f32_to_bf16_int's sum before its shift): 0x8000 added,
+ * less one where the lsb is 0 */
+static inline __m512i bf16_rne_sum(vf v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x8000));
+  return _mm512_mask_sub_epi32(r, _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x10000)), r,
+                               _mm512_set1_epi32(1));
+}
+/* NaN lanes are rare: one compare finds them in one vector or two, and only
+ * then do the lanes take f32_to_bf16_int's NaN fix-up (as simd_avx2.h). */
+static inline __m512i f32_to_bf16_low(vf v) {
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  if (__builtin_expect(nan != 0, 0)) return f32_to_bf16_int(v);
+  return _mm512_srli_epi32(bf16_rne_sum(v), 16);
+}
+static inline __m256i f32_to_bf16(vf v) { return _mm512_cvtepi32_epi16(f32_to_bf16_low(v)); }
+/* Two vectors, 32 outputs (a's, then b's): one NaN test, one pack and one
+ * quadword permute for both. */
 #define VF_BF16_PAIRS 1
 static inline __m512i f32x2_to_bf16(vf a, vf b) {
+  __m512i ra, rb;
+  if (__builtin_expect(_mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q) != 0, 0))
+    ra = f32_to_bf16_int(a), rb = f32_to_bf16_int(b);
+  else
+    ra = _mm512_srli_epi32(bf16_rne_sum(a), 16), rb = _mm512_srli_epi32(bf16_rne_sum(b), 16);
   /* packed per 128-bit lane: a0-3 b0-3 | a4-7 b4-7 | ..; quadwords 0 2 4 6 1 3 5 7 */
-  __m512i ab = _mm512_packus_epi32(f32_to_bf16_int(a), f32_to_bf16_int(b));
-  return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), ab);
+  return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+                                  _mm512_packus_epi32(ra, rb));
 }
 static inline void vf_store2_bf16(uint16_t *p, vf a, vf b) {
   _mm512_storeu_si512(p, f32x2_to_bf16(a, b));
@@ -161,14 +181,6 @@ static inline void vf_even_odd(vf a, vf b, vf *even, vf *odd) {
   const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   *even = _mm512_permutex2var_ps(a, ie, b);
   *odd = _mm512_permutex2var_ps(a, _mm512_add_epi32(ie, _mm512_set1_epi32(1)), b);
-}
-/* u + 0x7fff + lsb (f32_to_bf16_int's sum before its shift): 0x8000 added,
- * less one where the lsb is 0 */
-static inline __m512i bf16_rne_sum(vf v) {
-  __m512i u = _mm512_castps_si512(v);
-  __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x8000));
-  return _mm512_mask_sub_epi32(r, _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x10000)), r,
-                               _mm512_set1_epi32(1));
 }
 /* the 32 values of even/odd order rounded to bf16, in order; may_nan 0 when
  * no lane can be NaN (the caller knows), which spares the test */
