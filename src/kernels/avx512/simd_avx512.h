@@ -89,14 +89,22 @@ static inline void vf_stream2_f16(uint16_t *p, vf a, vf b) {
 static inline vf bf16_widen(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+/* u + 0x7fff + lsb, the sum whose top 16 bits are u rounded to nearest even
+ * on the dropped 16 bits (convert.h): 0x8000 added, less one where the lsb
+ * is 0 */
+static inline __m512i bf16_rne_sum(vf v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x8000));
+  return _mm512_mask_sub_epi32(r, _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x10000)), r,
+                               _mm512_set1_epi32(1));
+}
 /* round to nearest even on the dropped 16 bits; NaN keeps its top bits, made
  * quiet: the spec's integer steps (convert.h) */
 static inline __m512i f32_to_bf16_int(vf v) {
-  __m512i u = _mm512_castps_si512(v);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), q);
+  __m512i q =
+      _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 16), _mm512_set1_epi32(0x40));
+  return _mm512_mask_mov_epi32(_mm512_srli_epi32(bf16_rne_sum(v), 16),
+                               _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), q);
 }
 #if RN_AVX512_BF16
 /* VCVTNEPS2BF16 (AVX512_BF16) rounds to nearest even as the spec does, but
@@ -128,14 +136,6 @@ static inline void vf_stream2_bf16(uint16_t *p, vf a, vf b) {
   _mm512_stream_si512((void *)p, f32x2_to_bf16(a, b));
 }
 #else
-/* u + 0x7fff + lsb (f32_to_bf16_int's sum before its shift): 0x8000 added,
- * less one where the lsb is 0 */
-static inline __m512i bf16_rne_sum(vf v) {
-  __m512i u = _mm512_castps_si512(v);
-  __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x8000));
-  return _mm512_mask_sub_epi32(r, _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x10000)), r,
-                               _mm512_set1_epi32(1));
-}
 /* NaN lanes are rare: one compare finds them in one vector or two, and only
  * then do the lanes take f32_to_bf16_int's NaN fix-up (as simd_avx2.h). */
 static inline __m512i f32_to_bf16_low(vf v) {
