@@ -1,5 +1,8 @@
 /* gated_bf16.c - the avx2 set's bf16 gated RMSNorm (kernels/gated_set.inc,
  * compiled with the set's ISA flags only, CMakeLists.txt). */
+#include "simd_avx2.h"
+#include "quant_avx2.h"
+
 #define RN_SET_PREFIX rn_avx2_
 #define RN_DTYPE_BF16 1
 #include "kernels/gated_set.inc"
