@@ -22,14 +22,16 @@ typedef struct tcase {
   size_t rows, d, group; /* group 0: the whole row */
   double eps;
   int sigmoid, norm_first, hf, weight;
+  int wdata, offset; /* a weight of the data's dtype (fp16/bf16); Gemma's 1 + g */
 } tcase;
 
 static rmsnorm_config config_of(const tcase *c) {
   rmsnorm_config cfg;
   rmsnorm_config_init(&cfg, c->dt);
   cfg.eps = c->eps;
-  cfg.param_dtype = RMSNORM_F32;
+  cfg.param_dtype = c->wdata ? c->dt : RMSNORM_F32;
   if (c->hf) cfg.flags |= RMSNORM_FLAG_ROUND_BEFORE_WEIGHT;
+  if (c->offset) cfg.flags |= RMSNORM_FLAG_WEIGHT_OFFSET;
   return cfg;
 }
 
@@ -203,7 +205,7 @@ out:
 /* The fp64 backward against central differences of the library's fp64
  * forward: L = sum dy * y, dL/dx_j and dL/dz_j. */
 static void check_fd(size_t d, size_t group, int sigmoid, int norm_first) {
-  tcase c = {RMSNORM_F64, 1, d, group, 1e-6, sigmoid, norm_first, 0, 1};
+  tcase c = {RMSNORM_F64, 1, d, group, 1e-6, sigmoid, norm_first, 0, 1, 0, 0};
   rmsnorm_config cfg = config_of(&c);
   cfg.param_dtype = RMSNORM_F64;
   rmsnorm_gate g = gate_of(&c);
@@ -288,22 +290,24 @@ static void check_sets(const tcase *c, int special) {
   tu_tensor x = tu_alloc(c->dt, rows, d, ld), z = tu_alloc(c->dt, rows, d, ld);
   tu_tensor dy = tu_alloc(c->dt, rows, d, ld);
   fill_data(&x, &z, &dy);
-  special = special && rows >= 4 && d >= 4;
-  if (special) { /* rows for the long double path */
+  special = special && d >= 4;
+  if (special) { /* rows for the long double path (as many of the four as there are rows) */
     double big = c->dt == RMSNORM_F64 ? 1e200 : c->dt == RMSNORM_F16 ? 6e4 : 3e19;
     for (size_t j = 0; j < d; j++) {
       tu_set(&x, 0, j, j % 3 ? big : -big);
       tu_set(&z, 0, j, 5);
-      tu_set(&x, 1, j, 0);
-      tu_set(&x, 2, j, j == d / 2 ? NAN : 1);
-      tu_set(&x, 3, j, c->dt == RMSNORM_F64 ? 1e-200 : c->dt == RMSNORM_F16 ? 1e-7 : 1e-30);
+      if (rows > 1) tu_set(&x, 1, j, 0);
+      if (rows > 2) tu_set(&x, 2, j, j == d / 2 ? NAN : 1);
+      if (rows > 3)
+        tu_set(&x, 3, j, c->dt == RMSNORM_F64 ? 1e-200 : c->dt == RMSNORM_F16 ? 1e-7 : 1e-30);
     }
   }
+  rmsnorm_dtype pdt = c->wdata ? c->dt : RMSNORM_F32;
   void *w = c->weight ? malloc(d * 4) : NULL;
-  if (w) fill_weight(w, RMSNORM_F32, d);
+  if (w) fill_weight(w, pdt, d);
   rmsnorm_isa isas[] = {RMSNORM_ISA_SCALAR, RMSNORM_ISA_AVX2, RMSNORM_ISA_AVX512,
                         RMSNORM_ISA_NEON};
-  outs ref = {.rstd = malloc(rows * ng * as), .dw = w ? malloc(d * 4) : NULL};
+  outs ref = {.rstd = malloc(rows * ng * as), .dw = w ? calloc(d, 4) : NULL};
   rmsnorm_context_set_isa(ctx, RMSNORM_ISA_SCALAR);
   rmsnorm_context_set_threads(ctx, 1);
   tcase cc = *c;
@@ -320,7 +324,7 @@ static void check_sets(const tcase *c, int special) {
        * path where recomputing the sums sends it to the long double one) */
       for (int variant = 0; variant < (special ? 3 : 4); variant++) {
         int inplace = variant == 1 || variant == 2 ? variant : 0, saved = variant != 3;
-        outs o = {.rstd = malloc(rows * ng * as), .dw = w ? malloc(d * 4) : NULL};
+        outs o = {.rstd = malloc(rows * ng * as), .dw = w ? calloc(d, 4) : NULL};
         int ran = run_all(&cc, &x, &z, &dy, w, inplace, saved, &o);
         ok = tu_check(ran, "run failed");
         int same = ran && memcmp(o.y.data, ref.y.data, x.bytes) == 0 &&
@@ -338,7 +342,7 @@ static void check_sets(const tcase *c, int special) {
       }
     }
   }
-  if (special && ok) { /* the long double rows are right, not just equal */
+  if (special && ok && rows >= 4) { /* the long double rows are right, not just equal */
     size_t h = d / 2;
     tu_check(isfinite(tu_get(&ref.y, 0, 1)) && tu_get(&ref.y, 1, 0) == 0 &&
                  isnan(tu_get(&ref.y, 2, h)) && isfinite(tu_get(&ref.y, 3, 0)) &&
@@ -454,7 +458,7 @@ int main(void) {
       for (size_t di = 0; di < 4; di++) {
         size_t d = shapes[s][0];
         size_t rows = d > 2048 || emu ? 3 : 9;
-        tcase c = {dts[di], rows, d, shapes[s][1], 1e-6, sigmoid, norm_first, 0, (int)(s % 5 != 3)};
+        tcase c = {dts[di], rows, d, shapes[s][1], 1e-6, sigmoid, norm_first, 0, (int)(s % 5 != 3), 0, 0};
         check_oracle(&c);
         if (dts[di] == RMSNORM_F16 || dts[di] == RMSNORM_BF16) {
           c.hf = 1;
@@ -475,7 +479,22 @@ int main(void) {
     for (size_t di = 0; di < 4; di++)
       for (int t = 0; t < 4; t++) {
         tcase c = {dts[di], set_shapes[s][2], set_shapes[s][0], set_shapes[s][1], 1e-6, t & 1, t >> 1,
-                   (int)(s & 1), (int)(s != 4)};
+                   (int)(s & 1), (int)(s != 4), 0, 0};
+        check_sets(&c, 0);
+        if (t == 0 || t == 3) check_sets(&c, 1);
+      }
+  }
+  /* fp16/bf16 weights of the data's dtype (torch's default), with and without
+   * Gemma's 1 + g: up to 3 rows, SIMD sets read them as they are (in the long
+   * double path too: the special rows) */
+  static const size_t wd_shapes[][3] = {{1, 0, 1},   {70, 35, 2},     {576, 0, 3},
+                                        {4095, 0, 1}, {4096, 1024, 3}, {5120, 0, 4}};
+  for (size_t s = 0; s < sizeof wd_shapes / sizeof wd_shapes[0]; s++) {
+    if (emu && wd_shapes[s][0] > 128) continue;
+    for (size_t di = 2; di < 4; di++)
+      for (int t = 0; t < 4; t++) {
+        tcase c = {dts[di], wd_shapes[s][2], wd_shapes[s][0], wd_shapes[s][1], 1e-6, t & 1, t >> 1,
+                   (int)(s & 1), 1, 1, (int)(t == 1 || t == 2)};
         check_sets(&c, 0);
         if (t == 0 || t == 3) check_sets(&c, 1);
       }
@@ -485,7 +504,7 @@ int main(void) {
   if (!emu)
     for (size_t di = 0; di < 4; di++)
       for (int t = 0; t < 4; t += 3) {
-        tcase c = {dts[di], 130, 4096, 1024, 1e-6, t & 1, t >> 1, 0, 1};
+        tcase c = {dts[di], 130, 4096, 1024, 1e-6, t & 1, t >> 1, 0, 1, 0, 0};
         check_sets(&c, 0);
       }
   check_errors();

@@ -217,6 +217,9 @@ typedef struct rn_gated_args {
   void *dz;
   size_t lddz;
   const void *w;       /* w: (d,) acc effective gain, or NULL */
+  const void *w_data;  /* forward, in place of w (then NULL): the caller's fp16/bf16
+                          weight of the data's dtype, as rn_forward_args.w_data */
+  float w_offset;      /* with w_data: 1 for Gemma's 1 + g, else 0 */
   double eps;
   unsigned flags;      /* RMSNORM_FLAG_ROUND_BEFORE_WEIGHT (forward) */
   void *rstd;          /* (rows, d / group) acc, or NULL: written by the forward,
@@ -349,7 +352,8 @@ typedef struct rn_kernel_set {
   /* float sums to fp16/bf16 parameter gradients (runtime/work.c; NULL: the
      portable loop) */
   rn_narrow_fn narrow;
-  /* the fp16/bf16 forward reads rn_forward_args.w_data (the SIMD sets) */
+  /* the fp16/bf16 forward and gated forward read their args' w_data (the
+     SIMD sets) */
   int weight_in_data;
 } rn_kernel_set;
 
