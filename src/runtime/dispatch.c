@@ -52,6 +52,8 @@ static void fill_avx512_bf16(void) {
   s->grad_coef[RMSNORM_BF16] = b->grad_coef[RMSNORM_BF16];
   s->grad_cols[RMSNORM_BF16] = b->grad_cols[RMSNORM_BF16];
   s->shard_sums[RMSNORM_BF16] = b->shard_sums[RMSNORM_BF16];
+  s->gated_forward[RMSNORM_BF16] = b->gated_forward[RMSNORM_BF16];
+  s->gated_backward[RMSNORM_BF16] = b->gated_backward[RMSNORM_BF16];
   s->rope_forward[RMSNORM_BF16] = b->rope_forward[RMSNORM_BF16];
   s->rope_backward[RMSNORM_BF16] = b->rope_backward[RMSNORM_BF16];
 }
