@@ -14,6 +14,15 @@
 #define VF_W 8
 #define VD_W 4
 
+/* The forward's plain output loop two vectors an iteration (store_simd.inc):
+ * one fp32 vector an iteration left a third of its instructions to the loop
+ * (bench/RESULTS.md, 2026-12-07) */
+#if defined(__clang__)
+#define RN_SPAN_UNROLL_FORWARD _Pragma("unroll 2")
+#else
+#define RN_SPAN_UNROLL_FORWARD _Pragma("GCC unroll 2")
+#endif
+
 typedef __m256 vf;
 typedef __m256d vd;
 
