@@ -458,7 +458,8 @@ int main(void) {
       for (size_t di = 0; di < 4; di++) {
         size_t d = shapes[s][0];
         size_t rows = d > 2048 || emu ? 3 : 9;
-        tcase c = {dts[di], rows, d, shapes[s][1], 1e-6, sigmoid, norm_first, 0, (int)(s % 5 != 3), 0, 0};
+        tcase c = {dts[di], rows, d, shapes[s][1], 1e-6, sigmoid, norm_first, 0,
+                   (int)(s % 5 != 3), 0, 0};
         check_oracle(&c);
         if (dts[di] == RMSNORM_F16 || dts[di] == RMSNORM_BF16) {
           c.hf = 1;
