@@ -16,6 +16,8 @@
 #include "gated_oracle.h"
 
 static rmsnorm_context *ctx;
+/* every data dtype; fp16 and bf16 last (weights of the data's dtype) */
+static const rmsnorm_dtype dts[] = {RMSNORM_F32, RMSNORM_F64, RMSNORM_F16, RMSNORM_BF16};
 
 typedef struct tcase {
   rmsnorm_dtype dt;
@@ -363,6 +365,23 @@ static void check_sets(const tcase *c, int special) {
   tu_free(&x), tu_free(&z), tu_free(&dy);
 }
 
+/* check_sets over shapes {d, group, rows, weight}, every gate option, with
+ * HF's roundings on odd shapes; wdata: fp16/bf16 only, each weight of the
+ * data's dtype, with Gemma's 1 + g on two of the four gate options. The
+ * special rows go with two of the options. */
+static void check_set_shapes(const size_t (*shapes)[4], size_t n, int emu, int wdata) {
+  for (size_t s = 0; s < n; s++) {
+    if (emu && shapes[s][0] > 128) continue;
+    for (size_t di = wdata ? 2 : 0; di < 4; di++)
+      for (int t = 0; t < 4; t++) {
+        tcase c = {dts[di], shapes[s][2], shapes[s][0], shapes[s][1], 1e-6, t & 1, t >> 1,
+                   (int)(s & 1), (int)shapes[s][3], wdata, wdata && (t == 1 || t == 2)};
+        check_sets(&c, 0);
+        if (t == 0 || t == 3) check_sets(&c, 1);
+      }
+  }
+}
+
 /* ---- errors ------------------------------------------------------------- */
 
 static void check_errors(void) {
@@ -443,7 +462,6 @@ int main(void) {
   if (rmsnorm_context_create(&ctx) != RMSNORM_OK) return 2;
   tu_seed(11);
   int emu = tu_reduced(); /* the reduced sets (emulation, sanitizers) */
-  rmsnorm_dtype dts[] = {RMSNORM_F32, RMSNORM_F64, RMSNORM_F16, RMSNORM_BF16};
   /* d and a group that divides it (0: whole row) */
   static const size_t shapes[][2] = {{1, 0},    {2, 1},     {7, 0},     {31, 0},    {32, 8},
                                      {64, 16},  {70, 35},   {127, 0},   {128, 32},  {256, 64},
@@ -473,33 +491,15 @@ int main(void) {
     check_fd(48, 16, t & 1, t >> 1);
   }
   /* sets and threads: enough rows to split, and across the 64-row chunks */
-  static const size_t set_shapes[][3] = {{1, 0, 5},     {33, 11, 7},  {128, 32, 130},
-                                         {4096, 512, 40}, {5120, 0, 9}, {32768, 4096, 3}};
-  for (size_t s = 0; s < sizeof set_shapes / sizeof set_shapes[0]; s++) {
-    if (emu && set_shapes[s][0] > 128) continue;
-    for (size_t di = 0; di < 4; di++)
-      for (int t = 0; t < 4; t++) {
-        tcase c = {dts[di], set_shapes[s][2], set_shapes[s][0], set_shapes[s][1], 1e-6, t & 1, t >> 1,
-                   (int)(s & 1), (int)(s != 4), 0, 0};
-        check_sets(&c, 0);
-        if (t == 0 || t == 3) check_sets(&c, 1);
-      }
-  }
+  static const size_t set_shapes[][4] = {{1, 0, 5, 1},      {33, 11, 7, 1},  {128, 32, 130, 1},
+                                         {4096, 512, 40, 1}, {5120, 0, 9, 0}, {32768, 4096, 3, 1}};
+  check_set_shapes(set_shapes, sizeof set_shapes / sizeof set_shapes[0], emu, 0);
   /* fp16/bf16 weights of the data's dtype (torch's default), with and without
    * Gemma's 1 + g: up to 3 rows, SIMD sets read them as they are (in the long
    * double path too: the special rows) */
-  static const size_t wd_shapes[][3] = {{1, 0, 1},   {70, 35, 2},     {576, 0, 3},
-                                        {4095, 0, 1}, {4096, 1024, 3}, {5120, 0, 4}};
-  for (size_t s = 0; s < sizeof wd_shapes / sizeof wd_shapes[0]; s++) {
-    if (emu && wd_shapes[s][0] > 128) continue;
-    for (size_t di = 2; di < 4; di++)
-      for (int t = 0; t < 4; t++) {
-        tcase c = {dts[di], wd_shapes[s][2], wd_shapes[s][0], wd_shapes[s][1], 1e-6, t & 1, t >> 1,
-                   (int)(s & 1), 1, 1, (int)(t == 1 || t == 2)};
-        check_sets(&c, 0);
-        if (t == 0 || t == 3) check_sets(&c, 1);
-      }
-  }
+  static const size_t wd_shapes[][4] = {{1, 0, 1, 1},    {70, 35, 2, 1},     {576, 0, 3, 1},
+                                        {4095, 0, 1, 1}, {4096, 1024, 3, 1}, {5120, 0, 4, 1}};
+  check_set_shapes(wd_shapes, sizeof wd_shapes / sizeof wd_shapes[0], emu, 1);
   /* outputs of 1 MiB and more go through the sets' streamed stores: every
    * dtype, rows off their lines (ld = d + 5), both gate orders */
   if (!emu)
