@@ -89,7 +89,7 @@ static void oracle_row(const tcase *c, const tu_tensor *x, const tu_tensor *z, c
   for (size_t j = 0; j < d; j++) {
     xr[j] = tu_get(x, i, j);
     zr[j] = tu_get(z, i, j);
-    wr[j] = w ? rn_load(w, pdt, j) : 1;
+    wr[j] = w ? (c->offset ? 1 : 0) + rn_load(w, pdt, j) : 1;
   }
   if (!c->hf || c->dt == RMSNORM_F32 || c->dt == RMSNORM_F64) {
     gated_forward_row(xr, zr, w ? wr : NULL, d, &o, y, r);
@@ -110,7 +110,7 @@ static void check_oracle(const tcase *c) {
   size_t d = c->d, rows = c->rows, gs = c->group ? c->group : d, ng = d / gs, ld = d + 3;
   rmsnorm_config cfg = config_of(c);
   rmsnorm_gate g = gate_of(c);
-  rmsnorm_dtype pdt = RMSNORM_F32;
+  rmsnorm_dtype pdt = c->wdata ? c->dt : RMSNORM_F32;
   size_t as = c->dt == RMSNORM_F64 ? 8 : 4;
   if (c->dt == RMSNORM_F64) cfg.param_dtype = pdt = RMSNORM_F64;
   tu_tensor x = tu_alloc(c->dt, rows, d, ld), z = tu_alloc(c->dt, rows, d, ld);
@@ -124,10 +124,12 @@ static void check_oracle(const tcase *c) {
   static gl_t yo[GATED_ORACLE_MAX_D], ro[GATED_ORACLE_MAX_D], dxo[GATED_ORACLE_MAX_D],
       dzo[GATED_ORACLE_MAX_D], dwo[GATED_ORACLE_MAX_D], xr[GATED_ORACLE_MAX_D],
       zr[GATED_ORACLE_MAX_D], dyr[GATED_ORACLE_MAX_D], wr[GATED_ORACLE_MAX_D];
+  const char *wname = !c->weight ? " no-weight" : !c->wdata ? "" : c->offset ? " 1+g (dtype)"
+                                                                           : " weight (dtype)";
   char what[160];
   snprintf(what, sizeof what, "%s d=%zu group=%zu %s %s%s%s", tu_dtype_name(c->dt), d, gs,
            c->sigmoid ? "sigmoid" : "silu", c->norm_first ? "norm-first" : "gate-first",
-           c->hf ? " hf" : "", c->weight ? "" : " no-weight");
+           c->hf ? " hf" : "", wname);
   rmsnorm_status st = rmsnorm_gated_forward(ctx, &cfg, &g, rows, d, x.data, ld, z.data, ld, w,
                                             y.data, ld, rstd);
   if (!tu_check(st == RMSNORM_OK, "%s: forward -> %s", what, rmsnorm_status_name(st))) goto out;
@@ -149,7 +151,7 @@ static void check_oracle(const tcase *c) {
     /* the backward */
     for (size_t j = 0; j < d; j++) {
       xr[j] = tu_get(&x, i, j), zr[j] = tu_get(&z, i, j), dyr[j] = tu_get(&dy, i, j);
-      wr[j] = w ? rn_load(w, pdt, j) : 1;
+      wr[j] = w ? (c->offset ? 1 : 0) + rn_load(w, pdt, j) : 1;
     }
     gated_backward_row(xr, zr, w ? wr : NULL, dyr, d, &o, dxo, dzo, dwo);
     (void)dxo;
@@ -161,7 +163,7 @@ static void check_oracle(const tcase *c) {
   for (size_t i = 0; i < rows; i++) {
     for (size_t j = 0; j < d; j++) {
       xr[j] = tu_get(&x, i, j), zr[j] = tu_get(&z, i, j), dyr[j] = tu_get(&dy, i, j);
-      wr[j] = w ? rn_load(w, pdt, j) : 1;
+      wr[j] = w ? (c->offset ? 1 : 0) + rn_load(w, pdt, j) : 1;
     }
     gated_backward_row(xr, zr, w ? wr : NULL, dyr, d, &o, dxo, dzo, NULL);
     /* the scale of the row's terms before they cancel: |dy w r| times the
@@ -482,6 +484,10 @@ int main(void) {
         if (dts[di] == RMSNORM_F16 || dts[di] == RMSNORM_BF16) {
           c.hf = 1;
           check_oracle(&c);
+          if (c.weight) { /* 2 rows with a weight of the data's dtype: read as it is */
+            c.hf = 0, c.rows = 2, c.wdata = 1, c.offset = t & 1;
+            check_oracle(&c);
+          }
         }
       }
     }
