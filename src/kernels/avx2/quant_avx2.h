@@ -50,18 +50,25 @@ static inline vi vd_i8_codes(vd t) {
  * rounding by a float addition, M formed on the integer bits, a NaN made
  * 0x7f by an unsigned min); checked equal to the former form on all 2^32
  * floats. */
-static inline vi vf_e4m3_codes(vf t) {
-  vf a = _mm256_min_ps(_mm256_set1_ps(448.0f), vf_abs(t));
+static inline vi e4m3_codes_of(vf t, int sat, int nan) {
+  vf a = vf_abs(t);
+  if (sat) a = _mm256_min_ps(_mm256_set1_ps(448.0f), a);
   __m256i ea = _mm256_and_si256(_mm256_castps_si256(a), _mm256_set1_epi32(0x7f800000));
   __m256i mb = _mm256_max_epi32(_mm256_add_epi32(ea, _mm256_set1_epi32(20 << 23)),
                                 _mm256_set1_epi32(141 << 23));
   __m256i k = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(mb))), mb);
   __m256i c = _mm256_add_epi32(
       k, _mm256_sub_epi32(_mm256_srli_epi32(mb, 20), _mm256_set1_epi32(1128)));
-  c = _mm256_min_epu32(c, _mm256_set1_epi32(0x7f));
+  if (nan) c = _mm256_min_epu32(c, _mm256_set1_epi32(0x7f));
   __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(t), 31), 7); /* 0x80 */
   return _mm256_or_si256(c, sign);
 }
+static inline vi vf_e4m3_codes(vf t) { return e4m3_codes_of(t, 1, 1); }
+/* The same for a t free of NaN (the NaN step left out), and for one also
+ * within |t| < 464, whose codes round to at most 448 (the 448 clamp left
+ * out too): t = y / s for a block's own dynamic scale s = amax / 448. */
+static inline vi vf_e4m3_codes_finite(vf t) { return e4m3_codes_of(t, 1, 0); }
+static inline vi vf_e4m3_codes_bounded(vf t) { return e4m3_codes_of(t, 0, 0); }
 static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
 
 /* the low byte of each code, in order, in the low 8 bytes: per 128-bit lane

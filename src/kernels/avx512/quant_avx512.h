@@ -45,18 +45,25 @@ static inline vi vd_i8_codes(vd t) {
  * stays NaN through the MINPS (its second operand), and a + M then gives a
  * code far above 0x7f: an unsigned min makes it 0x7f. Checked equal to the
  * former compare-and-select form on all 2^32 floats. */
-static inline vi vf_e4m3_codes(vf t) {
-  vf a = _mm512_min_ps(_mm512_set1_ps(448.0f), _mm512_abs_ps(t));
+static inline vi e4m3_codes_of(vf t, int sat, int nan) {
+  vf a = _mm512_abs_ps(t);
+  if (sat) a = _mm512_min_ps(_mm512_set1_ps(448.0f), a);
   __m512i ea = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7f800000));
   __m512i mb = _mm512_max_epi32(_mm512_add_epi32(ea, _mm512_set1_epi32(20 << 23)),
                                 _mm512_set1_epi32(141 << 23));
   __m512i k = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(a, _mm512_castsi512_ps(mb))), mb);
   __m512i c = _mm512_add_epi32(
       k, _mm512_sub_epi32(_mm512_srli_epi32(mb, 20), _mm512_set1_epi32(1128)));
-  c = _mm512_min_epu32(c, _mm512_set1_epi32(0x7f));
+  if (nan) c = _mm512_min_epu32(c, _mm512_set1_epi32(0x7f));
   __m512i sign = _mm512_srli_epi32(_mm512_castps_si512(t), 24); /* its 0x80 bit */
   return _mm512_ternarylogic_epi32(c, sign, _mm512_set1_epi32(0x80), 0xf8); /* c | (sign & 0x80) */
 }
+static inline vi vf_e4m3_codes(vf t) { return e4m3_codes_of(t, 1, 1); }
+/* The same for a t free of NaN (the NaN step left out), and for one also
+ * within |t| < 464, whose codes round to at most 448 (the 448 clamp left
+ * out too): t = y / s for a block's own dynamic scale s = amax / 448. */
+static inline vi vf_e4m3_codes_finite(vf t) { return e4m3_codes_of(t, 1, 0); }
+static inline vi vf_e4m3_codes_bounded(vf t) { return e4m3_codes_of(t, 0, 0); }
 static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
 
 /* the low byte of the first n codes to p */

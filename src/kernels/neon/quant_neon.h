@@ -38,20 +38,25 @@ static inline vi vd_i8_codes(vd t) {
 }
 
 /* e4m3 codes, as rn_e4m3_code */
-static inline vi vf_e4m3_codes(vf t) {
+static inline vi e4m3_codes_of(vf t, int sat, int nan) {
   uint32x4_t u = vreinterpretq_u32_f32(t);
   uint32x4_t sign = vandq_u32(vshrq_n_u32(u, 24), vdupq_n_u32(0x80));
-  uint32x4_t nan = vmvnq_u32(vceqq_f32(t, t));
   vf big = vdupq_n_f32(448.0f), at = vabsq_f32(t);
-  vf a = vbslq_f32(vcltq_f32(at, big), at, big); /* x86 MINPS: 448 for NaN */
+  vf a = sat ? vbslq_f32(vcltq_f32(at, big), at, big) : at; /* x86 MINPS: 448 for NaN */
   uint32x4_t m = vsubq_u32(vreinterpretq_u32_f32(a), vdupq_n_u32(120u << 23));
   m = vaddq_u32(m, vaddq_u32(vdupq_n_u32(0x7ffff), vandq_u32(vshrq_n_u32(m, 20), vdupq_n_u32(1))));
   uint32x4_t c = vshrq_n_u32(m, 20);
   uint32x4_t sub = vcltq_f32(a, vdupq_n_f32(0x1p-6f));
   c = vbslq_u32(sub, vreinterpretq_u32_s32(vcvtnq_s32_f32(vmulq_f32(a, vdupq_n_f32(512.0f)))), c);
-  c = vbslq_u32(nan, vdupq_n_u32(0x7f), c);
+  if (nan) c = vbslq_u32(vmvnq_u32(vceqq_f32(t, t)), vdupq_n_u32(0x7f), c);
   return vreinterpretq_s32_u32(vorrq_u32(c, sign));
 }
+static inline vi vf_e4m3_codes(vf t) { return e4m3_codes_of(t, 1, 1); }
+/* The same for a t free of NaN (the NaN step left out), and for one also
+ * within |t| < 464, whose codes round to at most 448 (the 448 clamp left
+ * out too): t = y / s for a block's own dynamic scale s = amax / 448. */
+static inline vi vf_e4m3_codes_finite(vf t) { return e4m3_codes_of(t, 1, 0); }
+static inline vi vf_e4m3_codes_bounded(vf t) { return e4m3_codes_of(t, 0, 0); }
 static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
 
 /* the low bytes of the four codes, in the low 32 bits */
