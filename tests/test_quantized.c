@@ -240,6 +240,7 @@ static void chosen_rows(float *w, size_t d, int kind) {
       case 4: v = j % 64 < 32 ? 0.0f : (float)(n * 1e-41); break; /* zero and subnormal blocks */
       case 5: v = u < 0.5 ? 0.0f : -0.0f; break; /* a zero row, zeros of both signs */
       case 6: v = (float)(n * 0x1p-126); break;   /* below 127 * 2^-127: the smallest UE8M0 */
+      case 8: v = (float)n; break;                /* both signs of a block's max: below */
       default: /* NaN and Inf here and there */
         v = j % 37 == 5 ? NAN : j % 101 == 7 ? (j % 2 ? INFINITY : -INFINITY) : (float)n;
         break;
@@ -248,6 +249,11 @@ static void chosen_rows(float *w, size_t d, int kind) {
   }
   if (kind == 1 && d >= 32) /* amax 127: Q8_0 d = 1, so y itself is rounded */
     for (size_t b = 0; b + 32 <= d; b += 32) w[b + (size_t)(tu_next() % 32)] = (b / 32) % 2 ? 127.0f : -127.0f;
+  if (kind == 8) /* +8 and -8 in every 32 values, either first: Q8_K's max is the first */
+    for (size_t b = 0; b + 32 <= d; b += 32) {
+      size_t i = tu_next() % 32, k = (i + 1 + tu_next() % 31) % 32;
+      w[b + i] = 8.0f, w[b + k] = -8.0f;
+    }
 }
 
 static void test_chosen(void) {
@@ -263,7 +269,7 @@ static void test_chosen(void) {
   for (size_t j = 0; j < d; j++) x[j] = 1.0f;
   int rounds = tu_reduced() ? 2 : 40;
   for (size_t fi = 0; fi < NFMTS; fi++)
-    for (int kind = 0; kind < 8; kind++)
+    for (int kind = 0; kind < 9; kind++)
       for (int r = 0; r < rounds; r++) {
         const fmt *f = &fmts[fi];
         if (d % (size_t)block_of(f)) continue; /* test_sets takes the longer groups */
