@@ -461,10 +461,62 @@ static void test_errors(void) {
   rmsnorm_context_free(c);
 }
 
+/* A weight or bias that is not finite at one position j (x_j = 0 there, so
+ * y_j = 0 * inf is a NaN): the call must find it, wherever it lies in the
+ * vectors of its finiteness test or past them, for the row's NaN rule to
+ * hold. Every set against the scalar set, per-row formats at every d up to
+ * 40 and around 64 and 128, Q8_0 at 32 to 96. */
+static void test_nonfinite_params(void) {
+  static const size_t ds[] = {1,  2,  3,  7,  8,  9,  15, 16, 17, 23, 24, 25, 31, 32,
+                              33, 39, 40, 63, 64, 65, 96, 127, 128, 129};
+  static const fmt per_row[] = {{"int8/row", RMSNORM_QF_INT8, 0, 0},
+                                {"e4m3/row", RMSNORM_QF_FP8_E4M3, 0, 0},
+                                {"q8_0", RMSNORM_QF_Q8_0, 0, 0}};
+  rmsnorm_context *c;
+  if (rmsnorm_context_create(&c) != RMSNORM_OK) return;
+  rmsnorm_config cfg;
+  rmsnorm_config_init(&cfg, RMSNORM_F32);
+  float x[129], w[129], b[129], sc[8], want_sc[8];
+  unsigned char got[160], want[160];
+  for (size_t di = 0; di < sizeof ds / sizeof *ds; di++)
+    for (size_t fi = 0; fi < 3; fi++) {
+      size_t d = ds[di];
+      const fmt *f = &per_row[fi];
+      if (f->format == RMSNORM_QF_Q8_0 && d % 32) continue;
+      rmsnorm_quant q = desc_of(f);
+      size_t rb, rs;
+      rmsnorm_quant_row_size(&q, d, &rb, &rs);
+      for (size_t j = 0; j < d; j++)
+        for (int bias = 0; bias < 2; bias++) {
+          for (size_t k = 0; k < d; k++) x[k] = 1.0f, w[k] = 1.0f + 0.01f * (float)k, b[k] = 0.5f;
+          x[j] = 0.0f;
+          (bias ? b : w)[j] = j % 2 ? INFINITY : NAN;
+          const float *bp = bias ? b : NULL;
+          int ok = rmsnorm_context_set_isa(c, RMSNORM_ISA_SCALAR) == RMSNORM_OK &&
+                   rmsnorm_forward_quantized(c, &cfg, 1, d, x, d, w, bp, &q, want, rb,
+                                             rs ? want_sc : NULL, rs, NULL) == RMSNORM_OK;
+          for (size_t i = 1; ok && i < NISAS; i++) {
+            if (rmsnorm_context_set_isa(c, isas[i]) != RMSNORM_OK) continue;
+            memset(got, 0xee, sizeof got);
+            memset(sc, 0xee, sizeof sc);
+            rmsnorm_status st = rmsnorm_forward_quantized(c, &cfg, 1, d, x, d, w, bp, &q, got, rb,
+                                                          rs ? sc : NULL, rs, NULL);
+            tu_check(st == RMSNORM_OK && !memcmp(got, want, rb) && !memcmp(sc, want_sc, rs * 4),
+                     "%s d=%zu: a %s %s at %zu not found on %s", f->name, d,
+                     j % 2 ? "inf" : "NaN", bias ? "bias" : "weight", j,
+                     rmsnorm_isa_name(isas[i]));
+          }
+          tu_check(ok, "%s d=%zu: the scalar call failed", f->name, d);
+        }
+    }
+  rmsnorm_context_free(c);
+}
+
 int main(void) {
   test_errors();
   test_matches_forward();
   test_chosen();
+  test_nonfinite_params();
   test_sets();
   return tu_finish("test_quantized");
 }

@@ -107,8 +107,9 @@ static void quant_rows(const void *p, size_t r0, size_t r1, int task) {
 
 /* Whether a converted parameter (d values of the compute type, or NULL)
  * holds a NaN or an infinity: then any row's y may hold a NaN. */
-static int param_nonfinite(const void *p, size_t d, int f64) {
+static int param_nonfinite(const rn_kernel_set *k, const void *p, size_t d, int f64) {
   if (!p) return 0;
+  if (!f64 && k->finite) return !k->finite(p, d); /* the set's vectors */
   if (f64) {
     for (size_t j = 0; j < d; j++)
       if (!isfinite(rn_ld_f64(p, j))) return 1;
@@ -193,8 +194,8 @@ static rmsnorm_status quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg,
   job.args.group = q.group;
   job.args.scales = scales;
   job.args.lds = lds;
-  job.args.nan_rows = param_nonfinite(e.weight, d, rn_acc_is_f64(cfg->dtype)) ||
-                      param_nonfinite(e.bias, d, rn_acc_is_f64(cfg->dtype));
+  job.args.nan_rows = param_nonfinite(e.kernels, e.weight, d, rn_acc_is_f64(cfg->dtype)) ||
+                      param_nonfinite(e.kernels, e.bias, d, rn_acc_is_f64(cfg->dtype));
   if (q.group || (q.format != RMSNORM_QF_INT8 && q.format != RMSNORM_QF_FP8_E4M3))
     job.args.encode = e.kernels->encode;
   else

@@ -314,8 +314,12 @@ typedef void (*rn_widen_fn)(rmsnorm_dtype dt, const void *src, size_t n, float o
 /* n floats to dt (fp16 or bf16) at dst (any alignment), rounded as
  * rn_f32_to_f16 / rn_f32_to_bf16: a backward's parameter gradients. */
 typedef void (*rn_narrow_fn)(rmsnorm_dtype dt, const float *src, size_t n, void *dst);
+/* Whether the n floats at p (any alignment) are all finite: the quantized
+ * calls' test of their weight and bias. */
+typedef int (*rn_finite_fn)(const float *p, size_t n);
 void rn_avx2_widen(rmsnorm_dtype dt, const void *src, size_t n, float offset, float *dst);
 void rn_avx2_narrow(rmsnorm_dtype dt, const float *src, size_t n, void *dst);
+int rn_avx2_finite(const float *p, size_t n);
 
 /* One ISA's kernels, indexed by rmsnorm_dtype. */
 typedef struct rn_kernel_set {
@@ -352,6 +356,9 @@ typedef struct rn_kernel_set {
   /* float sums to fp16/bf16 parameter gradients (runtime/work.c; NULL: the
      portable loop) */
   rn_narrow_fn narrow;
+  /* the float parameters' finiteness test (api/quant.c; NULL: the portable
+     loop) */
+  rn_finite_fn finite;
   /* the fp16/bf16 forward and gated forward read their args' w_data (the
      SIMD sets) */
   int weight_in_data;

@@ -72,5 +72,6 @@ const rn_kernel_set rn_kernels_ref = {
     {NULL, NULL, NULL, NULL}, /* add + forward: the add, then the forward */
     NULL,                     /* parameters: the portable loops */
     NULL,                     /* parameter gradients: the portable loop */
+    NULL,                     /* the parameters' finiteness: the portable loop */
     0,                        /* the forward's weight: always in the compute type */
 };

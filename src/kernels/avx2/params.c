@@ -1,12 +1,14 @@
 /* params.c - the parameter rows' conversions between fp16/bf16 and the fp32
  * compute type (runtime/work.c), for the AVX2 and AVX-512 sets: a weight or
  * bias of the data's dtype widened at every one-shot call, and a backward's
- * fp16/bf16 dweight/dbias narrowed from its float sums. A decode-sized call
+ * fp16/bf16 dweight/dbias narrowed from its float sums, and a quantized
+ * call's test that its float weight and bias are finite. A decode-sized call
  * converts d values each way, which the portable loops take several times a
  * row's own work to do. The conversions are the AVX2 set's own
  * (simd_avx2.h), whose bits are convert.h's: vcvtph2ps is exact and quiets
  * NaNs as rn_f16_to_f32 does, vcvtps2ph rounds to nearest even as
  * rn_f32_to_f16, and bf16 rounds as rn_f32_to_bf16 (tests/test_convert.c). */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -50,4 +52,28 @@ void rn_avx2_narrow(rmsnorm_dtype dt, const float *src, size_t n, void *dst) {
     uint16_t h = bf16 ? rn_f32_to_bf16(src[j]) : rn_f32_to_f16(src[j]);
     memcpy(p + 2 * j, &h, 2);
   }
+}
+
+/* No exponent field all ones: the largest masked exponent field of the
+ * values, two unsigned maxima a vector (the values' bits alone: no floating
+ * point operation, so no flag is raised). */
+int rn_avx2_finite(const float *p, size_t n) {
+  const __m256i e = _mm256_set1_epi32(0x7f800000);
+  __m256i m0 = _mm256_setzero_si256(), m1 = m0;
+  size_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(p + j));
+    __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(p + j + 8));
+    m0 = _mm256_max_epu32(m0, _mm256_and_si256(a, e));
+    m1 = _mm256_max_epu32(m1, _mm256_and_si256(b, e));
+  }
+  for (; j + 8 <= n; j += 8) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(p + j));
+    m0 = _mm256_max_epu32(m0, _mm256_and_si256(a, e));
+  }
+  /* a lane at 0x7f800000 is an infinity or a NaN */
+  __m256i bad = _mm256_cmpeq_epi32(_mm256_max_epu32(m0, m1), e);
+  int finite = _mm256_testz_si256(bad, bad);
+  for (; j < n; j++) finite &= isfinite(p[j]) != 0;
+  return finite;
 }

@@ -5,4 +5,5 @@
 #define RN_ISA_NAME "avx2"
 #define RN_WIDEN rn_avx2_widen /* params.c */
 #define RN_NARROW rn_avx2_narrow
+#define RN_FINITE rn_avx2_finite
 #include "kernels/set.inc"

@@ -5,4 +5,5 @@
 #define RN_ISA_NAME "avx512"
 #define RN_WIDEN rn_avx2_widen /* avx2/params.c: AVX2 and F16C, which these CPUs have */
 #define RN_NARROW rn_avx2_narrow
+#define RN_FINITE rn_avx2_finite
 #include "kernels/set.inc"
