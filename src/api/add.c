@@ -64,7 +64,7 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
                           rn_vector(rstd, rows, e.as)},
                   .weight = weight, .bias = bias, .nparam = d};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
-  rn_entry_weight_direct(&e, rows, d);
+  rn_entry_weight_direct(&e, rows, d, 0);
 
   if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   rn_add_forward_job job;

@@ -124,11 +124,14 @@ void rn_entry_lock(rn_entry *e) {
   e->kernels = rn_context_kernels(e->ctx);
 }
 
-void rn_entry_weight_direct(rn_entry *e, size_t rows, size_t d) {
+void rn_entry_weight_direct(rn_entry *e, size_t rows, size_t d, int f32) {
   rmsnorm_dtype dt = e->cfg.dtype;
-  e->weight_direct = (dt == RMSNORM_F16 || dt == RMSNORM_BF16) && e->cfg.param_dtype == dt &&
-                     e->weight && !e->bias && ((uintptr_t)e->weight & 1) == 0 &&
-                     rows <= RN_DIRECT_WEIGHT_ROWS && rows * d * e->es <= RN_DIRECT_WEIGHT_BYTES;
+  /* an fp32 weight is used as it is unless 1 + g needs the copy */
+  int kind = dt == RMSNORM_F16 || dt == RMSNORM_BF16 ||
+             (f32 && dt == RMSNORM_F32 && (e->cfg.flags & RMSNORM_FLAG_WEIGHT_OFFSET));
+  e->weight_direct = kind && e->cfg.param_dtype == dt && e->weight && !e->bias &&
+                     ((uintptr_t)e->weight & (e->ps - 1)) == 0 && rows <= RN_DIRECT_WEIGHT_ROWS &&
+                     rows * d * e->es <= RN_DIRECT_WEIGHT_BYTES;
 }
 
 char *rn_entry_scratch(rn_entry *e, size_t bytes) {

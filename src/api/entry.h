@@ -97,14 +97,16 @@ void rn_entry_lock(rn_entry *e);
 /* Whether a forward of `rows` rows of d (after rn_entry_check) lets its
  * kernel read an fp16/bf16 weight of the data's dtype as it is, instead of
  * a copy in the compute type made at every call: for a few rows that copy
- * costs as much as the rows (a pass over d values each way). Taken by
- * rn_entry_scratch where the kernel set can (weight_in_data); the kernel
- * adds the same 0 or 1 to each value that the copy would, so the bits are
- * the copy's. Up to RN_DIRECT_WEIGHT_ROWS rows, in cache (no streamed
- * stores, no column split: RN_DIRECT_WEIGHT_BYTES of output), no bias. */
+ * costs as much as the rows (a pass over d values each way). With f32 (the
+ * plain forward's kernels), an fp32 weight under RMSNORM_FLAG_WEIGHT_OFFSET
+ * too, whose 1 + g the copy would hold. Taken by rn_entry_scratch where the
+ * kernel set can (weight_in_data); the kernel adds the same 0 or 1 to each
+ * value that the copy would, so the bits are the copy's. Up to
+ * RN_DIRECT_WEIGHT_ROWS rows, in cache (no streamed stores, no column split:
+ * RN_DIRECT_WEIGHT_BYTES of output), no bias. */
 #define RN_DIRECT_WEIGHT_ROWS 3
 #define RN_DIRECT_WEIGHT_BYTES ((size_t)64 << 10)
-void rn_entry_weight_direct(rn_entry *e, size_t rows, size_t d);
+void rn_entry_weight_direct(rn_entry *e, size_t rows, size_t d, int f32);
 /* rn_entry_lock, then rn_entry_scratch for the parameters alone. @return
  * RMSNORM_OK with the lock held, or RMSNORM_ERROR_OUT_OF_MEMORY with it
  * released. */

@@ -94,7 +94,7 @@ rmsnorm_status rmsnorm_gated_forward(rmsnorm_context *ctx, const rmsnorm_config 
   rn_split sp = rn_split_for(ctx, rows, rows * d * GATED_FWD_BYTES, rows);
   gated_fwd_job job;
   job.task_bytes = RN_GATED_SCRATCH(d);
-  rn_entry_weight_direct(&e, rows, d);
+  rn_entry_weight_direct(&e, rows, d, 0);
   if (!(job.task_scratch = rn_entry_scratch(&e, (size_t)sp.tasks * job.task_bytes)))
     return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
   job.kernel = e.kernels->gated_forward[cfg->dtype];

@@ -142,7 +142,7 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
                           rn_vector(rstd, rows, e.as)},
                   .weight = weight, .bias = bias, .nparam = d};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
-  rn_entry_weight_direct(&e, rows, d);
+  rn_entry_weight_direct(&e, rows, d, 1);
 
   if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   rn_forward_args a = rn_entry_forward_args(&e, norm, d, x, ldx, y, ldy);

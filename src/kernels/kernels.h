@@ -307,8 +307,8 @@ typedef struct rn_sandwich_args {
 typedef void (*rn_sandwich_fn)(const rn_sandwich_args *a, size_t row_begin, size_t row_end,
                                void *row_scratch);
 
-/* n fp16 or bf16 (dt) values at src (any alignment) to dst as offset +
- * (float)v, the parameters' conversion (runtime/work.c). */
+/* n fp32, fp16 or bf16 (dt) values at src (any alignment) to dst as
+ * offset + (float)v, the parameters' conversion (runtime/work.c). */
 typedef void (*rn_widen_fn)(rmsnorm_dtype dt, const void *src, size_t n, float offset,
                             float *dst);
 /* n floats to dt (fp16 or bf16) at dst (any alignment), rounded as

@@ -22,14 +22,14 @@ const void *rn_param_as_acc(const rmsnorm_config *cfg, const rn_kernel_set *k, c
    * the add is made with offset 0 too, as a plain copy's bits are pinned */
   float off = (float)offset, *out = buf;
   const unsigned char *src = p; /* any alignment: loaded by memcpy */
-  if (cfg->param_dtype == RMSNORM_F32) {
+  if (k && k->widen) { /* the set's vectors: fp32 (1 + g or misaligned), fp16, bf16 */
+    k->widen(cfg->param_dtype, p, d, off, out);
+  } else if (cfg->param_dtype == RMSNORM_F32) {
     for (size_t j = 0; j < d; j++) {
       float g;
       memcpy(&g, src + 4 * j, 4);
       out[j] = off + g;
     }
-  } else if (k && k->widen) {
-    k->widen(cfg->param_dtype, p, d, off, out);
   } else if (cfg->param_dtype == RMSNORM_BF16) {
     for (size_t j = 0; j < d; j++) {
       uint16_t h;

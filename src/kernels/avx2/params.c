@@ -7,7 +7,8 @@
  * row's own work to do. The conversions are the AVX2 set's own
  * (simd_avx2.h), whose bits are convert.h's: vcvtph2ps is exact and quiets
  * NaNs as rn_f16_to_f32 does, vcvtps2ph rounds to nearest even as
- * rn_f32_to_f16, and bf16 rounds as rn_f32_to_bf16 (tests/test_convert.c). */
+ * rn_f32_to_f16, and bf16 rounds as rn_f32_to_bf16 (tests/test_convert.c);
+ * an fp32 weight copied (1 + g, or a misaligned one) takes the same add. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -21,6 +22,18 @@ void rn_avx2_widen(rmsnorm_dtype dt, const void *src, size_t n, float offset, fl
   int bf16 = dt == RMSNORM_BF16;
   __m256 off = _mm256_set1_ps(offset);
   size_t j = 0;
+  if (dt == RMSNORM_F32) { /* offset + g, the portable loop's one add */
+    for (; j + 8 <= n; j += 8) {
+      __m256 g = _mm256_loadu_ps((const float *)(const void *)(p + 4 * j));
+      _mm256_storeu_ps(dst + j, _mm256_add_ps(off, g));
+    }
+    for (; j < n; j++) {
+      float g;
+      memcpy(&g, p + 4 * j, 4);
+      dst[j] = offset + g;
+    }
+    return;
+  }
   for (; j + 8 <= n; j += 8) {
     __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * j));
     __m256 v = bf16 ? bf16_widen(h) : f16_widen(h);
