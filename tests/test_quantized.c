@@ -3,9 +3,10 @@
  * set and thread count gives the scalar reference's bytes; the bytes are the
  * reference encoders' (ref/blocks_ref.c, held to gguf-py and numpy by the
  * blocks-oracle test) of the fp32 forward's y; chosen y rows (ties, powers
- * of two, subnormal and zero blocks, zero rows, NaN/Inf) fed through the
- * weight; rescue rows; strides and gaps; the fused add; the error statuses,
- * with nothing written. */
+ * of two, subnormal and zero blocks, zero rows, both signs of a block's
+ * max, NaN/Inf) fed through the weight; a non-finite weight or bias at each
+ * position of short rows; rescue rows; strides and gaps; the fused add; the
+ * error statuses, with nothing written. */
 #include <float.h>
 
 #include "numerics/blocks.h"

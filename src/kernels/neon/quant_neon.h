@@ -54,7 +54,7 @@ static inline vi e4m3_codes_of(vf t, int sat, int nan) {
 static inline vi vf_e4m3_codes(vf t) { return e4m3_codes_of(t, 1, 1); }
 /* The same for a t free of NaN (the NaN step left out), and for one also
  * within |t| < 464, whose codes round to at most 448 (the 448 clamp left
- * out too): t = y / s for a block's own dynamic scale s = amax / 448. */
+ * out too): t = y (1/s) for a block's own dynamic scale s = amax / 448. */
 static inline vi vf_e4m3_codes_finite(vf t) { return e4m3_codes_of(t, 1, 0); }
 static inline vi vf_e4m3_codes_bounded(vf t) { return e4m3_codes_of(t, 0, 0); }
 static inline vi vd_e4m3_codes(vd t) { return vf_e4m3_codes(vd_to_vf(t)); }
