@@ -90,9 +90,21 @@ def rows_pow2_edges(d):
     return y.astype(F32)
 
 
+def rows_both_signs(rows, d):
+    """Every block of 32 holds +8 and -8 at random places, either first, the
+    rest below 4 in magnitude: Q8_K's max is the first of the largest
+    magnitudes, so its sign is the earlier one's."""
+    y = rng.uniform(-4, 4, (rows, d))
+    for r in range(rows):
+        for b in range(0, d, 32):
+            i, k = rng.choice(32, 2, replace=False)
+            y[r, b + i], y[r, b + k] = 8, -8
+    return y.astype(F32)
+
+
 D = 1024
 DATA = {"random": rows_random(16, D), "real": rows_real(24, D), "ties": rows_ties(8, D),
-        "pow2-edges": rows_pow2_edges(D)}
+        "pow2-edges": rows_pow2_edges(D), "both-signs": rows_both_signs(8, D)}
 
 # ---- Q8_0 and MXFP4: gguf-py ----
 for name, y in DATA.items():
