@@ -125,7 +125,12 @@ typedef struct rmsnorm_config {
 
 /* Opaque context: owns scratch memory (so calls do not allocate once warm),
  * the kernel set and the thread limit of the calls made with it.
- * A context may be shared between threads; calls on one context serialize.
+ * A context may be shared between threads; calls on one context serialize,
+ * except those that need neither its scratch nor its workers (parameters
+ * used as they are, the work on the caller's thread: rmsnorm_forward,
+ * rmsnorm_layernorm_forward, rmsnorm_add_forward and rmsnorm_qk_norm_forward
+ * at decode sizes with an fp32 weight, or with a weight of the data's dtype
+ * where the call reads it in place), which run at once without its lock.
  * Use one context per thread for concurrent calls. Freeing is the exception:
  * rmsnorm_context_free neither takes the context's lock nor waits for calls,
  * so the program must order it after every call on the context has returned
@@ -139,8 +144,10 @@ typedef struct rmsnorm_config {
  * oversubscribing them. The pool exists while at least one context does;
  * freeing the last context joins its threads. After fork() the child may
  * use every context it inherited: the library's pthread_atfork handlers
- * wait for calls in flight on other threads to finish before the fork, and
- * the child starts new workers when it first needs them. */
+ * wait for the calls in flight on other threads that hold a context's lock
+ * to finish before the fork (those without it change nothing of the
+ * library's state), and the child starts new workers when it first needs
+ * them. */
 typedef struct rmsnorm_context rmsnorm_context;
 
 /* @return the version as RMSNORM_VERSION_NUMBER of the library in use. */

@@ -66,15 +66,17 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
   rn_entry_weight_direct(&e, rows, d, 0);
 
-  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
+  rn_split split = rn_add_forward_split(ctx, rows, d, es);
+  int unlocked = rn_entry_unlocked(&e, split.tasks == 1);
+  if (!unlocked && (st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   rn_add_forward_job job;
   job.ks = e.kernels;
   job.add = (rn_add_args){cfg->dtype, d, h, ldh, u, ldu, h, ldh};
   job.fwd = rn_entry_forward_args(&e, RN_RMSNORM, d, h, ldh, y, ldy);
   job.fwd.rstd = rstd;
   rn_add_forward_prepare(&job, rows);
-  rn_add_forward_run(ctx, &job, rows, rn_add_forward_split(ctx, rows, d, es));
-  return rn_entry_unlock(&e, RMSNORM_OK);
+  rn_add_forward_run(ctx, &job, rows, split);
+  return unlocked ? RMSNORM_OK : rn_entry_unlock(&e, RMSNORM_OK);
 }
 
 /* ---- backward ----------------------------------------------------------- */

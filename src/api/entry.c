@@ -134,12 +134,27 @@ void rn_entry_weight_direct(rn_entry *e, size_t rows, size_t d, int f32) {
                      rows * d * e->es <= RN_DIRECT_WEIGHT_BYTES;
 }
 
-char *rn_entry_scratch(rn_entry *e, size_t bytes) {
-  if (e->weight_direct && e->kernels->weight_in_data) { /* no copy to make */
+/* The weight read in place where rn_entry_weight_direct chose it and
+ * e->kernels can: no copy to make. */
+static void take_weight_direct(rn_entry *e) {
+  if (e->weight_direct && e->kernels->weight_in_data) {
     e->weight_data = e->weight;
     e->weight = NULL;
     e->wcopy = 0;
   }
+}
+
+int rn_entry_unlocked(rn_entry *e, int one_task) {
+  if (!one_task || e->bcopy) return 0;
+  const rn_kernel_set *k = rn_context_kernels(e->ctx);
+  if (e->wcopy && !(e->weight_direct && k->weight_in_data)) return 0;
+  e->kernels = k;
+  take_weight_direct(e);
+  return 1;
+}
+
+char *rn_entry_scratch(rn_entry *e, size_t bytes) {
+  take_weight_direct(e);
   char *s = rn_context_scratch(e->ctx, e->wcopy + e->bcopy + bytes);
   if (!s) return NULL;
   e->weight = rn_param_as_acc(&e->cfg, e->kernels, e->weight, 1, e->nparam, s);

@@ -25,7 +25,8 @@
  *   ...                  its run
  *   rn_entry_unlock
  * An entry point with no plan and no scratch of its own takes the lock and
- * the parameters in one step, rn_entry_lock_params. */
+ * the parameters in one step, rn_entry_lock_params, or where rn_entry_unlocked
+ * says so no lock at all. */
 typedef struct rn_entry {
   rmsnorm_context *ctx;
   rmsnorm_config cfg;     /* the caller's config, read and checked: used from then on */
@@ -107,6 +108,14 @@ void rn_entry_lock(rn_entry *e);
 #define RN_DIRECT_WEIGHT_ROWS 3
 #define RN_DIRECT_WEIGHT_BYTES ((size_t)64 << 10)
 void rn_entry_weight_direct(rn_entry *e, size_t rows, size_t d, int f32);
+/* Whether the call may run at once, without the context's lock (after
+ * rn_entry_check and, where taken, rn_entry_weight_direct): its parameters
+ * need no copy (the caller's as they are, or the weight read in place) and
+ * one_task (its split keeps the work on the caller's thread), so it uses
+ * neither scratch nor workers. It then reads the kernel set alone (sets
+ * e->kernels, and the weight as rn_entry_scratch would), and the caller runs
+ * the same functions as under the lock, without taking it or unlocking. */
+int rn_entry_unlocked(rn_entry *e, int one_task);
 /* rn_entry_lock, then rn_entry_scratch for the parameters alone. @return
  * RMSNORM_OK with the lock held, or RMSNORM_ERROR_OUT_OF_MEMORY with it
  * released. */

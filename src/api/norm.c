@@ -144,13 +144,15 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
   rn_entry_weight_direct(&e, rows, d, 1);
 
-  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
+  rn_split split = rn_forward_split(ctx, rows, d, es);
+  int unlocked = rn_entry_unlocked(&e, rn_forward_direct(ctx, split, rows, d, es));
+  if (!unlocked && (st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   rn_forward_args a = rn_entry_forward_args(&e, norm, d, x, ldx, y, ldy);
   a.mean = mean;
   a.rstd = rstd;
   rn_forward_stream(&a, rows);
-  rn_forward_run(ctx, e.kernels, &a, rows, rn_forward_split(ctx, rows, d, es));
-  return rn_entry_unlock(&e, RMSNORM_OK);
+  rn_forward_run(ctx, e.kernels, &a, rows, split);
+  return unlocked ? RMSNORM_OK : rn_entry_unlock(&e, RMSNORM_OK);
 }
 
 rmsnorm_status rmsnorm_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t rows,

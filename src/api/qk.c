@@ -67,7 +67,9 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
       .weight = weight, .bias = bias, .nparam = head_dim};
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
-  if ((st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
+  rn_split split = rn_split_for(ctx, rows, rows * head_dim * 2 * es, tokens);
+  int unlocked = rn_entry_unlocked(&e, split.tasks == 1);
+  if (!unlocked && (st = rn_entry_lock_params(&e)) != RMSNORM_OK) return st;
   qk_fwd_job job;
   job.kernel = e.kernels->forward[cfg->dtype];
   job.g = (qk_strides){tokens, heads, ldx_token, ldy_token, 0, flat};
@@ -75,9 +77,8 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
   job.args.rstd = rstd;
   job.args.stream = rn_stream_ok(job.g.flat && y != x, y, es, rows * head_dim * es);
   job.args.past_l3 = 2 * rows * head_dim * es >= RN_PAST_L3_BYTES;
-  rn_run_rows(ctx, rn_split_for(ctx, rows, rows * head_dim * 2 * es, tokens), tokens,
-              qk_fwd_tokens, &job);
-  return rn_entry_unlock(&e, RMSNORM_OK);
+  rn_run_rows(ctx, split, tokens, qk_fwd_tokens, &job);
+  return unlocked ? RMSNORM_OK : rn_entry_unlock(&e, RMSNORM_OK);
 }
 
 /* ---- backward ----------------------------------------------------------- */

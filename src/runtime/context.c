@@ -1,12 +1,14 @@
 /* context.c - the opaque rmsnorm_context: a mutex (calls on a shared context
- * serialize, and every field is read and written under it), scratch memory,
- * the kernel set in use and the thread limit. The worker threads are the
+ * that use its scratch or its workers serialize, and every field is written
+ * under it), scratch memory, the kernel set in use and the thread limit
+ * (both also read without the lock: context.h). The worker threads are the
  * process-wide pool's (parallel.c). Contexts are kept in a registry so that
  * fork() can wait for the calls in flight and leave the child every context
  * unlocked and usable (pthread_atfork handlers below). */
 #include "runtime/context.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -20,8 +22,10 @@ struct rmsnorm_context {
   void *scratch;
   size_t scratch_bytes;
   rmsnorm_isa isa;
-  const rn_kernel_set *kernels;
-  int threads; /* the most threads a call may use */
+  /* written under the lock, read with or without it (a call that needs
+   * neither scratch nor workers: context.h) */
+  _Atomic(const rn_kernel_set *) kernels;
+  _Atomic int threads; /* the most threads a call may use */
 };
 
 static int online_cpus(void) {
@@ -36,8 +40,9 @@ static rmsnorm_context *registry; /* every live context */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 /* Before fork(): lock the registry, then every context (which waits for the
- * calls in flight on other threads to finish), then the pool. The child
- * then starts with every lock free and no call half done. */
+ * calls in flight on other threads that hold it to finish), then the pool.
+ * The child then starts with every lock free and none of the library's
+ * state half changed (a call that runs without the lock changes none). */
 static void fork_prepare(void) {
   pthread_mutex_lock(&registry_lock);
   for (rmsnorm_context *c = registry; c; c = c->next) pthread_mutex_lock(&c->lock);
@@ -73,8 +78,8 @@ rmsnorm_status rmsnorm_context_create(rmsnorm_context **ctx) {
     return RMSNORM_ERROR_OUT_OF_MEMORY;
   }
   c->isa = rn_isa_auto();
-  c->kernels = rn_kernels_for(c->isa);
-  c->threads = online_cpus();
+  atomic_init(&c->kernels, rn_kernels_for(c->isa));
+  atomic_init(&c->threads, online_cpus());
   pthread_mutex_lock(&registry_lock);
   c->next = registry;
   if (registry) registry->prev = c;
@@ -101,9 +106,9 @@ void rmsnorm_context_free(rmsnorm_context *ctx) {
   free(ctx);
 }
 
-/* Every field is read and written under the lock, the getters' too (the
- * context is const to the caller; its lock is not): locked() takes it, and
- * the accessor returns through unlocked(). */
+/* Every field is written under the lock, and the getters read under it too
+ * (the context is const to the caller; its lock is not): locked() takes it,
+ * and the accessor returns through unlocked(). */
 static rmsnorm_context *locked(const rmsnorm_context *ctx) {
   rmsnorm_context *c = (rmsnorm_context *)ctx;
   pthread_mutex_lock(&c->lock);
@@ -123,7 +128,7 @@ rmsnorm_status rmsnorm_context_set_isa(rmsnorm_context *ctx, rmsnorm_isa isa) {
   if (!k) return RMSNORM_ERROR_NOT_AVAILABLE;
   rmsnorm_context *c = locked(ctx);
   c->isa = isa;
-  c->kernels = k;
+  atomic_store_explicit(&c->kernels, k, memory_order_relaxed);
   return unlocked(c);
 }
 
@@ -138,14 +143,14 @@ rmsnorm_status rmsnorm_context_set_threads(rmsnorm_context *ctx, int threads) {
   if (!ctx) return RMSNORM_ERROR_NULL_POINTER;
   if (threads < 0 || threads > MAX_THREADS) return RMSNORM_ERROR_BAD_ARGUMENT;
   rmsnorm_context *c = locked(ctx);
-  c->threads = threads ? threads : online_cpus();
+  atomic_store_explicit(&c->threads, threads ? threads : online_cpus(), memory_order_relaxed);
   return unlocked(c);
 }
 
 rmsnorm_status rmsnorm_context_get_threads(const rmsnorm_context *ctx, int *threads) {
   if (!ctx || !threads) return RMSNORM_ERROR_NULL_POINTER;
   rmsnorm_context *c = locked(ctx);
-  *threads = c->threads;
+  *threads = atomic_load_explicit(&c->threads, memory_order_relaxed);
   return unlocked(c);
 }
 
@@ -182,6 +187,13 @@ void *rn_context_scratch(rmsnorm_context *ctx, size_t bytes) {
   return p;
 }
 
-const rn_kernel_set *rn_context_kernels(const rmsnorm_context *ctx) { return ctx->kernels; }
+/* relaxed: a set is an immutable table, and any value either field has
+ * held gives the same results (the sets' bits are the same; the thread
+ * count changes only the split) */
+const rn_kernel_set *rn_context_kernels(const rmsnorm_context *ctx) {
+  return atomic_load_explicit(&ctx->kernels, memory_order_relaxed);
+}
 
-int rn_context_threads(const rmsnorm_context *ctx) { return ctx->threads; }
+int rn_context_threads(const rmsnorm_context *ctx) {
+  return atomic_load_explicit(&ctx->threads, memory_order_relaxed);
+}

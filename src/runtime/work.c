@@ -90,6 +90,11 @@ rn_split rn_split_for(const rmsnorm_context *ctx, size_t rows, size_t bytes, siz
   if ((size_t)most > units) most = units < 1 ? 1 : (int)units;
   rn_split s = {1, 1, most};
   if (most < 2) return s;
+  /* a decode-sized call: its time bounded above in integers (the dearest
+   * rate for every byte) leaves no split to pay, without the doubles below */
+  if (rows < ((size_t)1 << 24) && bytes < ((size_t)1 << 24) &&
+      (rows * ROW_PS + bytes * DRAM_PS) * GAIN_NUM <= WAKE_PS * GAIN_DEN)
+    return s;
   double t1 = predict_ps(rows, bytes, 1, 0), best = t1 * GAIN_NUM / GAIN_DEN;
   if ((double)WAKE_PS >= best) return s; /* small: no split can pay */
   /* a worker's wake-up: the measured constant, or what the pool has seen
