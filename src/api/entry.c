@@ -145,7 +145,7 @@ static void take_weight_direct(rn_entry *e) {
 }
 
 int rn_entry_unlocked(rn_entry *e, int one_task) {
-  if (!one_task || e->bcopy) return 0;
+  if (!one_task || e->bcopy || (e->wcopy && !e->weight_direct)) return 0;
   const rn_kernel_set *k = rn_context_kernels(e->ctx);
   if (e->wcopy && !(e->weight_direct && k->weight_in_data)) return 0;
   e->kernels = k;
