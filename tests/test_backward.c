@@ -248,6 +248,64 @@ static void test_eps_edges(void) {
   free(xv);
 }
 
+/* dweight's and dbias's columns whose every term is a zero of either sign:
+ * the sums start from +0 (the spec's order), so -0 terms (dy = +0 against a
+ * negative x, or dy = -0 against a positive one) sum to +0, on the first row
+ * as on the others; the outputs are filled with NaN first, so a column left
+ * unwritten shows. Rows 1, 2, 3, 5 and 17 (one row, pairs, groups of short
+ * rows), a first row that takes the rescue path (its x^2 past the float
+ * range), with and without a bias, parameters in fp32 and in the dtype. */
+static void test_zero_terms(void) {
+  const rmsnorm_dtype dts[] = {RMSNORM_F32, RMSNORM_F64, RMSNORM_BF16, RMSNORM_F16};
+  const size_t rows_set[] = {1, 2, 3, 5, 17}, ds[] = {1, 7, 8, 9, 16, 33, 127, 576, 1100};
+  for (size_t k = 0; k < 4; k++)
+    for (int own = 0; own < 2; own++)
+      for (size_t ri = 0; ri < 5; ri++)
+        for (size_t di = 0; di < 9; di++)
+          for (int bias = 0; bias < 2; bias++)
+            for (int huge = 0; huge < 2; huge++) {
+              rmsnorm_dtype dt = dts[k];
+              rmsnorm_dtype pdt = own ? dt : dt == RMSNORM_F64 ? RMSNORM_F64 : RMSNORM_F32;
+              size_t rows = rows_set[ri], d = ds[di];
+              if (huge && dt == RMSNORM_F16) continue; /* fp16 cannot hold such an x */
+              rmsnorm_config cfg;
+              rmsnorm_config_init(&cfg, dt);
+              cfg.param_dtype = pdt;
+              tu_tensor x = tu_alloc(dt, rows, d, d), dy = tu_alloc(dt, rows, d, d);
+              tu_tensor dx = tu_alloc(dt, rows, d, d), w = tu_alloc(pdt, 1, d, d);
+              tu_tensor dw = tu_alloc(pdt, 1, d, d), db = tu_alloc(pdt, 1, d, d);
+              for (size_t j = 0; j < d; j++) {
+                tu_set(&w, 0, j, 1 + 0.3 * tu_normal());
+                tu_set(&dw, 0, j, NAN), tu_set(&db, 0, j, NAN);
+              }
+              for (size_t i = 0; i < rows; i++)
+                for (size_t j = 0; j < d; j++) {
+                  double v = 0.5 + fabs(tu_normal()), scale = huge && i == 0
+                                                                   ? (dt == RMSNORM_F64 ? 1e200 : 1e30)
+                                                                   : 1;
+                  /* column kinds: 0: dy = +0, x < 0; 1: dy = -0, x > 0; 2: any */
+                  int kind = (int)(j % 3);
+                  tu_set(&x, i, j, scale * (kind == 0 ? -v : kind == 1 ? v : tu_normal()));
+                  tu_set(&dy, i, j, kind == 0 ? 0.0 : kind == 1 ? -0.0 : tu_normal());
+                }
+              rmsnorm_status st = rmsnorm_backward(ctx, &cfg, rows, d, x.data, d, dy.data, d,
+                                                   w.data, NULL, dx.data, d, dw.data,
+                                                   bias ? db.data : NULL);
+              int bad = st != RMSNORM_OK;
+              for (size_t j = 0; j < d && !bad; j++) {
+                double gw = tu_get(&dw, 0, j), gb = tu_get(&db, 0, j);
+                if (j % 3 < 2)
+                  bad = gw != 0 || signbit(gw) || (bias && (gb != 0 || signbit(gb)));
+                else
+                  bad = isnan(gw) || (bias && isnan(gb));
+              }
+              tu_check(!bad, "zero terms: %s pdt=%s %zu x %zu bias=%d huge=%d: a column's "
+                       "sum is not +0 or was not written", tu_dtype_name(dt),
+                       tu_dtype_name(pdt), rows, d, bias, huge);
+              tu_free(&x), tu_free(&dy), tu_free(&dx), tu_free(&w), tu_free(&dw), tu_free(&db);
+            }
+}
+
 /* Many rows: the dweight/dbias reduction sums chunks in groups; the result
  * stays within the promise, and the context's scratch does not grow with the
  * row count: it holds at most (64 + threads) row-length vectors of doubles
@@ -387,6 +445,7 @@ int main(void) {
   test_model_sizes();
   test_special_rows();
   test_eps_edges();
+  test_zero_terms();
   test_bounded_scratch();
   test_finite_differences();
   rmsnorm_context_free(ctx);

@@ -232,6 +232,9 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   a.rstd = rstd;
   a.stream = rn_stream_ok(dx != dy && dx != x, dx, es, rows * d * es);
   a.past_l3 = 3 * rows * d * es >= RN_PAST_L3_BYTES;
+  /* each chunk's kernel call writes its partials from nothing (a row split
+   * across threads adds its columns' terms into a zeroed partial) */
+  a.parts_fresh = plan.fresh_parts = !split;
   backward_job job = {ctx, e.kernels, &a, {0, 0, 0}};
   if (split) job.split = rn_split_for(ctx, 1, d * 3 * es, d / 64);
   rn_grad_run(ctx, &plan, sums, backward_chunk, &job);

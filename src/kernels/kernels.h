@@ -82,7 +82,9 @@ typedef struct rn_forward_args {
 } rn_forward_args;
 
 /* Backward over rows [row_begin, row_end), adding this block's dweight/dbias
- * contributions into dw_part/db_part ((d,) acc, zeroed by the caller, or NULL). */
+ * contributions into dw_part/db_part ((d,) acc, or NULL): zeroed by the
+ * caller, or with parts_fresh holding nothing yet (the kernel writes them
+ * from +0, with the same bits). */
 typedef struct rn_backward_args {
   rn_norm norm;
   rmsnorm_dtype dtype; /* storage of x, dy and dx */
@@ -101,6 +103,8 @@ typedef struct rn_backward_args {
   rn_stream stream;    /* not RN_CACHED when dx is large and aliases nothing: may
                           store past the caches */
   int past_l3;         /* x, dy and dx are RN_PAST_L3_BYTES or more (as the forward's) */
+  int parts_fresh;     /* the partials hold nothing yet: their first terms are stored,
+                          as added to +0, without the caller's pass to zero them */
 } rn_backward_args;
 
 typedef void (*rn_forward_fn)(const rn_forward_args *a, size_t row_begin, size_t row_end);

@@ -3,6 +3,7 @@
  * no ISA flags: the portable path and the spec for every other kernel set. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "numerics/activation.h"
 #include "numerics/blocks.h"

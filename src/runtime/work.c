@@ -216,16 +216,19 @@ static void chunks_task(void *arg, int t, int n) {
     size_t c0 = rn_split_begin(p->nchunks, (int)g, (int)p->ngroups);
     size_t c1 = rn_split_begin(p->nchunks, (int)g + 1, (int)p->ngroups);
     size_t slot = p->d * (p->multi ? sizeof(double) : p->acc_size);
-    if (dws) memset(dws, 0, slot);
-    if (dbs) memset(dbs, 0, slot);
+    /* a group's one chunk writes its slot from nothing where fresh_parts
+     * says so; double sums of several chunks start from zero */
+    int zero_parts = !p->fresh_parts;
+    if (dws && (p->multi || zero_parts)) memset(dws, 0, slot);
+    if (dbs && (p->multi || zero_parts)) memset(dbs, 0, slot);
     /* several chunks: each into the task's partial, then into the group */
     char *dwp = p->multi && dws ? job->dw_parts + (size_t)t * p->part_bytes : dws;
     char *dbp = p->multi && dbs ? job->db_parts + (size_t)t * p->part_bytes : dbs;
     for (size_t c = c0; c < c1; c++) {
       size_t u0 = c * p->chunk_units;
       size_t u1 = u0 + p->chunk_units < p->units ? u0 + p->chunk_units : p->units;
-      if (p->multi && dwp) memset(dwp, 0, p->d * p->acc_size);
-      if (p->multi && dbp) memset(dbp, 0, p->d * p->acc_size);
+      if (p->multi && dwp && zero_parts) memset(dwp, 0, p->d * p->acc_size);
+      if (p->multi && dbp && zero_parts) memset(dbp, 0, p->d * p->acc_size);
       job->fn(job->arg, u0, u1, dwp, dbp, t);
       if (p->multi && dws) add_part((double *)(void *)dws, dwp, f64, p->d);
       if (p->multi && dbs) add_part((double *)(void *)dbs, dbp, f64, p->d);

@@ -129,6 +129,9 @@ typedef struct rn_grad_plan {
   void *dweight, *dbias; /* the user's outputs, or NULL */
   const rn_kernel_set *kernels; /* the call's set, for the fp16/bf16 outputs'
                                    conversion (NULL: the portable loop) */
+  int fresh_parts;       /* set by the caller after init: its chunk function writes
+                            each chunk's partials from nothing (backward kernels
+                            with parts_fresh), so they are not zeroed first */
 } rn_grad_plan;
 
 /* `split`: the threads and tasks wanted (tasks clamped to ngroups). @return
