@@ -306,6 +306,29 @@ static void test_zero_terms(void) {
             }
 }
 
+/* A call of one row with a weight and a dweight and no dbias, whose
+ * partial its only row writes from nothing (the kernels' own case for it):
+ * every dtype, parameters in fp32 and in the dtype, RMSNorm and LayerNorm,
+ * plain and 1 + g weights, saved or recomputed statistics, in place, ragged
+ * and model sizes. */
+static void test_one_row(void) {
+  static const size_t ds[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 127, 576, 4095, 4096};
+  size_t n = 0;
+  for (int dt = 0; dt < 4; dt++)
+    for (int pd = 0; pd < 2; pd++)
+      for (int ln = 0; ln < 2; ln++)
+        for (size_t di = 0; di < sizeof ds / sizeof *ds; di++) {
+          rmsnorm_dtype pdt = pd ? RMSNORM_F32 : (rmsnorm_dtype)dt;
+          if (pd && dt == RMSNORM_F32) continue;
+          size_t d = ds[di];
+          n++;
+          bcase c = {(rmsnorm_dtype)dt, pdt, ln, 1, d, d, d, d, 1 + (int)(n % 2), 1, 0,
+                     1e-5, 0, !ln && n % 5 == 2 ? 0.37 : 1.0, (int)(n % 3 != 0),
+                     (int)(n % 4 == 1 ? 1 : n % 4 == 3 ? 2 : 0), 0, 1.0};
+          run_case(&c, NULL);
+        }
+}
+
 /* Many rows: the dweight/dbias reduction sums chunks in groups; the result
  * stays within the promise, and the context's scratch does not grow with the
  * row count: it holds at most (64 + threads) row-length vectors of doubles
@@ -448,6 +471,7 @@ int main(void) {
   test_zero_terms();
   test_bounded_scratch();
   test_finite_differences();
+  test_one_row();
   rmsnorm_context_free(ctx);
   return tu_finish("test_backward");
 }
