@@ -126,11 +126,12 @@ typedef struct rmsnorm_config {
 /* Opaque context: owns scratch memory (so calls do not allocate once warm),
  * the kernel set and the thread limit of the calls made with it.
  * A context may be shared between threads; calls on one context serialize,
- * except those that need neither its scratch nor its workers (parameters
- * used as they are, the work on the caller's thread: rmsnorm_forward,
- * rmsnorm_layernorm_forward, rmsnorm_add_forward and rmsnorm_qk_norm_forward
- * at decode sizes with an fp32 weight, or with a weight of the data's dtype
- * where the call reads it in place), which run at once without its lock.
+ * except those that need neither its scratch nor its workers, which run at
+ * once without its lock: rmsnorm_forward, rmsnorm_layernorm_forward,
+ * rmsnorm_add_forward and rmsnorm_qk_norm_forward whose work stays on the
+ * caller's thread (every decode size) and whose weight and bias are used as
+ * they are (aligned fp32 without a 1 + g copy, or a weight of the data's
+ * dtype that the call reads in place).
  * Use one context per thread for concurrent calls. Freeing is the exception:
  * rmsnorm_context_free neither takes the context's lock nor waits for calls,
  * so the program must order it after every call on the context has returned
