@@ -59,10 +59,13 @@ rmsnorm_status rmsnorm_add_forward(rmsnorm_context *ctx, const rmsnorm_config *c
   if (!h || !u || !y) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es;
   /* h is an output: it must not meet anything; y may be exactly u */
-  rn_buffers b = {.in = {rn_inplace(rn_matrix(u, rows, d, ldu, es))},
-                  .out = {rn_matrix(y, rows, d, ldy, es), rn_matrix(h, rows, d, ldh, es),
-                          rn_vector(rstd, rows, e.as)},
-                  .weight = weight, .bias = bias, .nparam = d};
+  rn_buffers b;
+  rn_buffers_empty(&b);
+  b.in[0] = rn_inplace(rn_matrix(u, rows, d, ldu, es));
+  b.out[0] = rn_matrix(y, rows, d, ldy, es);
+  b.out[1] = rn_matrix(h, rows, d, ldh, es);
+  b.out[2] = rn_vector(rstd, rows, e.as);
+  b.weight = weight, b.bias = bias, b.nparam = d;
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
   rn_entry_weight_direct(&e, rows, d, 0);
 

@@ -80,6 +80,18 @@ typedef struct rn_buffers {
   size_t nparam;
 } rn_buffers;
 
+/* Empties b, whose slots the caller then fills: the decode-sized entries'
+ * form of `rn_buffers b = {...}`, which zeroes all nine spans (650 bytes, a
+ * tenth of the fixed cost of a one-row forward at d = 128 on Zen 4). An empty
+ * slot needs only its pointer and its in-place mark: nothing else of it is
+ * read. */
+static inline void rn_buffers_empty(rn_buffers *b) {
+  for (int i = 0; i < RN_BUFFERS_IN; i++) b->in[i].p = NULL, b->in[i].inplace = 0;
+  for (int i = 0; i < RN_BUFFERS_OUT; i++) b->out[i].p = NULL, b->out[i].inplace = 0;
+  b->weight = b->bias = NULL;
+  b->nparam = 0;
+}
+
 /* An input that out[0] may be exactly. */
 static inline rn_span rn_inplace(rn_span s) {
   s.inplace = 1;

@@ -137,10 +137,13 @@ static rmsnorm_status run_forward(rmsnorm_context *ctx, const rmsnorm_config *cf
   if (st != RMSNORM_OK || rows == 0) return st;
   if (!x || !y) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es;
-  rn_buffers b = {.in = {rn_inplace(rn_matrix(x, rows, d, ldx, es))},
-                  .out = {rn_matrix(y, rows, d, ldy, es), rn_vector(mean, rows, e.as),
-                          rn_vector(rstd, rows, e.as)},
-                  .weight = weight, .bias = bias, .nparam = d};
+  rn_buffers b;
+  rn_buffers_empty(&b);
+  b.in[0] = rn_inplace(rn_matrix(x, rows, d, ldx, es));
+  b.out[0] = rn_matrix(y, rows, d, ldy, es);
+  b.out[1] = rn_vector(mean, rows, e.as);
+  b.out[2] = rn_vector(rstd, rows, e.as);
+  b.weight = weight, b.bias = bias, b.nparam = d;
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
   rn_entry_weight_direct(&e, rows, d, 1);
 

@@ -60,11 +60,12 @@ rmsnorm_status rmsnorm_qk_norm_forward(rmsnorm_context *ctx, const rmsnorm_confi
     return st;
   if (!x || !y) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es;
-  rn_buffers b = {
-      .in = {rn_inplace(rn_grid(x, tokens, ldx_token, heads, ldx_head, head_dim, es))},
-      .out = {rn_grid(y, tokens, ldy_token, heads, ldy_head, head_dim, es),
-              rn_vector(rstd, rows, e.as)},
-      .weight = weight, .bias = bias, .nparam = head_dim};
+  rn_buffers b;
+  rn_buffers_empty(&b);
+  b.in[0] = rn_inplace(rn_grid(x, tokens, ldx_token, heads, ldx_head, head_dim, es));
+  b.out[0] = rn_grid(y, tokens, ldy_token, heads, ldy_head, head_dim, es);
+  b.out[1] = rn_vector(rstd, rows, e.as);
+  b.weight = weight, b.bias = bias, b.nparam = head_dim;
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
   rn_split split = rn_split_for(ctx, rows, rows * head_dim * 2 * es, tokens);
