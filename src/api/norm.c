@@ -54,7 +54,8 @@ rmsnorm_status rmsnorm_partial_count(double partial, size_t d, size_t *k) {
 #define SPLIT_ROW_BYTES ((size_t)256 << 10)
 
 static int split_rows(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
-  return rows < (size_t)rn_context_threads(ctx) && d * es >= SPLIT_ROW_BYTES;
+  /* the row's length first: a decode-sized call reads no thread count */
+  return d * es >= SPLIT_ROW_BYTES && rows < (size_t)rn_context_threads(ctx);
 }
 
 /* Column range of task t of n: multiples of 64 elements, the last to d. */
