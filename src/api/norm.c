@@ -215,12 +215,16 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   if (rows == 0) return RMSNORM_OK;
   if (!x || !dy || !dx) return RMSNORM_ERROR_NULL_POINTER;
   size_t es = e.es;
-  rn_buffers b = {.in = {rn_inplace(rn_matrix(x, rows, d, ldx, es)),
-                         rn_inplace(rn_matrix(dy, rows, d, lddy, es)),
-                         rn_vector(mean, rows, e.as), rn_vector(rstd, rows, e.as)},
-                  .out = {rn_matrix(dx, rows, d, lddx, es), rn_vector(dweight, d, e.ps),
-                          rn_vector(dbias, d, e.ps)},
-                  .weight = weight, .nparam = d};
+  rn_buffers b;
+  rn_buffers_empty(&b);
+  b.in[0] = rn_inplace(rn_matrix(x, rows, d, ldx, es));
+  b.in[1] = rn_inplace(rn_matrix(dy, rows, d, lddy, es));
+  b.in[2] = rn_vector(mean, rows, e.as);
+  b.in[3] = rn_vector(rstd, rows, e.as);
+  b.out[0] = rn_matrix(dx, rows, d, lddx, es);
+  b.out[1] = rn_vector(dweight, d, e.ps);
+  b.out[2] = rn_vector(dbias, d, e.ps);
+  b.weight = weight, b.nparam = d;
   if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
 
   /* scratch: [weight copy][the reduction's group sums and chunk partials] */
