@@ -209,6 +209,23 @@ static void test_special_rows(void) {
           bcase c = {(rmsnorm_dtype)dt, (rmsnorm_dtype)dt, ln, rows, d, d, d, d, 1, 1, 1,
                      kind == 2 ? 1e-5 : 0.0, 0, 1.0, saved, 0, 0, 1.0};
           run_case(&c, xv);
+          if (!ln && (dt == RMSNORM_F16 || dt == RMSNORM_BF16)) {
+            /* no dbias: the kernels read the weight as it is and store
+             * dweight themselves, the special row last or alone too */
+            bcase o = c;
+            o.want_db = 0;
+            for (o.weight = 1; o.weight <= 2; o.weight++) {
+              o.rows = rows;
+              run_case(&o, xv);
+              o.rows = 2;
+              run_case(&o, xv);
+              o.rows = 1;
+              run_case(&o, xv + d);
+              o.outside = 1; /* a zero row, eps 0 outside: the rescue path */
+              run_case(&o, xv + d);
+              o.outside = 0;
+            }
+          }
           if (!ln) {
             c.outside = 1;
             run_case(&c, xv);
@@ -327,6 +344,52 @@ static void test_one_row(void) {
                      (int)(n % 4 == 1 ? 1 : n % 4 == 3 ? 2 : 0), 0, 1.0};
           run_case(&c, NULL);
         }
+}
+
+/* One or two fp16 rows with an fp16 weight and no dbias, whose weight the
+ * kernels read as it is and whose dweight they store rounded themselves: the
+ * bits of the same call with the weight's values in fp32 (as the fp16
+ * weight's copy holds them; the dweight sum rounded after), dx equal and
+ * dweight the fp32 one rounded.
+ * Every fp16 weight pattern (NaNs, infinities, -0), plain and 1 + g, rows
+ * whose dy holds an infinity (the rescue path), eps 0 over a zero row. */
+static void test_f16_weight_in_place(void) {
+  enum { D = 2048 };
+  static uint16_t x[2 * D], dy[2 * D], wh[D], dxh[2 * D], dxf[2 * D], dwh[D];
+  static float wf[D], dwf[D];
+  size_t checks = 0, bad = 0;
+  for (int offset = 0; offset < 2; offset++)
+    for (size_t rows = 1; rows <= 2; rows++)
+      for (int kind = 0; kind < 3; kind++)
+        for (uint32_t base = 0; base < 65536; base += D) {
+          rmsnorm_config ch, cf;
+          rmsnorm_config_init(&ch, RMSNORM_F16);
+          ch.param_dtype = RMSNORM_F16;
+          ch.flags = offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0;
+          ch.eps = kind == 2 ? 0.0 : 1e-5;
+          cf = ch;
+          cf.param_dtype = RMSNORM_F32;
+          volatile float zero = 0.0f;
+          for (size_t j = 0; j < D; j++) {
+            wh[j] = (uint16_t)(base + j);
+            /* as the fp16 weight's copy holds it: 0 + g (-0 is +0) */
+            wf[j] = offset ? rn_f16_to_f32(wh[j]) : zero + rn_f16_to_f32(wh[j]);
+          }
+          for (size_t i = 0; i < rows * D; i++) {
+            /* zeros where the weight holds -0 (column 0): x r c = 0, and the
+             * sign of g dy reaches dx */
+            int zero = (kind == 2 && i >= (rows - 1) * D) || i % D % 64 == 0;
+            x[i] = zero ? 0 : rn_f32_to_f16((float)tu_normal());
+            dy[i] = rn_f32_to_f16((float)tu_normal());
+          }
+          if (kind == 1) dy[(rows - 1) * D + 5] = 0x7c00; /* +inf in the last row */
+          TU_OK(rmsnorm_backward(ctx, &ch, rows, D, x, D, dy, D, wh, NULL, dxh, D, dwh, NULL));
+          TU_OK(rmsnorm_backward(ctx, &cf, rows, D, x, D, dy, D, wf, NULL, dxf, D, dwf, NULL));
+          for (size_t i = 0; i < rows * D; i++, checks++) bad += dxh[i] != dxf[i];
+          for (size_t j = 0; j < D; j++, checks++) bad += dwh[j] != rn_f32_to_f16(dwf[j]);
+        }
+  tu_check(bad == 0, "fp16 weight read in place: %zu of %zu outputs differ from the fp32 "
+           "weight's", bad, checks);
 }
 
 /* Many rows: the dweight/dbias reduction sums chunks in groups; the result
@@ -472,6 +535,7 @@ int main(void) {
   test_bounded_scratch();
   test_finite_differences();
   test_one_row();
+  test_f16_weight_in_place();
   rmsnorm_context_free(ctx);
   return tu_finish("test_backward");
 }

@@ -2,6 +2,7 @@
  * once (nothing is written on error, see validate.h), bring the weight and
  * bias to the compute type, run the chosen kernel set over the rows, and
  * reduce the backward's dweight/dbias partial sums in a fixed order (work.h). */
+#include <stdint.h>
 #include <string.h>
 
 #include "api/entry.h"
@@ -202,6 +203,23 @@ static void backward_chunk(void *p, size_t r0, size_t r1, void *dw_part, void *d
   }
 }
 
+/* Whether the kernels take the call's rows one by one reading an fp16
+ * weight as it is (rn_backward_args.w_data) and storing dweight themselves:
+ * one or two RMSNorm rows over their whole length, in cache, one task, no
+ * dbias, parameters of the data's dtype. That spares a one-row call two
+ * passes of d elements besides its own two, the weight's widened copy and
+ * the partial's narrowing (AVX2 and AVX-512, 1 x 2048 and 1 x 8192: a
+ * fifth to a third of the call). bf16 keeps them: its in-place weight costs
+ * more to widen at each read than the copy does once (AVX2 1 x 8192: 1.15x
+ * the copy's time; bench/RESULTS.md). */
+#define BACKWARD_FEW_ROWS 2
+static int backward_few(const rn_entry *e, rn_norm norm, size_t rows, size_t d, int split,
+                        const void *dbias) {
+  return !split && !dbias && norm == RN_RMSNORM && e->cfg.dtype == RMSNORM_F16 &&
+         e->cfg.param_dtype == RMSNORM_F16 && rn_partial_k(e->cfg.partial, d) == d &&
+         rows <= BACKWARD_FEW_ROWS && rows * d * e->es <= RN_DIRECT_WEIGHT_BYTES;
+}
+
 static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
                                    rn_norm norm, size_t rows, size_t d, const void *x,
                                    size_t ldx, const void *dy, size_t lddy, const void *weight,
@@ -230,6 +248,7 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   /* scratch: [weight copy][the reduction's group sums and chunk partials] */
   rn_entry_lock(&e);
   int split = split_rows(ctx, rows, d, es);
+  if (backward_few(&e, norm, rows, d, split, dbias)) rn_entry_weight_direct(&e, rows, d, 0);
   rn_grad_plan plan;
   char *sums = rn_entry_grad_scratch(
       &e, &plan, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
@@ -238,6 +257,13 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   rn_backward_args a = rn_entry_backward_args(&e, norm, d, x, ldx, dy, lddy, dx, lddx);
   a.mean = mean;
   a.rstd = rstd;
+  a.w_data = e.weight_data;
+  a.w_offset = e.cfg.flags & RMSNORM_FLAG_WEIGHT_OFFSET ? 1.0f : 0.0f;
+  /* with the weight read as it is, dweight of its dtype is stored by the
+   * kernel (overwritten, at an even address: its vector stores) */
+  if (a.w_data && dweight && !(e.cfg.flags & RMSNORM_FLAG_ACCUMULATE) &&
+      ((uintptr_t)dweight & 1) == 0)
+    a.dw_data = dweight, plan.dw_stored = 1;
   a.stream = rn_stream_ok(dx != dy && dx != x, dx, es, rows * d * es);
   a.past_l3 = 3 * rows * d * es >= RN_PAST_L3_BYTES;
   /* each chunk's kernel call writes its partials from nothing (a row split

@@ -96,6 +96,13 @@ typedef struct rn_backward_args {
   void *dx;            /* dx: (rows, lddx), may equal dy or x */
   size_t lddx;
   const void *w;       /* w: (d,) acc effective gain, or NULL */
+  const void *w_data;  /* fp16 only, in place of w (then NULL): the caller's fp16 weight,
+                          read as it is (w_offset + g); RMSNorm over whole rows, one or
+                          two rows in cache, one task, no dbias (api/norm.c) */
+  float w_offset;      /* with w_data: 1 for Gemma's 1 + g, else 0 */
+  void *dw_data;       /* with w_data, or NULL: the caller's fp16 dweight, which the last
+                          row stores rounded (the partial is then not reduced:
+                          rn_grad_plan.dw_stored) */
   double eps;
   unsigned flags;
   const void *mean;    /* saved stats (rows,) acc; used only when both are present */
@@ -363,8 +370,8 @@ typedef struct rn_kernel_set {
   /* the float parameters' finiteness test (api/quant.c; NULL: the portable
      loop) */
   rn_finite_fn finite;
-  /* the fp16/bf16 forward and gated forward read their args' w_data (the
-     SIMD sets) */
+  /* the fp16/bf16 forward and gated forward, and the fp16 backward, read
+     their args' w_data; that backward stores dw_data (the SIMD sets) */
   int weight_in_data;
 } rn_kernel_set;
 

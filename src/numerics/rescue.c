@@ -127,6 +127,13 @@ void rn_rescue_row_r(const rn_forward_args *a, size_t row, double *rs, int *e) {
   *e = s.e;
 }
 
+/* The backward's weight at j in the compute type (1 without one). */
+static double backward_weight(const rn_backward_args *a, int f64, size_t j) {
+  if (a->w) return rn_load_acc(a->w, f64, j);
+  if (a->w_data) return (double)(a->w_offset + (float)rn_load(a->w_data, a->dtype, j));
+  return 1.0;
+}
+
 void rn_rescue_backward_row(const rn_backward_args *a, size_t row, void *dw_part,
                             void *db_part) {
   size_t es = rn_dtype_size(a->dtype);
@@ -140,8 +147,7 @@ void rn_rescue_backward_row(const rn_backward_args *a, size_t row, void *dw_part
   /* A = sum gy_j, B = sum gy_j xhat_j, with gy = dy * w */
   double A = 0, B = 0;
   for (size_t j = 0; j < d; j++) {
-    double gy = rn_load(dy, a->dtype, j);
-    if (a->w) gy *= rn_load_acc(a->w, f64, j);
+    double gy = rn_load(dy, a->dtype, j) * backward_weight(a, f64, j);
     A += gy;
     B += gy * row_xhat(&s, a->norm, x, a->dtype, k, j);
   }
@@ -160,7 +166,7 @@ void rn_rescue_backward_row(const rn_backward_args *a, size_t row, void *dw_part
   /* dx_j = r * (gy_j - mean_gy - [j in stat] xhat_j c), r = rs * 2^-e */
   for (size_t j = 0; j < d; j++) {
     double dyj = rn_load(dy, a->dtype, j);
-    double gy = a->w ? dyj * rn_load_acc(a->w, f64, j) : dyj;
+    double gy = dyj * backward_weight(a, f64, j);
     double xhat = row_xhat(&s, a->norm, x, a->dtype, k, j);
     double t = gy - mean_gy;
     if (a->norm == RN_LAYERNORM || j < k) t -= xhat * c;

@@ -374,6 +374,7 @@ void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_
     if (p->dbias && rn_aligned(p->dbias, p->acc_size))
       job.db_groups = p->dbias, job.db_direct = 1;
   }
+  if (p->dweight && p->dw_stored) job.dw_direct = 1;
   rn_run_tasks(ctx, p->split, chunks_task, &job);
   if (nparts > (size_t)job.dw_direct + (size_t)job.db_direct)
     rn_run_tasks(ctx, rn_split_for(ctx, 0, nparts * p->ngroups * p->group_bytes, p->d),

@@ -132,6 +132,9 @@ typedef struct rn_grad_plan {
   int fresh_parts;       /* set by the caller after init: its chunk function writes
                             each chunk's partials from nothing (backward kernels
                             with parts_fresh), so they are not zeroed first */
+  int dw_stored;         /* set by the caller after init: the one chunk stores
+                            dweight itself (backward kernels with dw_data), so
+                            it is not reduced */
 } rn_grad_plan;
 
 /* `split`: the threads and tasks wanted (tasks clamped to ngroups). @return
