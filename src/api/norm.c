@@ -205,19 +205,22 @@ static void backward_chunk(void *p, size_t r0, size_t r1, void *dw_part, void *d
 
 /* Whether the kernels take the call's rows one by one reading an fp16
  * weight as it is (rn_backward_args.w_data) and storing dweight themselves:
- * one or two RMSNorm rows over their whole length, in cache, one task, no
- * dbias, parameters of the data's dtype. That spares a one-row call two
- * passes of d elements besides its own two, the weight's widened copy and
- * the partial's narrowing (AVX2 and AVX-512, 1 x 2048 and 1 x 8192: a
- * fifth to a third of the call). bf16 keeps them: its in-place weight costs
- * more to widen at each read than the copy does once (AVX2 1 x 8192: 1.15x
- * the copy's time; bench/RESULTS.md). */
+ * one or two RMSNorm rows of BACKWARD_FEW_MIN_D or more over their whole
+ * length, in cache, one task, no dbias, parameters of the data's dtype.
+ * That spares a one-row call two passes of d elements besides its own two,
+ * the weight's widened copy and the partial's narrowing (1 x 2048 to
+ * 1 x 8192: 0.70-0.76 of the time on AVX2, 0.83-0.85 on AVX-512). Shorter
+ * rows measured slower that way (1 x 128: 1.05-1.10x), 4 rows no faster.
+ * bf16 keeps the copy: its weight costs more to widen at each read than
+ * once (AVX2 1 x 8192: 1.15x the time; bench/RESULTS.md). */
 #define BACKWARD_FEW_ROWS 2
+#define BACKWARD_FEW_MIN_D 256
 static int backward_few(const rn_entry *e, rn_norm norm, size_t rows, size_t d, int split,
                         const void *dbias) {
   return !split && !dbias && norm == RN_RMSNORM && e->cfg.dtype == RMSNORM_F16 &&
          e->cfg.param_dtype == RMSNORM_F16 && rn_partial_k(e->cfg.partial, d) == d &&
-         rows <= BACKWARD_FEW_ROWS && rows * d * e->es <= RN_DIRECT_WEIGHT_BYTES;
+         rows <= BACKWARD_FEW_ROWS && d >= BACKWARD_FEW_MIN_D &&
+         rows * d * e->es <= RN_DIRECT_WEIGHT_BYTES;
 }
 
 static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
