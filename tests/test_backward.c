@@ -346,49 +346,55 @@ static void test_one_row(void) {
         }
 }
 
-/* One or two fp16 rows with an fp16 weight and no dbias, whose weight the
- * kernels read as it is and whose dweight they store rounded themselves: the
- * bits of the same call with the weight's values in fp32 (as the fp16
- * weight's copy holds them; the dweight sum rounded after), dx equal and
- * dweight the fp32 one rounded.
- * Every fp16 weight pattern (NaNs, infinities, -0), plain and 1 + g, rows
- * whose dy holds an infinity (the rescue path), eps 0 over a zero row. */
-static void test_f16_weight_in_place(void) {
+/* 1-3 fp16/bf16 rows with a weight of their dtype and no dbias, whose
+ * weight the kernels read as it is and whose dweight they store rounded
+ * themselves (fp16 on every SIMD set, bf16 on AVX-512): the bits of the same
+ * call with the weight's values in fp32 (as the 16-bit weight's copy holds
+ * them; the dweight sum rounded after), dx equal and dweight the fp32 one
+ * rounded. Every 16-bit weight pattern (NaNs, infinities, -0), plain and
+ * 1 + g, rows whose dy holds an infinity (the rescue path), eps 0 over a
+ * zero row. */
+static void test_weight_in_place(void) {
   enum { D = 2048 };
-  static uint16_t x[2 * D], dy[2 * D], wh[D], dxh[2 * D], dxf[2 * D], dwh[D];
+  static uint16_t x[3 * D], dy[3 * D], wh[D], dxh[3 * D], dxf[3 * D], dwh[D];
   static float wf[D], dwf[D];
   size_t checks = 0, bad = 0;
-  for (int offset = 0; offset < 2; offset++)
-    for (size_t rows = 1; rows <= 2; rows++)
-      for (int kind = 0; kind < 3; kind++)
-        for (uint32_t base = 0; base < 65536; base += D) {
-          rmsnorm_config ch, cf;
-          rmsnorm_config_init(&ch, RMSNORM_F16);
-          ch.param_dtype = RMSNORM_F16;
-          ch.flags = offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0;
-          ch.eps = kind == 2 ? 0.0 : 1e-5;
-          cf = ch;
-          cf.param_dtype = RMSNORM_F32;
-          volatile float zero = 0.0f;
-          for (size_t j = 0; j < D; j++) {
-            wh[j] = (uint16_t)(base + j);
-            /* as the fp16 weight's copy holds it: 0 + g (-0 is +0) */
-            wf[j] = offset ? rn_f16_to_f32(wh[j]) : zero + rn_f16_to_f32(wh[j]);
+  for (int bf16 = 0; bf16 < 2; bf16++)
+    for (int offset = 0; offset < 2; offset++)
+      for (size_t rows = 1; rows <= 3; rows++)
+        for (int kind = 0; kind < 3; kind++)
+          for (uint32_t base = 0; base < 65536; base += D) {
+            rmsnorm_dtype dt = bf16 ? RMSNORM_BF16 : RMSNORM_F16;
+            rmsnorm_config ch, cf;
+            rmsnorm_config_init(&ch, dt);
+            ch.param_dtype = dt;
+            ch.flags = offset ? RMSNORM_FLAG_WEIGHT_OFFSET : 0;
+            ch.eps = kind == 2 ? 0.0 : 1e-5;
+            cf = ch;
+            cf.param_dtype = RMSNORM_F32;
+            volatile float zero = 0.0f;
+            for (size_t j = 0; j < D; j++) {
+              wh[j] = (uint16_t)(base + j);
+              /* as the 16-bit weight's copy holds it: 0 + g (-0 is +0) */
+              float g = bf16 ? rn_bf16_to_f32(wh[j]) : rn_f16_to_f32(wh[j]);
+              wf[j] = offset ? g : zero + g;
+            }
+            for (size_t i = 0; i < rows * D; i++) {
+              /* zeros where the weight holds -0 (column 0): x r c = 0, and
+               * the sign of g dy reaches dx */
+              int z = (kind == 2 && i >= (rows - 1) * D) || i % D % 64 == 0;
+              float xv = (float)tu_normal(), dv = (float)tu_normal();
+              x[i] = z ? 0 : bf16 ? rn_f32_to_bf16(xv) : rn_f32_to_f16(xv);
+              dy[i] = bf16 ? rn_f32_to_bf16(dv) : rn_f32_to_f16(dv);
+            }
+            if (kind == 1) dy[(rows - 1) * D + 5] = bf16 ? 0x7f80 : 0x7c00; /* +inf, last row */
+            TU_OK(rmsnorm_backward(ctx, &ch, rows, D, x, D, dy, D, wh, NULL, dxh, D, dwh, NULL));
+            TU_OK(rmsnorm_backward(ctx, &cf, rows, D, x, D, dy, D, wf, NULL, dxf, D, dwf, NULL));
+            for (size_t i = 0; i < rows * D; i++, checks++) bad += dxh[i] != dxf[i];
+            for (size_t j = 0; j < D; j++, checks++)
+              bad += dwh[j] != (bf16 ? rn_f32_to_bf16(dwf[j]) : rn_f32_to_f16(dwf[j]));
           }
-          for (size_t i = 0; i < rows * D; i++) {
-            /* zeros where the weight holds -0 (column 0): x r c = 0, and the
-             * sign of g dy reaches dx */
-            int zero = (kind == 2 && i >= (rows - 1) * D) || i % D % 64 == 0;
-            x[i] = zero ? 0 : rn_f32_to_f16((float)tu_normal());
-            dy[i] = rn_f32_to_f16((float)tu_normal());
-          }
-          if (kind == 1) dy[(rows - 1) * D + 5] = 0x7c00; /* +inf in the last row */
-          TU_OK(rmsnorm_backward(ctx, &ch, rows, D, x, D, dy, D, wh, NULL, dxh, D, dwh, NULL));
-          TU_OK(rmsnorm_backward(ctx, &cf, rows, D, x, D, dy, D, wf, NULL, dxf, D, dwf, NULL));
-          for (size_t i = 0; i < rows * D; i++, checks++) bad += dxh[i] != dxf[i];
-          for (size_t j = 0; j < D; j++, checks++) bad += dwh[j] != rn_f32_to_f16(dwf[j]);
-        }
-  tu_check(bad == 0, "fp16 weight read in place: %zu of %zu outputs differ from the fp32 "
+  tu_check(bad == 0, "16-bit weight read in place: %zu of %zu outputs differ from the fp32 "
            "weight's", bad, checks);
 }
 
@@ -535,7 +541,7 @@ int main(void) {
   test_bounded_scratch();
   test_finite_differences();
   test_one_row();
-  test_f16_weight_in_place();
+  test_weight_in_place();
   rmsnorm_context_free(ctx);
   return tu_finish("test_backward");
 }

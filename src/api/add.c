@@ -159,7 +159,7 @@ rmsnorm_status rmsnorm_add_backward(rmsnorm_context *ctx, const rmsnorm_config *
   if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
   add_bwd_job job;
   job.ks = e.kernels;
-  job.bwd = rn_entry_backward_args(&e, RN_RMSNORM, d, h, ldh, dy, lddy, dh, lddh);
+  rn_entry_backward_args(&job.bwd, &e, RN_RMSNORM, d, h, ldh, dy, lddy, dh, lddh);
   job.bwd.rstd = rstd;
   job.bwd.stream = rn_stream_ok(!dres && dh != dy, dh, es, rows * d * es);
   job.dres = dres;

@@ -201,12 +201,13 @@ rn_forward_args rn_entry_forward_args(const rn_entry *e, rn_norm norm, size_t d,
   return a;
 }
 
-rn_backward_args rn_entry_backward_args(const rn_entry *e, rn_norm norm, size_t d,
-                                        const void *x, size_t ldx, const void *dy, size_t lddy,
-                                        void *dx, size_t lddx) {
-  rn_backward_args a = {.norm = norm, .dtype = e->cfg.dtype, .d = d,
-                        .k = stat_columns(e, norm, d), .x = x, .ldx = ldx, .dy = dy,
-                        .lddy = lddy, .dx = dx, .lddx = lddx, .w = e->weight,
-                        .eps = e->cfg.eps, .flags = e->cfg.flags};
-  return a;
+void rn_entry_backward_args(rn_backward_args *a, const rn_entry *e, rn_norm norm, size_t d,
+                            const void *x, size_t ldx, const void *dy, size_t lddy, void *dx,
+                            size_t lddx) {
+  /* every field, one by one: GCC zeroes a struct this size with rep stos */
+  a->norm = norm, a->dtype = e->cfg.dtype, a->d = d, a->k = stat_columns(e, norm, d);
+  a->x = x, a->ldx = ldx, a->dy = dy, a->lddy = lddy, a->dx = dx, a->lddx = lddx;
+  a->w = e->weight, a->eps = e->cfg.eps, a->flags = e->cfg.flags;
+  a->mean = a->rstd = NULL, a->stream = RN_CACHED, a->past_l3 = 0, a->parts_fresh = 0;
+  a->w_offset = 0, a->w_data = NULL, a->dw_data = NULL;
 }

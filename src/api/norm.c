@@ -203,24 +203,18 @@ static void backward_chunk(void *p, size_t r0, size_t r1, void *dw_part, void *d
   }
 }
 
-/* Whether the kernels take the call's rows one by one reading an fp16
+/* Whether the kernels may take the call's rows one by one reading a 16-bit
  * weight as it is (rn_backward_args.w_data) and storing dweight themselves:
- * one or two RMSNorm rows of BACKWARD_FEW_MIN_D or more over their whole
- * length, in cache, one task, no dbias, parameters of the data's dtype.
- * That spares a one-row call two passes of d elements besides its own two,
- * the weight's widened copy and the partial's narrowing (1 x 2048 to
- * 1 x 8192: 0.70-0.76 of the time on AVX2, 0.83-0.85 on AVX-512). Shorter
- * rows measured slower that way (1 x 128: 1.05-1.10x), 4 rows no faster.
- * bf16 keeps the copy: its weight costs more to widen at each read than
- * once (AVX2 1 x 8192: 1.15x the time; bench/RESULTS.md). */
-#define BACKWARD_FEW_ROWS 2
-#define BACKWARD_FEW_MIN_D 256
-static int backward_few(const rn_entry *e, rn_norm norm, size_t rows, size_t d, int split,
+ * RMSNorm over whole rows, one task, no dbias, a dtype the set takes so
+ * (backward_w_data); rn_entry_weight_direct then asks for a few rows in
+ * cache and a weight of the data's dtype. That spares a one-row call two
+ * passes of d elements besides its own two, the weight's widened copy and
+ * the partial's narrowing (bench/RESULTS.md). */
+static int backward_few(const rn_entry *e, rn_norm norm, size_t d, int split,
                         const void *dbias) {
-  return !split && !dbias && norm == RN_RMSNORM && e->cfg.dtype == RMSNORM_F16 &&
-         e->cfg.param_dtype == RMSNORM_F16 && rn_partial_k(e->cfg.partial, d) == d &&
-         rows <= BACKWARD_FEW_ROWS && d >= BACKWARD_FEW_MIN_D &&
-         rows * d * e->es <= RN_DIRECT_WEIGHT_BYTES;
+  return !split && !dbias && norm == RN_RMSNORM &&
+         ((e->kernels->backward_w_data >> e->cfg.dtype) & 1) &&
+         rn_partial_k(e->cfg.partial, d) == d;
 }
 
 static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
@@ -251,13 +245,14 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   /* scratch: [weight copy][the reduction's group sums and chunk partials] */
   rn_entry_lock(&e);
   int split = split_rows(ctx, rows, d, es);
-  if (backward_few(&e, norm, rows, d, split, dbias)) rn_entry_weight_direct(&e, rows, d, 0);
+  if (backward_few(&e, norm, d, split, dbias)) rn_entry_weight_direct(&e, rows, d, 0);
   rn_grad_plan plan;
   char *sums = rn_entry_grad_scratch(
       &e, &plan, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
       split ? (rn_split){1, 1, 1} : rn_entry_backward_split(&e, rows, rows * d * 3 * es), 0);
   if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
-  rn_backward_args a = rn_entry_backward_args(&e, norm, d, x, ldx, dy, lddy, dx, lddx);
+  rn_backward_args a;
+  rn_entry_backward_args(&a, &e, norm, d, x, ldx, dy, lddy, dx, lddx);
   a.mean = mean;
   a.rstd = rstd;
   a.w_data = e.weight_data;

@@ -150,8 +150,8 @@ rmsnorm_status rmsnorm_qk_norm_backward(rmsnorm_context *ctx, const rmsnorm_conf
   qk_bwd_job job;
   job.kernel = e.kernels->backward[cfg->dtype];
   job.g = (qk_strides){tokens, heads, ldx_token, lddx_token, lddy_token, flat};
-  job.args = rn_entry_backward_args(&e, RN_RMSNORM, head_dim, x, ldx_head, dy, lddy_head, dx,
-                                    lddx_head);
+  rn_entry_backward_args(&job.args, &e, RN_RMSNORM, head_dim, x, ldx_head, dy, lddy_head, dx,
+                         lddx_head);
   job.args.rstd = rstd;
   job.args.stream =
       rn_stream_ok(job.g.flat && dx != dy && dx != x, dx, es, rows * head_dim * es);

@@ -235,11 +235,11 @@ rmsnorm_status rmsnorm_sandwich_backward(rmsnorm_context *ctx, const rmsnorm_con
   if (!sc) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
   sw_bwd_job job;
   job.ks = e.kernels;
-  job.pre = rn_entry_backward_args(&e, RN_RMSNORM, d, h, ldh, dx_next, lddxn, dh, lddh);
+  rn_entry_backward_args(&job.pre, &e, RN_RMSNORM, d, h, ldh, dx_next, lddxn, dh, lddh);
   job.pre.w = rn_param_as_acc(&e.cfg, e.kernels, weight_pre, 1, d, sc);
   job.pre.rstd = rstd_pre;
   job.pre.stream = RN_CACHED; /* dt is read back at once */
-  job.post = rn_entry_backward_args(&e, RN_RMSNORM, d, a, lda, dh, lddh, da, ldda);
+  rn_entry_backward_args(&job.post, &e, RN_RMSNORM, d, a, lda, dh, lddh, da, ldda);
   job.post.rstd = rstd_post;
   job.post.stream = rn_stream_ok(da != a && da != dx_next, da, es, rows * d * es);
   job.dh_out = dh_out;

@@ -333,9 +333,8 @@ rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx, const rmsnorm_config
                                      dbias,
                                      rn_entry_backward_split(&e, rows, rows * width * 3 * es), 0);
   if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
-  bwd_job j = {e.kernels, cfg, &sh,
-               rn_entry_backward_args(&e, RN_RMSNORM, width, x, ldx, dy, lddy, dx, lddx), stats,
-               dots};
+  bwd_job j = {e.kernels, cfg, &sh, {0}, stats, dots};
+  rn_entry_backward_args(&j.a, &e, RN_RMSNORM, width, x, ldx, dy, lddy, dx, lddx);
   j.a.k = sh.k_local;
   j.a.stream = rn_stream_ok(dx != dy && dx != x, dx, es, rows * width * es);
   rn_grad_run(ctx, &plan, sums, bwd_chunk, &j);

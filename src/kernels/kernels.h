@@ -96,13 +96,6 @@ typedef struct rn_backward_args {
   void *dx;            /* dx: (rows, lddx), may equal dy or x */
   size_t lddx;
   const void *w;       /* w: (d,) acc effective gain, or NULL */
-  const void *w_data;  /* fp16 only, in place of w (then NULL): the caller's fp16 weight,
-                          read as it is (w_offset + g); RMSNorm over whole rows, one or
-                          two rows in cache, one task, no dbias (api/norm.c) */
-  float w_offset;      /* with w_data: 1 for Gemma's 1 + g, else 0 */
-  void *dw_data;       /* with w_data, or NULL: the caller's fp16 dweight, which the last
-                          row stores rounded (the partial is then not reduced:
-                          rn_grad_plan.dw_stored) */
   double eps;
   unsigned flags;
   const void *mean;    /* saved stats (rows,) acc; used only when both are present */
@@ -112,6 +105,15 @@ typedef struct rn_backward_args {
   int past_l3;         /* x, dy and dx are RN_PAST_L3_BYTES or more (as the forward's) */
   int parts_fresh;     /* the partials hold nothing yet: their first terms are stored,
                           as added to +0, without the caller's pass to zero them */
+  float w_offset;      /* with w_data: 1 for Gemma's 1 + g, else 0 */
+  const void *w_data;  /* in place of w (then NULL): the caller's fp16/bf16 weight of the
+                          data's dtype, read as it is (w_offset + g), where the set's
+                          backward_w_data has the dtype; RMSNorm over whole rows, 1-3
+                          rows in cache, one task, no dbias (api/norm.c) */
+  void *dw_data;       /* with w_data, or NULL: the caller's dweight, which the last
+                          row stores rounded (the partial is then not reduced:
+                          rn_grad_plan.dw_stored). rn_entry_backward_args sets every
+                          field: a new one goes there too */
 } rn_backward_args;
 
 typedef void (*rn_forward_fn)(const rn_forward_args *a, size_t row_begin, size_t row_end);
@@ -370,9 +372,13 @@ typedef struct rn_kernel_set {
   /* the float parameters' finiteness test (api/quant.c; NULL: the portable
      loop) */
   rn_finite_fn finite;
-  /* the fp16/bf16 forward and gated forward, and the fp16 backward, read
-     their args' w_data; that backward stores dw_data (the SIMD sets) */
+  /* the fp16/bf16 forward and gated forward read their args' w_data (the
+     SIMD sets) */
   int weight_in_data;
+  /* the dtypes (bit 1u << dtype) whose backward reads its args' w_data and
+     stores dw_data (backward_simd.inc): fp16 on the SIMD sets, bf16 where
+     its widening at each read measured cheaper than the copy (AVX-512) */
+  unsigned backward_w_data;
 } rn_kernel_set;
 
 /* The scalar reference: the spec every other set is tested against. */

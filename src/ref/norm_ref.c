@@ -75,4 +75,5 @@ const rn_kernel_set rn_kernels_ref = {
     NULL,                     /* parameter gradients: the portable loop */
     NULL,                     /* the parameters' finiteness: the portable loop */
     0,                        /* the forward's weight: always in the compute type */
+    0,                        /* and the backward's */
 };
