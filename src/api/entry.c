@@ -209,5 +209,6 @@ void rn_entry_backward_args(rn_backward_args *a, const rn_entry *e, rn_norm norm
   a->x = x, a->ldx = ldx, a->dy = dy, a->lddy = lddy, a->dx = dx, a->lddx = lddx;
   a->w = e->weight, a->eps = e->cfg.eps, a->flags = e->cfg.flags;
   a->mean = a->rstd = NULL, a->stream = RN_CACHED, a->past_l3 = 0, a->parts_fresh = 0;
-  a->w_offset = 0, a->w_data = NULL, a->dw_data = NULL;
+  a->w_data = e->weight_data, a->dw_data = NULL;
+  a->w_offset = e->cfg.flags & RMSNORM_FLAG_WEIGHT_OFFSET ? 1.0f : 0.0f;
 }

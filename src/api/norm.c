@@ -255,8 +255,6 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
   rn_entry_backward_args(&a, &e, norm, d, x, ldx, dy, lddy, dx, lddx);
   a.mean = mean;
   a.rstd = rstd;
-  a.w_data = e.weight_data;
-  a.w_offset = e.cfg.flags & RMSNORM_FLAG_WEIGHT_OFFSET ? 1.0f : 0.0f;
   /* with the weight read as it is, dweight of its dtype is stored by the
    * kernel (overwritten, at an even address: its vector stores) */
   if (a.w_data && dweight && !(e.cfg.flags & RMSNORM_FLAG_ACCUMULATE) &&

@@ -101,6 +101,16 @@ static double row_xhat(const scaled_stats *s, rn_norm norm, const void *x, rmsno
   return (ldexp(v, -s->e) - s->mean_s) * s->rs;
 }
 
+/* The weight at j in the compute type: w's (the acc copy), or w_offset + g
+ * of the caller's weight read in place (w_data, of the data's dtype dt), as
+ * the copy would hold it; 1 without either. */
+static double weight_at(const void *w, const void *w_data, float w_offset, rmsnorm_dtype dt,
+                        int f64, size_t j) {
+  if (w) return rn_load_acc(w, f64, j);
+  if (w_data) return (double)(w_offset + (float)rn_load(w_data, dt, j));
+  return 1.0;
+}
+
 void rn_rescue_forward_row(const rn_forward_args *a, size_t row) {
   size_t es = rn_dtype_size(a->dtype);
   int f64 = rn_acc_is_f64(a->dtype);
@@ -111,8 +121,7 @@ void rn_rescue_forward_row(const rn_forward_args *a, size_t row) {
     double xhat = row_xhat(&s, a->norm, x, a->dtype, a->k, j);
     if (a->flags & RMSNORM_FLAG_ROUND_BEFORE_WEIGHT) xhat = rn_round_to(a->dtype, xhat);
     double v = xhat;
-    if (a->w) v *= rn_load_acc(a->w, f64, j);
-    else if (a->w_data) v *= (double)(a->w_offset + (float)rn_load(a->w_data, a->dtype, j));
+    v *= weight_at(a->w, a->w_data, a->w_offset, a->dtype, f64, j);
     if (a->b) v += rn_load_acc(a->b, f64, j);
     rn_store(y, a->dtype, j, v);
   }
@@ -125,13 +134,6 @@ void rn_rescue_row_r(const rn_forward_args *a, size_t row, double *rs, int *e) {
   scaled_stats s = row_stats(RN_RMSNORM, x, a->dtype, a->d, a->k, a->eps, a->flags);
   *rs = s.rs;
   *e = s.e;
-}
-
-/* The backward's weight at j in the compute type (1 without one). */
-static double backward_weight(const rn_backward_args *a, int f64, size_t j) {
-  if (a->w) return rn_load_acc(a->w, f64, j);
-  if (a->w_data) return (double)(a->w_offset + (float)rn_load(a->w_data, a->dtype, j));
-  return 1.0;
 }
 
 void rn_rescue_backward_row(const rn_backward_args *a, size_t row, void *dw_part,
@@ -147,7 +149,8 @@ void rn_rescue_backward_row(const rn_backward_args *a, size_t row, void *dw_part
   /* A = sum gy_j, B = sum gy_j xhat_j, with gy = dy * w */
   double A = 0, B = 0;
   for (size_t j = 0; j < d; j++) {
-    double gy = rn_load(dy, a->dtype, j) * backward_weight(a, f64, j);
+    double gy =
+        rn_load(dy, a->dtype, j) * weight_at(a->w, a->w_data, a->w_offset, a->dtype, f64, j);
     A += gy;
     B += gy * row_xhat(&s, a->norm, x, a->dtype, k, j);
   }
@@ -166,7 +169,7 @@ void rn_rescue_backward_row(const rn_backward_args *a, size_t row, void *dw_part
   /* dx_j = r * (gy_j - mean_gy - [j in stat] xhat_j c), r = rs * 2^-e */
   for (size_t j = 0; j < d; j++) {
     double dyj = rn_load(dy, a->dtype, j);
-    double gy = dyj * backward_weight(a, f64, j);
+    double gy = dyj * weight_at(a->w, a->w_data, a->w_offset, a->dtype, f64, j);
     double xhat = row_xhat(&s, a->norm, x, a->dtype, k, j);
     double t = gy - mean_gy;
     if (a->norm == RN_LAYERNORM || j < k) t -= xhat * c;
