@@ -1031,7 +1031,9 @@ typedef struct rmsnorm_plan rmsnorm_plan;
 typedef enum rmsnorm_plan_op {
   RMSNORM_PLAN_FORWARD = 0,           /* rmsnorm_forward */
   RMSNORM_PLAN_LAYERNORM_FORWARD = 1, /* rmsnorm_layernorm_forward */
-  RMSNORM_PLAN_ADD_FORWARD = 2        /* rmsnorm_add_forward */
+  RMSNORM_PLAN_ADD_FORWARD = 2,       /* rmsnorm_add_forward */
+  RMSNORM_PLAN_BACKWARD = 3,          /* rmsnorm_backward */
+  RMSNORM_PLAN_LAYERNORM_BACKWARD = 4 /* rmsnorm_layernorm_backward */
 } rmsnorm_plan_op;
 
 /* Creates a plan of op with cfg (the flags op's one-shot call takes).
@@ -1041,7 +1043,8 @@ typedef enum rmsnorm_plan_op {
 RMSNORM_API rmsnorm_status rmsnorm_plan_create(rmsnorm_context *ctx, const rmsnorm_config *cfg,
                                                rmsnorm_plan_op op, rmsnorm_plan **plan);
 /* Sizes: rows x d, the strides of the one-shot call: ldx and ldy (forward:
- * x, y; add: h, y) and ldu (add's u; 0 for the other operations). rows may
+ * x, y; add: h, y; backward: x, dx) and ldu (add's u, the backward's dy; 0
+ * for the forwards). rows may
  * be 0 (run then writes nothing). A failed reshape leaves the plan unshaped.
  * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_SIZE,
  * RMSNORM_ERROR_BAD_STRIDE, RMSNORM_ERROR_BAD_ARGUMENT (ldu set for an
@@ -1062,6 +1065,17 @@ RMSNORM_API rmsnorm_status rmsnorm_plan_setup_forward(rmsnorm_plan *plan, const 
 RMSNORM_API rmsnorm_status rmsnorm_plan_setup_add(rmsnorm_plan *plan, void *h, const void *u,
                                                   const void *weight, const void *bias,
                                                   void *y, void *rstd);
+/* Buffers of a backward plan (RMSNorm or LayerNorm): as rmsnorm_backward /
+ * rmsnorm_layernorm_backward (mean: LayerNorm only, NULL for RMSNorm);
+ * dweight and dbias are overwritten at each run, or added to with
+ * RMSNORM_FLAG_ACCUMULATE. The reduction's scratch is the plan's own, so a
+ * run on the caller's thread takes no lock. @return as
+ * rmsnorm_plan_setup_forward; RMSNORM_ERROR_BAD_ARGUMENT also for dweight
+ * with a NULL weight. */
+RMSNORM_API rmsnorm_status rmsnorm_plan_setup_backward(rmsnorm_plan *plan, const void *x,
+                                                       const void *dy, const void *weight,
+                                                       const void *mean, const void *rstd,
+                                                       void *dx, void *dweight, void *dbias);
 /* Runs the plan on its buffers. @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER,
  * RMSNORM_ERROR_BAD_ARGUMENT (not set up since the last reshape). */
 RMSNORM_API rmsnorm_status rmsnorm_plan_run(rmsnorm_plan *plan);

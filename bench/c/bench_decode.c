@@ -7,7 +7,7 @@
  *   add+fwd:  the loop (h += u rounded to the dtype, then the norm),
  *             rmsnorm_add_forward, and its plan (RMSNORM_PLAN_ADD_FORWARD)
  *   bwd:      the loop, rmsnorm_backward (r saved by a forward, dweight
- *             summed over the rows)
+ *             summed over the rows), and its plan (RMSNORM_PLAN_BACKWARD)
  * in fp32, bf16 and fp16 at d 128, 576, 896, 2048, 4096, 8192, and the
  * fused ops, which have one-shot calls only, in fp32 and bf16:
  *   qk:       the loop over the q and k heads of packed QKV tokens (a weight
@@ -529,7 +529,7 @@ typedef struct bcase {
   const loop_set *set;
   rmsnorm_context *ctx;
   rmsnorm_config cfg;
-  rmsnorm_plan *plan; /* NULL for the backward and the one-shot-only ops */
+  rmsnorm_plan *plan; /* NULL for the one-shot-only ops */
   rmsnorm_gate gate;   /* the gated op's: SiLU, gate first, one group a row */
   rmsnorm_quant quant; /* Q8_0's */
   buffers *b;
@@ -822,7 +822,7 @@ static void count(tally *s, const bcase *c, const result *res, double goal) {
 static void print_tally(const char *set, int op, const tally *s) {
   printf("%s %s: lib meets the goal in %d of %d cases, worst %.2f (%s)", set, op_names[op],
          s->met[C_LIB], s->cases, s->worst[C_LIB], s->where[C_LIB]);
-  if (op == OP_FWD || op == OP_ADD)
+  if (op <= OP_BWD)
     printf("; plan %d of %d, worst %.2f (%s)", s->met[C_PLAN], s->cases, s->worst[C_PLAN],
            s->where[C_PLAN]);
   printf("\n");
@@ -926,18 +926,22 @@ int main(int argc, char **argv) {
             rmsnorm_quant_init(&c.quant, RMSNORM_QF_Q8_0);
             c.has[C_LOOP] = c.has[C_LIB] = 1;
             c.has[C_SPEC] = op == OP_FWD && dt == RMSNORM_F32;
-            if (op == OP_BWD) { /* r saved by a forward, as training does */
+            if (op == OP_BWD) /* r saved by a forward, as training does */
               rmsnorm_forward(ctx, &c.cfg, c.rows, c.d, b.x, c.d, b.w, NULL, b.y, c.d, b.rstd);
-            } else if (!fused) {
-              rmsnorm_status st = rmsnorm_plan_create(
-                  ctx, &c.cfg, op == OP_FWD ? RMSNORM_PLAN_FORWARD : RMSNORM_PLAN_ADD_FORWARD,
-                  &c.plan);
+            if (!fused) {
+              static const rmsnorm_plan_op plan_ops[] = {
+                  [OP_FWD] = RMSNORM_PLAN_FORWARD, [OP_ADD] = RMSNORM_PLAN_ADD_FORWARD,
+                  [OP_BWD] = RMSNORM_PLAN_BACKWARD};
+              rmsnorm_status st = rmsnorm_plan_create(ctx, &c.cfg, plan_ops[op], &c.plan);
               if (st == RMSNORM_OK)
-                st = rmsnorm_plan_reshape(c.plan, c.rows, c.d, c.d, op == OP_ADD ? c.d : 0, c.d);
+                st = rmsnorm_plan_reshape(c.plan, c.rows, c.d, c.d, op == OP_FWD ? 0 : c.d, c.d);
               if (st == RMSNORM_OK)
-                st = op == OP_FWD
-                         ? rmsnorm_plan_setup_forward(c.plan, b.x, b.w, NULL, b.y, NULL, NULL)
-                         : rmsnorm_plan_setup_add(c.plan, b.h, b.u, b.w, NULL, b.y, NULL);
+                st = op == OP_FWD ? rmsnorm_plan_setup_forward(c.plan, b.x, b.w, NULL, b.y, NULL,
+                                                               NULL)
+                     : op == OP_ADD
+                         ? rmsnorm_plan_setup_add(c.plan, b.h, b.u, b.w, NULL, b.y, NULL)
+                         : rmsnorm_plan_setup_backward(c.plan, b.x, b.dy, b.w, NULL, b.rstd, b.dx,
+                                                       b.dw, NULL);
               if (st == RMSNORM_OK) {
                 c.has[C_PLAN] = 1;
               } else {

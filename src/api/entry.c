@@ -153,13 +153,20 @@ int rn_entry_unlocked(rn_entry *e, int one_task) {
   return 1;
 }
 
-char *rn_entry_scratch(rn_entry *e, size_t bytes) {
+size_t rn_entry_params_bytes(rn_entry *e) {
   take_weight_direct(e);
-  char *s = rn_context_scratch(e->ctx, e->wcopy + e->bcopy + bytes);
-  if (!s) return NULL;
+  return e->wcopy + e->bcopy;
+}
+
+char *rn_entry_params_into(rn_entry *e, char *s) {
   e->weight = rn_param_as_acc(&e->cfg, e->kernels, e->weight, 1, e->nparam, s);
   e->bias = rn_param_as_acc(&e->cfg, e->kernels, e->bias, 0, e->nparam, s + e->wcopy);
   return s + e->wcopy + e->bcopy;
+}
+
+char *rn_entry_scratch(rn_entry *e, size_t bytes) {
+  char *s = rn_context_scratch(e->ctx, rn_entry_params_bytes(e) + bytes);
+  return s ? rn_entry_params_into(e, s) : NULL;
 }
 
 rmsnorm_status rn_entry_lock_params(rn_entry *e) {

@@ -128,6 +128,13 @@ void rn_entry_weight_direct(rn_entry *e, size_t rows, size_t d, int f32);
  * e->kernels, and the weight as rn_entry_scratch would), and the caller runs
  * the same functions as under the lock, without taking it or unlocking. */
 int rn_entry_unlocked(rn_entry *e, int one_task);
+/* rn_entry_scratch's two steps, for memory of the caller's own (a plan's):
+ * the bytes of the parameter copies (the weight read in place where
+ * rn_entry_weight_direct chose it and e->kernels can: none for it), then
+ * the parameters converted into s (64-byte aligned, that many bytes), which
+ * returns the memory after them. */
+size_t rn_entry_params_bytes(rn_entry *e);
+char *rn_entry_params_into(rn_entry *e, char *s);
 /* rn_entry_lock, then rn_entry_scratch for the parameters alone. @return
  * RMSNORM_OK with the lock held, or RMSNORM_ERROR_OUT_OF_MEMORY with it
  * released. */
@@ -191,6 +198,31 @@ int rn_forward_direct(const rmsnorm_context *ctx, rn_split split, size_t rows, s
 void rn_forward_run(rmsnorm_context *ctx, const rn_kernel_set *k, const rn_forward_args *a,
                     size_t rows, rn_split split);
 
+/* The plain backward (norm.c) after its checks, in the steps a plan takes
+ * apart: rn_backward_split (lock held), rn_backward_weight, the reduction's
+ * plan and scratch (rn_entry_grad_scratch, or a plan's own), then
+ * rn_backward_prepare and rn_backward_run. */
+typedef struct rn_backward_job {
+  rmsnorm_context *ctx;
+  const rn_kernel_set *k;
+  rn_backward_args args;
+  rn_split cols; /* tasks > 0: fewer rows than threads, each row's columns split so */
+} rn_backward_job;
+/* The split of its chunks over threads, and in *cols the column split of
+ * long rows (tasks 0 where the rows are not split). */
+rn_split rn_backward_split(const rn_entry *e, size_t rows, size_t d, rn_split *cols);
+/* Chooses the weight read in place where the kernels take it (e->kernels
+ * set, after rn_entry_check; before the parameters are converted). */
+void rn_backward_weight(rn_entry *e, rn_norm norm, size_t rows, size_t d, rn_split cols,
+                        const void *dbias);
+/* The kernels' arguments in job, and the flags plan's run reads (the
+ * parameters converted: e->weight final). */
+void rn_backward_prepare(rn_backward_job *job, rn_grad_plan *plan, const rn_entry *e,
+                         rn_norm norm, size_t rows, size_t d, const void *x, size_t ldx,
+                         const void *dy, size_t lddy, const void *mean, const void *rstd,
+                         void *dx, size_t lddx, void *dweight, rn_split cols);
+/* The chunks, then the reduction (lock held where a split wakes threads). */
+void rn_backward_run(const rn_grad_plan *plan, void *sums, rn_backward_job *job);
 /* Residual add + RMSNorm forward (add.c): add = h + u into h, fwd = RMSNorm
  * of h into y, block by block of rows. */
 typedef struct rn_add_forward_job {

@@ -175,32 +175,35 @@ rmsnorm_status rmsnorm_layernorm_forward(rmsnorm_context *ctx, const rmsnorm_con
 
 /* ---- backward ----------------------------------------------------------- */
 
-typedef struct backward_job {
-  rmsnorm_context *ctx;
-  const rn_kernel_set *k;
-  const rn_backward_args *args;
-  rn_split split; /* tasks > 0: long rows, each split this way */
-} backward_job;
-
 /* One chunk of rows: its dweight/dbias terms go to its own partial, so the
  * split between tasks cannot change a bit. Split rows run their columns on
  * the pool (this chunk then runs on the caller's thread, alone). */
 static void backward_chunk(void *p, size_t r0, size_t r1, void *dw_part, void *db_part,
                            int task) {
-  const backward_job *job = p;
-  const rn_backward_args *a = job->args;
+  const rn_backward_job *job = p;
+  const rn_backward_args *a = &job->args;
   (void)task;
-  if (!job->split.tasks) {
+  if (!job->cols.tasks) {
     job->k->backward[a->dtype](a, r0, r1, dw_part, db_part);
     return;
   }
   cols_job cj = {job->k, a->dtype, NULL, a, 0, a->d, {0}, dw_part, db_part};
   for (cj.row = r0; cj.row < r1; cj.row++) {
     if (job->k->grad_coef[a->dtype](a, cj.row, cj.coef))
-      rn_run_tasks(job->ctx, job->split, cols_task, &cj);
+      rn_run_tasks(job->ctx, job->cols, cols_task, &cj);
     else
       rn_rescue_backward_row(a, cj.row, dw_part, db_part);
   }
+}
+
+rn_split rn_backward_split(const rn_entry *e, size_t rows, size_t d, rn_split *cols) {
+  size_t es = e->es;
+  if (split_rows(e->ctx, rows, d, es)) {
+    *cols = rn_split_for(e->ctx, 1, d * 3 * es, d / 64);
+    return (rn_split){1, 1, 1};
+  }
+  *cols = (rn_split){0, 0, 0};
+  return rn_entry_backward_split(e, rows, rows * d * 3 * es);
 }
 
 /* Whether the kernels may take the call's rows one by one reading a 16-bit
@@ -210,11 +213,38 @@ static void backward_chunk(void *p, size_t r0, size_t r1, void *dw_part, void *d
  * cache and a weight of the data's dtype. That spares a one-row call two
  * passes of d elements besides its own two, the weight's widened copy and
  * the partial's narrowing (bench/RESULTS.md). */
-static int backward_few(const rn_entry *e, rn_norm norm, size_t d, int split,
+void rn_backward_weight(rn_entry *e, rn_norm norm, size_t rows, size_t d, rn_split cols,
                         const void *dbias) {
-  return !split && !dbias && norm == RN_RMSNORM &&
-         ((e->kernels->backward_w_data >> e->cfg.dtype) & 1) &&
-         rn_partial_k(e->cfg.partial, d) == d;
+  if (!cols.tasks && !dbias && norm == RN_RMSNORM &&
+      ((e->kernels->backward_w_data >> e->cfg.dtype) & 1) &&
+      rn_partial_k(e->cfg.partial, d) == d)
+    rn_entry_weight_direct(e, rows, d, 0);
+}
+
+void rn_backward_prepare(rn_backward_job *job, rn_grad_plan *plan, const rn_entry *e,
+                         rn_norm norm, size_t rows, size_t d, const void *x, size_t ldx,
+                         const void *dy, size_t lddy, const void *mean, const void *rstd,
+                         void *dx, size_t lddx, void *dweight, rn_split cols) {
+  rn_backward_args *a = &job->args;
+  size_t es = e->es;
+  job->ctx = e->ctx, job->k = e->kernels, job->cols = cols;
+  rn_entry_backward_args(a, e, norm, d, x, ldx, dy, lddy, dx, lddx);
+  a->mean = mean;
+  a->rstd = rstd;
+  /* with the weight read as it is, dweight of its dtype is stored by the
+   * kernel (overwritten, at an even address: its vector stores) */
+  if (a->w_data && dweight && !(e->cfg.flags & RMSNORM_FLAG_ACCUMULATE) &&
+      ((uintptr_t)dweight & 1) == 0)
+    a->dw_data = dweight, plan->dw_stored = 1;
+  a->stream = rn_stream_ok(dx != dy && dx != x, dx, es, rows * d * es);
+  a->past_l3 = 3 * rows * d * es >= RN_PAST_L3_BYTES;
+  /* each chunk's kernel call writes its partials from nothing (a row split
+   * across threads adds its columns' terms into a zeroed partial) */
+  a->parts_fresh = plan->fresh_parts = !cols.tasks;
+}
+
+void rn_backward_run(const rn_grad_plan *plan, void *sums, rn_backward_job *job) {
+  rn_grad_run(job->ctx, plan, sums, backward_chunk, job);
 }
 
 static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
@@ -244,30 +274,16 @@ static rmsnorm_status run_backward(rmsnorm_context *ctx, const rmsnorm_config *c
 
   /* scratch: [weight copy][the reduction's group sums and chunk partials] */
   rn_entry_lock(&e);
-  int split = split_rows(ctx, rows, d, es);
-  if (backward_few(&e, norm, d, split, dbias)) rn_entry_weight_direct(&e, rows, d, 0);
+  rn_split cols, split = rn_backward_split(&e, rows, d, &cols);
+  rn_backward_weight(&e, norm, rows, d, cols, dbias);
   rn_grad_plan plan;
-  char *sums = rn_entry_grad_scratch(
-      &e, &plan, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
-      split ? (rn_split){1, 1, 1} : rn_entry_backward_split(&e, rows, rows * d * 3 * es), 0);
+  char *sums = rn_entry_grad_scratch(&e, &plan, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias,
+                                     split, 0);
   if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
-  rn_backward_args a;
-  rn_entry_backward_args(&a, &e, norm, d, x, ldx, dy, lddy, dx, lddx);
-  a.mean = mean;
-  a.rstd = rstd;
-  /* with the weight read as it is, dweight of its dtype is stored by the
-   * kernel (overwritten, at an even address: its vector stores) */
-  if (a.w_data && dweight && !(e.cfg.flags & RMSNORM_FLAG_ACCUMULATE) &&
-      ((uintptr_t)dweight & 1) == 0)
-    a.dw_data = dweight, plan.dw_stored = 1;
-  a.stream = rn_stream_ok(dx != dy && dx != x, dx, es, rows * d * es);
-  a.past_l3 = 3 * rows * d * es >= RN_PAST_L3_BYTES;
-  /* each chunk's kernel call writes its partials from nothing (a row split
-   * across threads adds its columns' terms into a zeroed partial) */
-  a.parts_fresh = plan.fresh_parts = !split;
-  backward_job job = {ctx, e.kernels, &a, {0, 0, 0}};
-  if (split) job.split = rn_split_for(ctx, 1, d * 3 * es, d / 64);
-  rn_grad_run(ctx, &plan, sums, backward_chunk, &job);
+  rn_backward_job job;
+  rn_backward_prepare(&job, &plan, &e, norm, rows, d, x, ldx, dy, lddy, mean, rstd, dx, lddx,
+                      dweight, cols);
+  rn_backward_run(&plan, sums, &job);
   return rn_entry_unlock(&e, RMSNORM_OK);
 }
 

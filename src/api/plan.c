@@ -1,9 +1,10 @@
-/* plan.c - plans (rmsnorm.h, "Plans"): a forward or add + forward call
- * checked and prepared once (create, reshape, setup), then run many times
- * through the one-shot calls' own run functions (entry.h), so the bits are
- * theirs. What a run skips: the config and size checks, the overlap rule,
- * the weight conversion, the thread decision and, when that keeps the work on
- * the caller's thread, the context's lock. */
+/* plan.c - plans (rmsnorm.h, "Plans"): a forward, add + forward or backward
+ * call checked and prepared once (create, reshape, setup), then run many
+ * times through the one-shot calls' own run functions (entry.h), so the bits
+ * are theirs. What a run skips: the config and size checks, the overlap rule,
+ * the weight conversion, the thread decision, the backward's reduction plan
+ * and, when the work stays on the caller's thread, the context's lock (the
+ * backward's scratch being the plan's own). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,14 +21,25 @@ struct rmsnorm_plan {
   size_t rows, d, ldx, ldu, ldy;
   const rn_kernel_set *kernels; /* the context's at reshape */
   rn_split split;               /* the thread decision at reshape */
+  rn_split cols;                /* the backward's column split of long rows (tasks 0: none) */
   int direct;                   /* one task on the caller's thread: no lock, no pool */
   /* setup */
   int ready;
-  char *params;        /* weight and bias in the compute type, when converted */
+  char *params;        /* weight and bias in the compute type, when converted;
+                          the backward's reduction scratch after them */
   size_t params_bytes; /* params' allocation */
   rn_forward_args fwd;    /* forward plans */
   rn_add_forward_job add; /* add plans */
+  rn_backward_job bwd;    /* backward plans: */
+  rn_grad_plan grad;      /*   their reduction */
+  char *sums;             /*   and its scratch, in params */
+  int one_call;           /*   direct, and all of it one kernel call on these partials */
+  void *dw_part, *db_part;
 };
+
+static int op_backward(rmsnorm_plan_op op) {
+  return op == RMSNORM_PLAN_BACKWARD || op == RMSNORM_PLAN_LAYERNORM_BACKWARD;
+}
 
 /* The flags the op's one-shot call refuses, and its norm. */
 static int op_known(rmsnorm_plan_op op, rn_norm *norm, unsigned *refused) {
@@ -35,6 +47,8 @@ static int op_known(rmsnorm_plan_op op, rn_norm *norm, unsigned *refused) {
   case RMSNORM_PLAN_FORWARD: *norm = RN_RMSNORM, *refused = 0; return 1;
   case RMSNORM_PLAN_LAYERNORM_FORWARD: *norm = RN_LAYERNORM, *refused = 0; return 1;
   case RMSNORM_PLAN_ADD_FORWARD: *norm = RN_RMSNORM, *refused = RMSNORM_FLAG_ACCUMULATE; return 1;
+  case RMSNORM_PLAN_BACKWARD: *norm = RN_RMSNORM, *refused = 0; return 1;
+  case RMSNORM_PLAN_LAYERNORM_BACKWARD: *norm = RN_LAYERNORM, *refused = 0; return 1;
   }
   return 0;
 }
@@ -44,6 +58,7 @@ static rn_entry plan_entry(const rmsnorm_plan *p) {
   rn_entry e;
   e.cfg = p->cfg;
   rn_entry_set(&e, p->ctx);
+  e.kernels = p->kernels;
   return e;
 }
 
@@ -72,16 +87,19 @@ rmsnorm_status rmsnorm_plan_reshape(rmsnorm_plan *p, size_t rows, size_t d, size
   if (!p) return RMSNORM_ERROR_NULL_POINTER;
   p->shaped = p->ready = 0;
   if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
-  int add = p->op == RMSNORM_PLAN_ADD_FORWARD;
-  if (!add && ldu != 0) return RMSNORM_ERROR_BAD_ARGUMENT;
+  int add = p->op == RMSNORM_PLAN_ADD_FORWARD, three = add || op_backward(p->op);
+  if (!three && ldu != 0) return RMSNORM_ERROR_BAD_ARGUMENT;
   rn_entry e = plan_entry(p);
-  rmsnorm_status st = add ? rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldu, ldy))
-                          : rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldy));
+  rmsnorm_status st = three ? rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldu, ldy))
+                            : rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldy));
   if (st != RMSNORM_OK) return st;
   p->rows = rows, p->d = d, p->ldx = ldx, p->ldu = ldu, p->ldy = ldy;
   rn_context_lock(p->ctx);
-  p->kernels = rn_context_kernels(p->ctx);
-  if (add) {
+  p->kernels = e.kernels = rn_context_kernels(p->ctx);
+  if (op_backward(p->op)) {
+    p->split = rn_backward_split(&e, rows, d, &p->cols);
+    p->direct = 0; /* decided at setup, with the reduction */
+  } else if (add) {
     p->split = rn_add_forward_split(p->ctx, rows, d, e.es);
     p->direct = p->split.tasks == 1;
   } else {
@@ -93,29 +111,35 @@ rmsnorm_status rmsnorm_plan_reshape(rmsnorm_plan *p, size_t rows, size_t d, size
   return RMSNORM_OK;
 }
 
-/* The checks of the one-shot call on b, then weight and bias in the compute
- * type: the caller's, or copies in the plan's own memory. */
-static rmsnorm_status plan_params(rmsnorm_plan *p, rn_entry *e, const rn_buffers *b) {
-  rmsnorm_status st = rn_entry_check(e, b);
-  if (st != RMSNORM_OK) return st;
-  size_t bytes = e->wcopy + e->bcopy;
-  if (bytes > p->params_bytes) {
-    char *q = aligned_alloc(64, bytes);
+/* Weight and bias in the compute type (the caller's, or copies in the plan's
+ * own memory), and `more` bytes of the plan's after them at *rest. e: after
+ * rn_entry_check. */
+static rmsnorm_status plan_params(rmsnorm_plan *p, rn_entry *e, size_t more, char **rest) {
+  size_t bytes = rn_entry_params_bytes(e) + more;
+  if (bytes > p->params_bytes || !p->params) { /* never NULL: the pointers below need one */
+    char *q = aligned_alloc(64, bytes ? rn_align64(bytes) : 64);
     if (!q) return RMSNORM_ERROR_OUT_OF_MEMORY;
     free(p->params);
     p->params = q;
     p->params_bytes = bytes;
   }
-  e->weight = rn_param_as_acc(&e->cfg, p->kernels, b->weight, 1, b->nparam, p->params);
-  e->bias = rn_param_as_acc(&e->cfg, p->kernels, b->bias, 0, b->nparam, p->params + e->wcopy);
+  char *r = rn_entry_params_into(e, p->params);
+  if (rest) *rest = r;
   return RMSNORM_OK;
+}
+
+/* The checks of the one-shot call on b, then its parameters (plan_params). */
+static rmsnorm_status plan_check_params(rmsnorm_plan *p, rn_entry *e, const rn_buffers *b) {
+  rmsnorm_status st = rn_entry_check(e, b);
+  return st != RMSNORM_OK ? st : plan_params(p, e, 0, NULL);
 }
 
 rmsnorm_status rmsnorm_plan_setup_forward(rmsnorm_plan *p, const void *x, const void *weight,
                                           const void *bias, void *y, void *mean, void *rstd) {
   if (!p) return RMSNORM_ERROR_NULL_POINTER;
   p->ready = 0;
-  if (!p->shaped || p->op == RMSNORM_PLAN_ADD_FORWARD || (p->norm == RN_RMSNORM && mean))
+  if (!p->shaped || p->op == RMSNORM_PLAN_ADD_FORWARD || op_backward(p->op) ||
+      (p->norm == RN_RMSNORM && mean))
     return RMSNORM_ERROR_BAD_ARGUMENT;
   size_t rows = p->rows, d = p->d;
   if (rows == 0) return p->ready = 1, RMSNORM_OK;
@@ -126,7 +150,7 @@ rmsnorm_status rmsnorm_plan_setup_forward(rmsnorm_plan *p, const void *x, const 
                   .out = {rn_matrix(y, rows, d, p->ldy, es), rn_vector(mean, rows, e.as),
                           rn_vector(rstd, rows, e.as)},
                   .weight = weight, .bias = bias, .nparam = d};
-  rmsnorm_status st = plan_params(p, &e, &b);
+  rmsnorm_status st = plan_check_params(p, &e, &b);
   if (st != RMSNORM_OK) return st;
   p->fwd = rn_entry_forward_args(&e, p->norm, d, x, p->ldx, y, p->ldy);
   p->fwd.mean = mean;
@@ -152,7 +176,7 @@ rmsnorm_status rmsnorm_plan_setup_add(rmsnorm_plan *p, void *h, const void *u,
                   .out = {rn_matrix(y, rows, d, p->ldy, es), rn_matrix(h, rows, d, p->ldx, es),
                           rn_vector(rstd, rows, e.as)},
                   .weight = weight, .bias = bias, .nparam = d};
-  rmsnorm_status st = plan_params(p, &e, &b);
+  rmsnorm_status st = plan_check_params(p, &e, &b);
   if (st != RMSNORM_OK) return st;
   rn_add_forward_job *job = &p->add;
   job->ks = p->kernels;
@@ -164,11 +188,67 @@ rmsnorm_status rmsnorm_plan_setup_add(rmsnorm_plan *p, void *h, const void *u,
   return RMSNORM_OK;
 }
 
+rmsnorm_status rmsnorm_plan_setup_backward(rmsnorm_plan *p, const void *x, const void *dy,
+                                           const void *weight, const void *mean,
+                                           const void *rstd, void *dx, void *dweight,
+                                           void *dbias) {
+  if (!p) return RMSNORM_ERROR_NULL_POINTER;
+  p->ready = 0;
+  if (!p->shaped || !op_backward(p->op) || (p->norm == RN_RMSNORM && mean) ||
+      (dweight && !weight))
+    return RMSNORM_ERROR_BAD_ARGUMENT;
+  size_t rows = p->rows, d = p->d;
+  if (rows == 0) return p->ready = 1, RMSNORM_OK;
+  if (!x || !dy || !dx) return RMSNORM_ERROR_NULL_POINTER;
+  rn_entry e = plan_entry(p);
+  size_t es = e.es;
+  rn_buffers b;
+  rn_buffers_empty(&b);
+  b.in[0] = rn_inplace(rn_matrix(x, rows, d, p->ldx, es));
+  b.in[1] = rn_inplace(rn_matrix(dy, rows, d, p->ldu, es));
+  b.in[2] = rn_vector(mean, rows, e.as);
+  b.in[3] = rn_vector(rstd, rows, e.as);
+  b.out[0] = rn_matrix(dx, rows, d, p->ldy, es);
+  b.out[1] = rn_vector(dweight, d, e.ps);
+  b.out[2] = rn_vector(dbias, d, e.ps);
+  b.weight = weight, b.nparam = d;
+  rmsnorm_status st = rn_entry_check(&e, &b);
+  if (st != RMSNORM_OK) return st;
+  rn_backward_weight(&e, p->norm, rows, d, p->cols, dbias);
+  rn_grad_plan *g = &p->grad;
+  if (!rn_grad_plan_init(g, &p->cfg, rows, RN_BACKWARD_CHUNK_ROWS, d, dweight, dbias, p->split))
+    return RMSNORM_ERROR_OUT_OF_MEMORY;
+  g->kernels = p->kernels;
+  rn_context_lock(p->ctx);
+  g->reduce = rn_grad_reduce_split(p->ctx, g);
+  rn_context_unlock(p->ctx);
+  if ((st = plan_params(p, &e, g->bytes, &p->sums)) != RMSNORM_OK) return st;
+  rn_backward_prepare(&p->bwd, g, &e, p->norm, rows, d, x, p->ldx, dy, p->ldu, mean, rstd, dx,
+                      p->ldy, dweight, p->cols);
+  /* the caller's thread alone, chunks and reduction: no lock, no pool */
+  p->direct = !p->cols.tasks && g->split.threads == 1 && g->reduce.threads == 1;
+  p->one_call = p->direct && rn_grad_one_call(g, p->sums, &p->dw_part, &p->db_part);
+  p->ready = 1;
+  return RMSNORM_OK;
+}
+
 rmsnorm_status rmsnorm_plan_run(rmsnorm_plan *p) {
   if (!p) return RMSNORM_ERROR_NULL_POINTER;
   if (!p->ready) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (p->rows == 0) return RMSNORM_OK;
   int add = p->op == RMSNORM_PLAN_ADD_FORWARD;
+  if (op_backward(p->op)) {
+    const rn_backward_args *a = &p->bwd.args;
+    if (p->one_call) /* what rn_backward_run would call, with nothing around it */
+      p->kernels->backward[a->dtype](a, 0, p->rows, p->dw_part, p->db_part);
+    else if (p->direct)
+      rn_backward_run(&p->grad, p->sums, &p->bwd);
+    if (p->direct) return RMSNORM_OK;
+    rn_context_lock(p->ctx);
+    rn_backward_run(&p->grad, p->sums, &p->bwd);
+    rn_context_unlock(p->ctx);
+    return RMSNORM_OK;
+  }
   if (p->direct) { /* the caller's thread alone: nothing of the context is used */
     if (add)
       rn_add_forward_run(p->ctx, &p->add, p->rows, p->split);

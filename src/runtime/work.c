@@ -236,6 +236,18 @@ static void chunks_task(void *arg, int t, int n) {
   }
 }
 
+/* chunks_task of a plan with one chunk (one group, on the caller's thread):
+ * the same call on the same partials, without the group and chunk
+ * arithmetic (its divisions are a good part of a one-row call's fixed cost). */
+static void one_chunk(const grad_job *job) {
+  const rn_grad_plan *p = job->p;
+  if (!p->fresh_parts) {
+    if (job->dw_groups) memset(job->dw_groups, 0, p->d * p->acc_size);
+    if (job->db_groups) memset(job->db_groups, 0, p->d * p->acc_size);
+  }
+  job->fn(job->arg, 0, p->units, job->dw_groups, job->db_groups, 0);
+}
+
 /* out[j] = sum[j] rounded to the fp16/bf16 parameter dtype (with
  * RMSNORM_FLAG_ACCUMULATE: sum[j] + out[j], added in double), as rn_store
  * does, for j in [j0, j1); sum is f (floats) or t (doubles). Loops without
@@ -347,21 +359,28 @@ static void reduce_task(void *arg, int t, int n) {
   if (job->p->dbias && !job->db_direct) reduce_groups(job, job->db_groups, job->p->dbias, j0, j1);
 }
 
-void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_chunk_fn fn,
-                 void *arg) {
+rn_split rn_grad_reduce_split(const rmsnorm_context *ctx, const rn_grad_plan *p) {
+  size_t nparts = (p->dweight != NULL) + (p->dbias != NULL);
+  return rn_split_for(ctx, 0, nparts * p->ngroups * p->group_bytes, p->d);
+}
+
+/* The job of p over scratch: where each chunk's partials go, and which
+ * outputs need no reduction. */
+static void grad_job_init(grad_job *job, const rn_grad_plan *p, void *scratch, rn_chunk_fn fn,
+                          void *arg) {
   char *s = scratch;
   size_t nparts = (p->dweight != NULL) + (p->dbias != NULL);
   size_t groups = p->ngroups * p->group_bytes, parts = (size_t)p->ntasks * p->part_bytes;
-  grad_job job = {p, fn, arg, NULL, NULL, NULL, NULL, NULL, 0, 0};
+  *job = (grad_job){p, fn, arg, NULL, NULL, NULL, NULL, NULL, 0, 0};
   if (p->dweight) {
-    job.dw_groups = s;
-    job.dw_parts = s + nparts * groups;
+    job->dw_groups = s;
+    job->dw_parts = s + nparts * groups;
   }
   if (p->dbias) {
-    job.db_groups = s + (p->dweight ? groups : 0);
-    job.db_parts = s + nparts * groups + (p->dweight ? parts : 0);
+    job->db_groups = s + (p->dweight ? groups : 0);
+    job->db_parts = s + nparts * groups + (p->dweight ? parts : 0);
   }
-  if (nparts && !p->multi) job.total = (double *)(void *)(s + nparts * (groups + parts));
+  if (nparts && !p->multi) job->total = (double *)(void *)(s + nparts * (groups + parts));
   /* One chunk whose output is its partial (compute type, aligned, not
    * accumulated into): the kernels sum into the output itself, which spares
    * a copy of d values at the end (the output is disjoint from the inputs,
@@ -370,13 +389,33 @@ void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_
   if (p->ngroups == 1 && !p->multi && !(p->cfg->flags & RMSNORM_FLAG_ACCUMULATE) &&
       p->cfg->param_dtype == (rn_acc_is_f64(p->cfg->dtype) ? RMSNORM_F64 : RMSNORM_F32)) {
     if (p->dweight && rn_aligned(p->dweight, p->acc_size))
-      job.dw_groups = p->dweight, job.dw_direct = 1;
+      job->dw_groups = p->dweight, job->dw_direct = 1;
     if (p->dbias && rn_aligned(p->dbias, p->acc_size))
-      job.db_groups = p->dbias, job.db_direct = 1;
+      job->db_groups = p->dbias, job->db_direct = 1;
   }
-  if (p->dweight && p->dw_stored) job.dw_direct = 1;
-  rn_run_tasks(ctx, p->split, chunks_task, &job);
+  if (p->dweight && p->dw_stored) job->dw_direct = 1;
+}
+
+int rn_grad_one_call(const rn_grad_plan *p, void *scratch, void **dw_part, void **db_part) {
+  grad_job job;
+  grad_job_init(&job, p, scratch, NULL, NULL);
+  if (p->nchunks != 1 || !p->fresh_parts || (p->dweight && !job.dw_direct) ||
+      (p->dbias && !job.db_direct))
+    return 0;
+  *dw_part = job.dw_groups, *db_part = job.db_groups;
+  return 1;
+}
+
+void rn_grad_run(rmsnorm_context *ctx, const rn_grad_plan *p, void *scratch, rn_chunk_fn fn,
+                 void *arg) {
+  size_t nparts = (p->dweight != NULL) + (p->dbias != NULL);
+  grad_job job;
+  grad_job_init(&job, p, scratch, fn, arg);
+  if (p->nchunks == 1)
+    one_chunk(&job);
+  else
+    rn_run_tasks(ctx, p->split, chunks_task, &job);
   if (nparts > (size_t)job.dw_direct + (size_t)job.db_direct)
-    rn_run_tasks(ctx, rn_split_for(ctx, 0, nparts * p->ngroups * p->group_bytes, p->d),
-                 reduce_task, &job);
+    rn_run_tasks(ctx, p->reduce.tasks ? p->reduce : rn_grad_reduce_split(ctx, p), reduce_task,
+                 &job);
 }

@@ -135,12 +135,21 @@ typedef struct rn_grad_plan {
   int dw_stored;         /* set by the caller after init: the one chunk stores
                             dweight itself (backward kernels with dw_data), so
                             it is not reduced */
+  rn_split reduce;       /* the reduction's split, where the caller decided it
+                            (rn_grad_reduce_split); tasks 0: decided by the run */
 } rn_grad_plan;
 
 /* `split`: the threads and tasks wanted (tasks clamped to ngroups). @return
  * 0 when the scratch size would not fit in size_t (out of memory). */
 int rn_grad_plan_init(rn_grad_plan *p, const rmsnorm_config *cfg, size_t units,
                       size_t chunk_units, size_t d, void *dweight, void *dbias, rn_split split);
+/* The split of p's reduction over d (rn_split_for); lock held. */
+rn_split rn_grad_reduce_split(const rmsnorm_context *ctx, const rn_grad_plan *p);
+/* Whether p's whole run is one call of its chunk function, fn(arg, 0,
+ * units, *dw_part, *db_part, 0), with nothing zeroed before and nothing
+ * reduced after (one chunk, fresh_parts, each output its own partial or
+ * stored by the kernel): a plan then calls its kernel directly. */
+int rn_grad_one_call(const rn_grad_plan *p, void *scratch, void **dw_part, void **db_part);
 /* Runs fn over every chunk with p->split, then reduces into dweight
  * and dbias (overwritten, or added to with RMSNORM_FLAG_ACCUMULATE).
  * `scratch` holds p->bytes (64-byte aligned); lock held. */
