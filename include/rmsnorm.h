@@ -1022,7 +1022,8 @@ RMSNORM_API rmsnorm_status rmsnorm_shard_backward(rmsnorm_context *ctx,
  *            converted (another dtype, 1 + g, a misaligned address): call
  *            setup again after changing their values;
  *   run      the arithmetic: bit for bit the one-shot call's results. A run
- *            that the split keeps on the caller's thread takes no lock.
+ *            that the split keeps on the caller's thread takes no lock (a
+ *            backward's reduction scratch is the plan's own).
  * Reshape again after rmsnorm_context_set_isa or _set_threads. A plan is used
  * by one thread at a time; several plans and one-shot calls may share a
  * context. Free the plans before their context. */
