@@ -7,7 +7,8 @@
  *   add+fwd:  the loop (h += u rounded to the dtype, then the norm),
  *             rmsnorm_add_forward, and its plan (RMSNORM_PLAN_ADD_FORWARD)
  *   bwd:      the loop, rmsnorm_backward (r saved by a forward, dweight
- *             summed over the rows), and its plan (RMSNORM_PLAN_BACKWARD)
+ *             summed over the rows), and its plan (RMSNORM_PLAN_BACKWARD);
+ *             for fp32 also a loop that sums in the spec's order
  * in fp32, bf16 and fp16 at d 128, 576, 896, 2048, 4096, 8192, and the
  * fused ops, which have one-shot calls only, in fp32 and bf16:
  *   qk:       the loop over the q and k heads of packed QKV tokens (a weight
@@ -374,6 +375,9 @@ typedef struct loop_set {
                    const float *rstd, void *dx, void *dw, float *dwacc);
   void (*forward_spec_f32)(size_t rows, size_t d, const float *x, const float *w, float *y,
                            double eps);
+  void (*backward_spec_f32)(size_t rows, size_t d, const float *x, const float *dy,
+                            const float *w, const float *rstd, float *dx, float *dw,
+                            float *dwacc);
   void (*qk_forward)(int dt, size_t tokens, size_t qh, size_t kvh, size_t hd, const void *qkv,
                      const void *wq, const void *wk, void *y, float eps);
   void (*gated_forward)(int dt, size_t rows, size_t d, const void *x, const void *z,
@@ -386,8 +390,9 @@ typedef struct loop_set {
 
 /* A set's loops in loop_set's order. */
 #define LOOPS(s)                                                                     \
-  forward_##s, add_forward_##s, backward_##s, forward_spec_f32_##s, qk_forward_##s, \
-      gated_forward_##s, sandwich_forward_##s, q8_0_forward_##s
+  forward_##s, add_forward_##s, backward_##s, forward_spec_f32_##s,                 \
+      backward_spec_f32_##s, qk_forward_##s, gated_forward_##s, sandwich_forward_##s, \
+      q8_0_forward_##s
 
 static const loop_set sets[] = {
 #if BENCH_X86
@@ -401,7 +406,7 @@ static const loop_set sets[] = {
 #if defined(__aarch64__)
     {"neon", RMSNORM_ISA_NEON, RMSNORM_CPU_NEON, LOOPS(neon)},
 #endif
-    {NULL, RMSNORM_ISA_AUTO, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}};
+    {NULL, RMSNORM_ISA_AUTO, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}};
 
 /* ---- data --------------------------------------------------------------- */
 
@@ -487,6 +492,7 @@ typedef struct buffers {
   void *x, *h0, *u, *dy, *z, *w, *w2;       /* inputs, of the case's dtype */
   void *y, *h, *dx, *dw;                    /* outputs (h: in and out) */
   void *yref, *href, *dxref, *dwref, *ylib; /* the loop's outputs; the library's y */
+  void *dwlib;                              /* the library's dweight */
   float *dwacc, *rstd;                      /* the loop's fp32 dweight; r a row */
   float *urow;                              /* the gated loop's u, a row */
 } buffers;
@@ -556,6 +562,10 @@ static rmsnorm_status run(const bcase *c, int who) {
   size_t rows = c->rows, d = c->d;
   int dt = c->dt, loop = who == C_LOOP;
   if (who == C_PLAN) return rmsnorm_plan_run(c->plan);
+  if (who == C_SPEC && c->op == OP_BWD) {
+    c->set->backward_spec_f32(rows, d, b->x, b->dy, b->w, b->rstd, b->dx, b->dw, b->dwacc);
+    return RMSNORM_OK;
+  }
   if (who == C_SPEC) {
     c->set->forward_spec_f32(rows, d, b->x, b->w, b->y, EPS);
     return RMSNORM_OK;
@@ -692,7 +702,7 @@ static int verify_one(const bcase *c, int who, int *same) {
 }
 
 /* The loop's outputs, then the library's and the plan's against them; for
- * the fp32 forward, whether the spec-order loop gives the library's bits
+ * the fp32 forward and backward, whether the spec-order loop gives the library's bits
  * (*equal), for Q8_0 whether the loop gives the library's bytes.
  * @return the mismatches. */
 static int verify(const bcase *c, int *equal) {
@@ -705,7 +715,11 @@ static int verify(const bcase *c, int *equal) {
   memcpy(b->yref, b->y, bytes), memcpy(b->href, b->h, hbytes);
   memcpy(b->dxref, b->dx, bytes), memcpy(b->dwref, b->dw, wbytes);
   int bad = verify_one(c, C_LIB, equal);
-  if (c->has[C_SPEC]) {
+  if (c->has[C_SPEC] && c->op == OP_BWD) { /* the library's dx and dweight */
+    memcpy(b->ylib, b->dx, bytes), memcpy(b->dwlib, b->dw, wbytes);
+    run(c, C_SPEC);
+    *equal = !memcmp(b->dx, b->ylib, bytes) && !memcmp(b->dw, b->dwlib, wbytes);
+  } else if (c->has[C_SPEC]) {
     memcpy(b->ylib, b->y, bytes);
     run(c, C_SPEC);
     *equal = !memcmp(b->y, b->ylib, bytes);
@@ -875,6 +889,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof big_bufs / sizeof *big_bufs; i++) *big_bufs[i] = xalloc(big);
   b.w = xalloc(wide), b.w2 = xalloc(wide), b.dw = xalloc(wide), b.dwref = xalloc(wide);
   b.dwacc = xalloc(wide), b.urow = xalloc(wide), b.rstd = xalloc(ROWS_MAX * sizeof(float));
+  b.dwlib = xalloc(wide);
   double *t = xalloc((size_t)CONTENDERS * (size_t)rounds * sizeof(double));
   double *ratio = xalloc((size_t)rounds * sizeof(double));
 
@@ -925,7 +940,7 @@ int main(int argc, char **argv) {
             rmsnorm_gate_init(&c.gate, RMSNORM_GATE_SILU);
             rmsnorm_quant_init(&c.quant, RMSNORM_QF_Q8_0);
             c.has[C_LOOP] = c.has[C_LIB] = 1;
-            c.has[C_SPEC] = op == OP_FWD && dt == RMSNORM_F32;
+            c.has[C_SPEC] = (op == OP_FWD || op == OP_BWD) && dt == RMSNORM_F32;
             if (op == OP_BWD) /* r saved by a forward, as training does */
               rmsnorm_forward(ctx, &c.cfg, c.rows, c.d, b.x, c.d, b.w, NULL, b.y, c.d, b.rstd);
             if (!fused) {
@@ -971,6 +986,7 @@ int main(int argc, char **argv) {
            mismatches);
   for (size_t i = 0; i < sizeof big_bufs / sizeof *big_bufs; i++) free(*big_bufs[i]);
   free(b.w), free(b.w2), free(b.dw), free(b.dwref), free(b.dwacc), free(b.urow), free(b.rstd);
+  free(b.dwlib);
   free(t), free(ratio);
   rmsnorm_context_free(ctx);
   return mismatches ? 1 : 0;
