@@ -59,15 +59,20 @@ static rmsnorm_status plan_setup(rmsnorm_plan *p, const pcase *c, tu_tensor *x,
   return rmsnorm_plan_setup_forward(p, x->data, w, b, out, mean, rstd);
 }
 
+/* The config of case c. */
+static void case_config(const pcase *c, rmsnorm_config *cfg) {
+  TU_OK(rmsnorm_config_init(cfg, c->dt));
+  cfg->param_dtype = c->pdt;
+  cfg->flags = c->flags;
+  cfg->partial = c->partial;
+}
+
 /* One case: the plan, set up once, run `steps` times on new x (and u), each
  * step compared with the one-shot call on a copy of the same inputs. */
 static void check_case(rmsnorm_context *ctx, const pcase *c, size_t rows, size_t d, size_t pad,
                        int steps) {
   rmsnorm_config cfg;
-  TU_OK(rmsnorm_config_init(&cfg, c->dt));
-  cfg.param_dtype = c->pdt;
-  cfg.flags = c->flags;
-  cfg.partial = c->partial;
+  case_config(c, &cfg);
   int add = c->op == RMSNORM_PLAN_ADD_FORWARD;
   size_t ld = d + pad, as = c->dt == RMSNORM_F64 ? 8 : 4;
   /* the one-shot's buffers (suffix 1) and the plan's (suffix 2) */
@@ -147,10 +152,7 @@ static void check_equal_to_one_shot(rmsnorm_context *ctx) {
 static void check_backward_case(rmsnorm_context *ctx, const pcase *c, size_t rows, size_t d,
                                 size_t pad, int steps, int grads) {
   rmsnorm_config cfg;
-  TU_OK(rmsnorm_config_init(&cfg, c->dt));
-  cfg.param_dtype = c->pdt;
-  cfg.flags = c->flags;
-  cfg.partial = c->partial;
+  case_config(c, &cfg);
   int ln = c->op == RMSNORM_PLAN_LAYERNORM_BACKWARD;
   size_t ld = d + pad, as = c->dt == RMSNORM_F64 ? 8 : 4;
   tu_tensor x1 = tu_alloc(c->dt, rows, d, ld), x2 = tu_alloc(c->dt, rows, d, ld);
@@ -162,8 +164,9 @@ static void check_backward_case(rmsnorm_context *ctx, const pcase *c, size_t row
   fill(&w, 0.5);
   fill(&g1, 1.0);
   memcpy(g2.data, g1.data, g1.bytes);
-  size_t off = (rows + d) % 2, ps = c->pdt == RMSNORM_F64 ? 8 : c->pdt == RMSNORM_F32 ? 4 : 2;
-  char *dw1 = grads ? (char *)g1.data + off * ps : NULL, *dw2 = grads ? (char *)g2.data + off * ps : NULL;
+  size_t off = (rows + d) % 2, ps = rn_dtype_size(c->pdt);
+  char *dw1 = grads ? (char *)g1.data + off * ps : NULL;
+  char *dw2 = grads ? (char *)g2.data + off * ps : NULL;
   char *db1 = grads && c->bias ? (char *)g1.data + (d + 1) * ps : NULL;
   char *db2 = db1 ? (char *)g2.data + (d + 1) * ps : NULL;
   const void *weight = grads || c->partial == 1.0 ? w.data : NULL;

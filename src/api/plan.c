@@ -239,14 +239,15 @@ rmsnorm_status rmsnorm_plan_run(rmsnorm_plan *p) {
   int add = p->op == RMSNORM_PLAN_ADD_FORWARD;
   if (op_backward(p->op)) {
     const rn_backward_args *a = &p->bwd.args;
-    if (p->one_call) /* what rn_backward_run would call, with nothing around it */
+    if (p->one_call) { /* what rn_backward_run would call, with nothing around it */
       p->kernels->backward[a->dtype](a, 0, p->rows, p->dw_part, p->db_part);
-    else if (p->direct)
+    } else if (p->direct) {
       rn_backward_run(&p->grad, p->sums, &p->bwd);
-    if (p->direct) return RMSNORM_OK;
-    rn_context_lock(p->ctx);
-    rn_backward_run(&p->grad, p->sums, &p->bwd);
-    rn_context_unlock(p->ctx);
+    } else {
+      rn_context_lock(p->ctx);
+      rn_backward_run(&p->grad, p->sums, &p->bwd);
+      rn_context_unlock(p->ctx);
+    }
     return RMSNORM_OK;
   }
   if (p->direct) { /* the caller's thread alone: nothing of the context is used */
