@@ -1034,7 +1034,11 @@ typedef enum rmsnorm_plan_op {
   RMSNORM_PLAN_LAYERNORM_FORWARD = 1, /* rmsnorm_layernorm_forward */
   RMSNORM_PLAN_ADD_FORWARD = 2,       /* rmsnorm_add_forward */
   RMSNORM_PLAN_BACKWARD = 3,          /* rmsnorm_backward */
-  RMSNORM_PLAN_LAYERNORM_BACKWARD = 4 /* rmsnorm_layernorm_backward */
+  RMSNORM_PLAN_LAYERNORM_BACKWARD = 4, /* rmsnorm_layernorm_backward */
+  RMSNORM_PLAN_SANDWICH_FORWARD = 5,   /* rmsnorm_sandwich_forward */
+  RMSNORM_PLAN_FORWARD_QUANTIZED = 6,  /* rmsnorm_forward_quantized */
+  RMSNORM_PLAN_ADD_FORWARD_QUANTIZED = 7, /* rmsnorm_add_forward_quantized */
+  RMSNORM_PLAN_GATED_FORWARD = 8       /* rmsnorm_gated_forward */
 } rmsnorm_plan_op;
 
 /* Creates a plan of op with cfg (the flags op's one-shot call takes).
@@ -1044,9 +1048,10 @@ typedef enum rmsnorm_plan_op {
 RMSNORM_API rmsnorm_status rmsnorm_plan_create(rmsnorm_context *ctx, const rmsnorm_config *cfg,
                                                rmsnorm_plan_op op, rmsnorm_plan **plan);
 /* Sizes: rows x d, the strides of the one-shot call: ldx and ldy (forward:
- * x, y; add: h, y; backward: x, dx) and ldu (add's u, the backward's dy; 0
- * for the forwards). rows may
- * be 0 (run then writes nothing). A failed reshape leaves the plan unshaped.
+ * x, y; add: h, y; backward: x, dx; sandwich: a, x_next; gated: x, y;
+ * quantized: x or h, and 0: the codes' stride comes at setup) and ldu
+ * (add's and add + quantized's u, the backward's dy, sandwich's h, gated's
+ * z; 0 for the others). rows may be 0 (run then writes nothing). A failed reshape leaves the plan unshaped.
  * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_SIZE,
  * RMSNORM_ERROR_BAD_STRIDE, RMSNORM_ERROR_BAD_ARGUMENT (ldu set for an
  * operation without u). */
@@ -1077,6 +1082,38 @@ RMSNORM_API rmsnorm_status rmsnorm_plan_setup_backward(rmsnorm_plan *plan, const
                                                        const void *dy, const void *weight,
                                                        const void *mean, const void *rstd,
                                                        void *dx, void *dweight, void *dbias);
+/* Buffers of a sandwich plan: as rmsnorm_sandwich_forward (h updated in
+ * place each run; weight_pre, when converted, read at setup as weight_post
+ * is). @return as rmsnorm_plan_setup_forward. */
+RMSNORM_API rmsnorm_status rmsnorm_plan_setup_sandwich(rmsnorm_plan *plan, const void *a,
+                                                       void *h, const void *weight_post,
+                                                       const void *weight_pre, void *x_next,
+                                                       void *rstd_post, void *rstd_pre);
+/* Buffers and format of a quantized plan: as rmsnorm_forward_quantized
+ * (the descriptor q, read now, and the codes' stride ldc with it). The
+ * weight and bias are also tested for NaN and infinity here: set up again
+ * after changing their values. @return as rmsnorm_plan_setup_forward, and
+ * rmsnorm_forward_quantized's statuses for q, ldc, scales and lds. */
+RMSNORM_API rmsnorm_status rmsnorm_plan_setup_quantized(rmsnorm_plan *plan, const void *x,
+                                                        const void *weight, const void *bias,
+                                                        const rmsnorm_quant *q, void *codes,
+                                                        size_t ldc, void *scales, size_t lds,
+                                                        void *rstd);
+/* The same for an add + quantized plan: as rmsnorm_add_forward_quantized
+ * (h updated in place each run). */
+RMSNORM_API rmsnorm_status rmsnorm_plan_setup_add_quantized(rmsnorm_plan *plan, void *h,
+                                                            const void *u, const void *weight,
+                                                            const void *bias,
+                                                            const rmsnorm_quant *q,
+                                                            void *codes, size_t ldc,
+                                                            void *scales, size_t lds,
+                                                            void *rstd);
+/* Buffers and gate of a gated plan: as rmsnorm_gated_forward (the gate read
+ * now). @return as rmsnorm_plan_setup_forward, and the gate's statuses. */
+RMSNORM_API rmsnorm_status rmsnorm_plan_setup_gated(rmsnorm_plan *plan,
+                                                    const rmsnorm_gate *gate, const void *x,
+                                                    const void *z, const void *weight, void *y,
+                                                    void *rstd);
 /* Runs the plan on its buffers. @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER,
  * RMSNORM_ERROR_BAD_ARGUMENT (not set up since the last reshape). */
 RMSNORM_API rmsnorm_status rmsnorm_plan_run(rmsnorm_plan *plan);

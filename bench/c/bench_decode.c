@@ -10,19 +10,21 @@
  *             summed over the rows), and its plan (RMSNORM_PLAN_BACKWARD);
  *             for fp32 also a loop that sums in the spec's order
  * in fp32, bf16 and fp16 at d 128, 576, 896, 2048, 4096, 8192, and the
- * fused ops, which have one-shot calls only, in fp32 and bf16:
+ * fused ops in fp32 and bf16, with their plans but QK-norm's:
  *   qk:       the loop over the q and k heads of packed QKV tokens (a weight
  *             of head_dim each), rmsnorm_qk_norm_forward called for Q, then
  *             K; rows are tokens, d is head_dim, one head layout each:
  *             Qwen3-8B's 32 q + 8 kv heads of 128, Gemma 3 4B's 8 + 4 of 256
  *   gated:    the loop (u = x silu(z), then the norm of u) and
  *             rmsnorm_gated_forward, gate first (Mamba2's default), SiLU,
- *             one group a row
+ *             one group a row (RMSNORM_PLAN_GATED_FORWARD)
  *   sandwich: the loop (h += RMSNorm(a) w_post rounded to the dtype, then
  *             RMSNorm(h) w_pre) and rmsnorm_sandwich_forward
+ *             (RMSNORM_PLAN_SANDWICH_FORWARD)
  *   q8_0:     the loop (the forward's y in float, then ggml's Q8_0 blocks of
  *             32 by the operations of src/ref/blocks_ref.c) and
  *             rmsnorm_forward_quantized with RMSNORM_QF_Q8_0
+ *             (RMSNORM_PLAN_FORWARD_QUANTIZED)
  * at d 128, 576, 2048, 4096 (qk: its two layouts). Every loop takes a row's
  * statistics in one pass (four fp32 FMA accumulators), then writes its
  * outputs. The loops are in bench_decode_loops.inc, compiled per set with
@@ -535,7 +537,7 @@ typedef struct bcase {
   const loop_set *set;
   rmsnorm_context *ctx;
   rmsnorm_config cfg;
-  rmsnorm_plan *plan; /* NULL for the one-shot-only ops */
+  rmsnorm_plan *plan; /* NULL for QK-norm */
   rmsnorm_gate gate;   /* the gated op's: SiLU, gate first, one group a row */
   rmsnorm_quant quant; /* Q8_0's */
   buffers *b;
@@ -611,6 +613,35 @@ static rmsnorm_status run(const bcase *c, int who) {
     c->set->q8_0_forward(dt, rows, d, b->x, b->w, b->y, (float)EPS);
   }
   return RMSNORM_OK;
+}
+
+/* The case's plan (every op but QK-norm), made and set up on its buffers. */
+static rmsnorm_status make_plan(bcase *c) {
+  static const rmsnorm_plan_op plan_ops[] = {
+      [OP_FWD] = RMSNORM_PLAN_FORWARD,           [OP_ADD] = RMSNORM_PLAN_ADD_FORWARD,
+      [OP_BWD] = RMSNORM_PLAN_BACKWARD,          [OP_GATED] = RMSNORM_PLAN_GATED_FORWARD,
+      [OP_SANDWICH] = RMSNORM_PLAN_SANDWICH_FORWARD, [OP_Q8_0] = RMSNORM_PLAN_FORWARD_QUANTIZED};
+  const buffers *b = c->b;
+  size_t rows = c->rows, d = c->d;
+  int second = c->op != OP_FWD && c->op != OP_Q8_0;
+  rmsnorm_status st = rmsnorm_plan_create(c->ctx, &c->cfg, plan_ops[c->op], &c->plan);
+  if (st == RMSNORM_OK)
+    st = rmsnorm_plan_reshape(c->plan, rows, d, d, second ? d : 0, c->op == OP_Q8_0 ? 0 : d);
+  if (st != RMSNORM_OK) return st;
+  switch (c->op) {
+  case OP_FWD: return rmsnorm_plan_setup_forward(c->plan, b->x, b->w, NULL, b->y, NULL, NULL);
+  case OP_ADD: return rmsnorm_plan_setup_add(c->plan, b->h, b->u, b->w, NULL, b->y, NULL);
+  case OP_BWD:
+    return rmsnorm_plan_setup_backward(c->plan, b->x, b->dy, b->w, NULL, b->rstd, b->dx, b->dw,
+                                       NULL);
+  case OP_GATED:
+    return rmsnorm_plan_setup_gated(c->plan, &c->gate, b->x, b->z, b->w, b->y, NULL);
+  case OP_SANDWICH:
+    return rmsnorm_plan_setup_sandwich(c->plan, b->x, b->h, b->w, b->w2, b->y, NULL, NULL);
+  default:
+    return rmsnorm_plan_setup_quantized(c->plan, b->x, b->w, NULL, &c->quant, b->y, q8_0_row(d),
+                                        NULL, 0, NULL);
+  }
 }
 
 /* Before each batch: h back to its start (the add and the sandwich feed on
@@ -836,7 +867,7 @@ static void count(tally *s, const bcase *c, const result *res, double goal) {
 static void print_tally(const char *set, int op, const tally *s) {
   printf("%s %s: lib meets the goal in %d of %d cases, worst %.2f (%s)", set, op_names[op],
          s->met[C_LIB], s->cases, s->worst[C_LIB], s->where[C_LIB]);
-  if (op <= OP_BWD)
+  if (op != OP_QK)
     printf("; plan %d of %d, worst %.2f (%s)", s->met[C_PLAN], s->cases, s->worst[C_PLAN],
            s->where[C_PLAN]);
   printf("\n");
@@ -943,20 +974,8 @@ int main(int argc, char **argv) {
             c.has[C_SPEC] = (op == OP_FWD || op == OP_BWD) && dt == RMSNORM_F32;
             if (op == OP_BWD) /* r saved by a forward, as training does */
               rmsnorm_forward(ctx, &c.cfg, c.rows, c.d, b.x, c.d, b.w, NULL, b.y, c.d, b.rstd);
-            if (!fused) {
-              static const rmsnorm_plan_op plan_ops[] = {
-                  [OP_FWD] = RMSNORM_PLAN_FORWARD, [OP_ADD] = RMSNORM_PLAN_ADD_FORWARD,
-                  [OP_BWD] = RMSNORM_PLAN_BACKWARD};
-              rmsnorm_status st = rmsnorm_plan_create(ctx, &c.cfg, plan_ops[op], &c.plan);
-              if (st == RMSNORM_OK)
-                st = rmsnorm_plan_reshape(c.plan, c.rows, c.d, c.d, op == OP_FWD ? 0 : c.d, c.d);
-              if (st == RMSNORM_OK)
-                st = op == OP_FWD ? rmsnorm_plan_setup_forward(c.plan, b.x, b.w, NULL, b.y, NULL,
-                                                               NULL)
-                     : op == OP_ADD
-                         ? rmsnorm_plan_setup_add(c.plan, b.h, b.u, b.w, NULL, b.y, NULL)
-                         : rmsnorm_plan_setup_backward(c.plan, b.x, b.dy, b.w, NULL, b.rstd, b.dx,
-                                                       b.dw, NULL);
+            if (op != OP_QK) {
+              rmsnorm_status st = make_plan(&c);
               if (st == RMSNORM_OK) {
                 c.has[C_PLAN] = 1;
               } else {

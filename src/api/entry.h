@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "api/qlayout.h"
 #include "kernels/kernels.h"
 #include "numerics/validate.h"
 #include "runtime/context.h"
@@ -238,5 +239,70 @@ void rn_add_forward_prepare(rn_add_forward_job *job, size_t rows);
 rn_split rn_add_forward_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es);
 void rn_add_forward_run(rmsnorm_context *ctx, const rn_add_forward_job *job, size_t rows,
                         rn_split split);
+
+/* ---- the fused forwards a plan repeats (sandwich.c, quant.c, gated.c) ----
+ * Each runs its rows over tasks (rn_run_rows) with a job of its own. The
+ * one-shot call (rn_fused_oneshot) and a plan (reshape: split; setup: check,
+ * bytes, memory, prepare; run) take the same steps through the op's table,
+ * so a plan's results are the call's bit for bit. */
+
+/* A call's arguments, by role; each op reads its own. */
+typedef struct rn_fused_call {
+  size_t rows, d;
+  const void *x; /* sandwich: a; quantized: x (with the add: h, updated); gated: x */
+  size_t ldx;
+  void *u;       /* sandwich: h (updated); quantized: u of the add; gated: z */
+  size_t ldu;
+  void *y;       /* sandwich: x_next; quantized: the codes; gated: y */
+  size_t ldy;    /* quantized: ldc, bytes */
+  const void *weight, *bias;
+  const void *weight_pre; /* sandwich: the second norm's weight (weight is the first's) */
+  void *rstd, *rstd_pre;  /* sandwich: rstd_post and rstd_pre */
+  void *scales;           /* quantized */
+  size_t lds;
+  const rmsnorm_quant *quant_arg; /* the caller's descriptors, */
+  const rmsnorm_gate *gate_arg;
+  rmsnorm_quant quant;            /*   read and checked by the op's check */
+  rn_qlayout layout;
+  rmsnorm_gate gate;
+} rn_fused_call;
+
+/* c: rows x d and no buffers yet. The arguments' fields one by one: a
+ * designated initializer zeroes the whole struct (rep stos under GCC, tens
+ * of cycles on Zen 4); the descriptors' copies are the op's check's to fill. */
+static inline void rn_fused_call_init(rn_fused_call *c, size_t rows, size_t d) {
+  c->rows = rows, c->d = d;
+  c->x = c->weight = c->bias = c->weight_pre = NULL;
+  c->u = c->y = c->rstd = c->rstd_pre = c->scales = NULL;
+  c->ldx = c->ldu = c->ldy = c->lds = 0;
+  c->quant_arg = NULL;
+  c->gate_arg = NULL;
+}
+
+/* The function over rows and its argument (in the call's memory). */
+typedef struct rn_rows_job {
+  rn_rows_fn fn;
+  const void *arg;
+} rn_rows_job;
+
+typedef struct rn_fused_op {
+  /* The split of rows x d of es-byte elements (lock held). */
+  rn_split (*split)(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es);
+  /* The call's checks after the config and the data strides: its own
+   * arguments and, where rows > 0, its pointers and buffers (rn_entry_check). */
+  rmsnorm_status (*check)(rn_entry *e, rn_fused_call *c);
+  /* The bytes its job needs beyond the parameter copies (e->kernels set;
+   * may choose the weight read in place, before the parameters convert). */
+  size_t (*bytes)(rn_entry *e, const rn_fused_call *c, rn_split split);
+  /* The job in mem (those bytes, 64-byte aligned), the parameters converted. */
+  rn_rows_job (*prepare)(const rn_entry *e, const rn_fused_call *c, rn_split split, char *mem);
+} rn_fused_op;
+
+extern const rn_fused_op rn_sandwich_forward_op, rn_quantized_op, rn_add_quantized_op,
+    rn_gated_forward_op;
+
+/* A one-shot call of op after rn_entry_begin and its strides: check, lock,
+ * split, the context's scratch, the job, its run, unlock. */
+rmsnorm_status rn_fused_oneshot(rn_entry *e, const rn_fused_op *op, rn_fused_call *c);
 
 #endif

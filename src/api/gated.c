@@ -70,6 +70,56 @@ static void gated_fwd_rows(const void *p, size_t r0, size_t r1, int task) {
   job->kernel(&job->args, r0, r1, job->task_scratch + (size_t)task * job->task_bytes);
 }
 
+static rn_split gated_fwd_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
+  (void)es;
+  return rn_split_for(ctx, rows, rows * d * GATED_FWD_BYTES, rows);
+}
+
+/* The gate (again, for a plan: the one-shot call read it first), then the
+ * buffers. */
+static rmsnorm_status gated_fwd_check(rn_entry *e, rn_fused_call *c) {
+  rmsnorm_status st = read_gate(c->gate_arg, c->d, &c->gate);
+  if (st != RMSNORM_OK || c->rows == 0) return st;
+  if (!c->x || !c->u || !c->y) return RMSNORM_ERROR_NULL_POINTER;
+  size_t rows = c->rows, d = c->d, es = e->es;
+  /* y may be exactly x or z */
+  rn_buffers b = {.in = {rn_inplace(rn_matrix(c->x, rows, d, c->ldx, es)),
+                         rn_inplace(rn_matrix(c->u, rows, d, c->ldu, es))},
+                  .out = {rn_matrix(c->y, rows, d, c->ldy, es),
+                          rn_vector(c->rstd, rows * (d / c->gate.group), e->as)},
+                  .weight = c->weight, .nparam = d};
+  return rn_entry_check(e, &b);
+}
+
+/* [the job][each task's row scratch] */
+static size_t gated_fwd_bytes(rn_entry *e, const rn_fused_call *c, rn_split split) {
+  rn_entry_weight_direct(e, c->rows, c->d, 0);
+  return rn_align64(sizeof(gated_fwd_job)) + (size_t)split.tasks * RN_GATED_SCRATCH(c->d);
+}
+
+static rn_rows_job gated_fwd_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
+                                     char *mem) {
+  (void)split;
+  size_t rows = c->rows, d = c->d, es = e->es;
+  gated_fwd_job *job = (gated_fwd_job *)(void *)mem;
+  job->task_bytes = RN_GATED_SCRATCH(d);
+  job->task_scratch = mem + rn_align64(sizeof *job);
+  job->kernel = e->kernels->gated_forward[e->cfg.dtype];
+  job->args = gated_args(e, &c->gate, d, c->x, c->ldx, c->u, c->ldu);
+  job->args.w_data = e->weight_data;
+  job->args.w_offset = e->cfg.flags & RMSNORM_FLAG_WEIGHT_OFFSET ? 1.0f : 0.0f;
+  job->args.y = c->y;
+  job->args.ldy = c->ldy;
+  job->args.rstd = c->rstd;
+  job->args.stream =
+      rn_stream_ok(c->y != c->x && c->y != c->u, c->y, es, rows * d * es) != RN_CACHED;
+  job->args.prefetch = 2 * rows * d * es >= RN_DRAM_BYTES;
+  return (rn_rows_job){gated_fwd_rows, job};
+}
+
+const rn_fused_op rn_gated_forward_op = {gated_fwd_split, gated_fwd_check, gated_fwd_bytes,
+                                         gated_fwd_prepare};
+
 rmsnorm_status rmsnorm_gated_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
                                      const rmsnorm_gate *gate, size_t rows, size_t d,
                                      const void *x, size_t ldx, const void *z, size_t ldz,
@@ -78,36 +128,12 @@ rmsnorm_status rmsnorm_gated_forward(rmsnorm_context *ctx, const rmsnorm_config 
   rmsnorm_gate g;
   rmsnorm_status st = begin(&e, ctx, &cfg, RMSNORM_FLAG_ACCUMULATE, gate, d, &g);
   if (st == RMSNORM_OK) st = rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldz, ldy));
-  if (st != RMSNORM_OK || rows == 0) return st;
-  if (!x || !z || !y) return RMSNORM_ERROR_NULL_POINTER;
-  size_t es = e.es;
-  /* y may be exactly x or z */
-  rn_buffers b = {.in = {rn_inplace(rn_matrix(x, rows, d, ldx, es)),
-                         rn_inplace(rn_matrix(z, rows, d, ldz, es))},
-                  .out = {rn_matrix(y, rows, d, ldy, es),
-                          rn_vector(rstd, rows * (d / g.group), e.as)},
-                  .weight = weight, .nparam = d};
-  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
-
-  /* scratch: [weight copy][each task's row scratch] */
-  rn_entry_lock(&e);
-  rn_split sp = rn_split_for(ctx, rows, rows * d * GATED_FWD_BYTES, rows);
-  gated_fwd_job job;
-  job.task_bytes = RN_GATED_SCRATCH(d);
-  rn_entry_weight_direct(&e, rows, d, 0);
-  if (!(job.task_scratch = rn_entry_scratch(&e, (size_t)sp.tasks * job.task_bytes)))
-    return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
-  job.kernel = e.kernels->gated_forward[cfg->dtype];
-  job.args = gated_args(&e, &g, d, x, ldx, z, ldz);
-  job.args.w_data = e.weight_data;
-  job.args.w_offset = e.cfg.flags & RMSNORM_FLAG_WEIGHT_OFFSET ? 1.0f : 0.0f;
-  job.args.y = y;
-  job.args.ldy = ldy;
-  job.args.rstd = rstd;
-  job.args.stream = rn_stream_ok(y != x && y != z, y, es, rows * d * es) != RN_CACHED;
-  job.args.prefetch = 2 * rows * d * es >= RN_DRAM_BYTES;
-  rn_run_rows(ctx, sp, rows, gated_fwd_rows, &job);
-  return rn_entry_unlock(&e, RMSNORM_OK);
+  if (st != RMSNORM_OK) return st;
+  rn_fused_call c;
+  rn_fused_call_init(&c, rows, d);
+  c.x = x, c.ldx = ldx, c.u = (void *)(uintptr_t)z, c.ldu = ldz, c.y = y, c.ldy = ldy;
+  c.weight = weight, c.rstd = rstd, c.gate_arg = gate;
+  return rn_fused_oneshot(&e, &rn_gated_forward_op, &c);
 }
 
 /* ---- backward ----------------------------------------------------------- */

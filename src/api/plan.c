@@ -1,10 +1,11 @@
-/* plan.c - plans (rmsnorm.h, "Plans"): a forward, add + forward or backward
- * call checked and prepared once (create, reshape, setup), then run many
+/* plan.c - plans (rmsnorm.h, "Plans"): a forward, add + forward, backward,
+ * sandwich, quantized or gated forward call checked and prepared once (create, reshape, setup), then run many
  * times through the one-shot calls' own run functions (entry.h), so the bits
  * are theirs. What a run skips: the config and size checks, the overlap rule,
  * the weight conversion, the thread decision, the backward's reduction plan
  * and, when the work stays on the caller's thread, the context's lock (the
  * backward's scratch being the plan's own). */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,10 +36,29 @@ struct rmsnorm_plan {
   char *sums;             /*   and its scratch, in params */
   int one_call;           /*   direct, and all of it one kernel call on these partials */
   void *dw_part, *db_part;
+  const rn_fused_op *fused; /* sandwich, quantized and gated plans: the op's table, */
+  rn_rows_job job;          /*   and its job (in params) */
 };
 
 static int op_backward(rmsnorm_plan_op op) {
   return op == RMSNORM_PLAN_BACKWARD || op == RMSNORM_PLAN_LAYERNORM_BACKWARD;
+}
+
+/* The fused forwards' tables (entry.h), NULL for the other ops. */
+static const rn_fused_op *op_fused(rmsnorm_plan_op op) {
+  switch (op) {
+  case RMSNORM_PLAN_SANDWICH_FORWARD: return &rn_sandwich_forward_op;
+  case RMSNORM_PLAN_FORWARD_QUANTIZED: return &rn_quantized_op;
+  case RMSNORM_PLAN_ADD_FORWARD_QUANTIZED: return &rn_add_quantized_op;
+  case RMSNORM_PLAN_GATED_FORWARD: return &rn_gated_forward_op;
+  default: return NULL;
+  }
+}
+
+/* Whether the op reads a second input of rows x d (reshape's ldu). */
+static int op_second_input(rmsnorm_plan_op op) {
+  return op != RMSNORM_PLAN_FORWARD && op != RMSNORM_PLAN_LAYERNORM_FORWARD &&
+         op != RMSNORM_PLAN_FORWARD_QUANTIZED;
 }
 
 /* The flags the op's one-shot call refuses, and its norm. */
@@ -49,6 +69,14 @@ static int op_known(rmsnorm_plan_op op, rn_norm *norm, unsigned *refused) {
   case RMSNORM_PLAN_ADD_FORWARD: *norm = RN_RMSNORM, *refused = RMSNORM_FLAG_ACCUMULATE; return 1;
   case RMSNORM_PLAN_BACKWARD: *norm = RN_RMSNORM, *refused = 0; return 1;
   case RMSNORM_PLAN_LAYERNORM_BACKWARD: *norm = RN_LAYERNORM, *refused = 0; return 1;
+  case RMSNORM_PLAN_SANDWICH_FORWARD:
+  case RMSNORM_PLAN_FORWARD_QUANTIZED:
+  case RMSNORM_PLAN_ADD_FORWARD_QUANTIZED:
+    *norm = RN_RMSNORM, *refused = RMSNORM_FLAG_ACCUMULATE;
+    return 1;
+  case RMSNORM_PLAN_GATED_FORWARD: /* as rmsnorm_gated_forward: eps inside, whole rows */
+    *norm = RN_RMSNORM, *refused = RMSNORM_FLAG_ACCUMULATE | RMSNORM_FLAG_EPS_OUTSIDE;
+    return 1;
   }
   return 0;
 }
@@ -72,12 +100,14 @@ rmsnorm_status rmsnorm_plan_create(rmsnorm_context *ctx, const rmsnorm_config *c
   if (!op_known(op, &norm, &refused)) return RMSNORM_ERROR_BAD_ARGUMENT;
   rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, norm, refused, 1);
   if (st != RMSNORM_OK) return st;
+  if (op == RMSNORM_PLAN_GATED_FORWARD && e.cfg.partial != 1) return RMSNORM_ERROR_BAD_PARTIAL;
   rmsnorm_plan *p = calloc(1, sizeof *p);
   if (!p) return RMSNORM_ERROR_OUT_OF_MEMORY;
   p->ctx = ctx;
   p->cfg = e.cfg;
   p->op = op;
   p->norm = norm;
+  p->fused = op_fused(op);
   *plan = p;
   return RMSNORM_OK;
 }
@@ -87,16 +117,28 @@ rmsnorm_status rmsnorm_plan_reshape(rmsnorm_plan *p, size_t rows, size_t d, size
   if (!p) return RMSNORM_ERROR_NULL_POINTER;
   p->shaped = p->ready = 0;
   if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
-  int add = p->op == RMSNORM_PLAN_ADD_FORWARD, three = add || op_backward(p->op);
-  if (!three && ldu != 0) return RMSNORM_ERROR_BAD_ARGUMENT;
+  int add = p->op == RMSNORM_PLAN_ADD_FORWARD, second = op_second_input(p->op);
+  /* the quantized plans' codes are not rows x d of the dtype: their
+   * stride comes with the format, at setup */
+  int quantized = p->op == RMSNORM_PLAN_FORWARD_QUANTIZED ||
+                  p->op == RMSNORM_PLAN_ADD_FORWARD_QUANTIZED;
+  if ((!second && ldu != 0) || (quantized && ldy != 0)) return RMSNORM_ERROR_BAD_ARGUMENT;
   rn_entry e = plan_entry(p);
-  rmsnorm_status st = three ? rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldu, ldy))
-                            : rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldy));
+  rmsnorm_status st;
+  if (quantized)
+    st = second ? rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldu))
+                : rn_entry_matrices(&e, rows, d, RN_LDS(ldx));
+  else
+    st = second ? rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldu, ldy))
+                : rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldy));
   if (st != RMSNORM_OK) return st;
   p->rows = rows, p->d = d, p->ldx = ldx, p->ldu = ldu, p->ldy = ldy;
   rn_context_lock(p->ctx);
   p->kernels = e.kernels = rn_context_kernels(p->ctx);
-  if (op_backward(p->op)) {
+  if (p->fused) {
+    p->split = p->fused->split(p->ctx, rows, d, e.es);
+    p->direct = p->split.tasks == 1;
+  } else if (op_backward(p->op)) {
     p->split = rn_backward_split(&e, rows, d, &p->cols);
     p->direct = 0; /* decided at setup, with the reduction */
   } else if (add) {
@@ -138,7 +180,7 @@ rmsnorm_status rmsnorm_plan_setup_forward(rmsnorm_plan *p, const void *x, const 
                                           const void *bias, void *y, void *mean, void *rstd) {
   if (!p) return RMSNORM_ERROR_NULL_POINTER;
   p->ready = 0;
-  if (!p->shaped || p->op == RMSNORM_PLAN_ADD_FORWARD || op_backward(p->op) ||
+  if (!p->shaped || (p->op != RMSNORM_PLAN_FORWARD && p->op != RMSNORM_PLAN_LAYERNORM_FORWARD) ||
       (p->norm == RN_RMSNORM && mean))
     return RMSNORM_ERROR_BAD_ARGUMENT;
   size_t rows = p->rows, d = p->d;
@@ -232,11 +274,85 @@ rmsnorm_status rmsnorm_plan_setup_backward(rmsnorm_plan *p, const void *x, const
   return RMSNORM_OK;
 }
 
+/* A fused forward's setup: c holds the buffers (and the quantized plans'
+ * codes stride); the rest comes from reshape. The op's checks, its memory
+ * in the plan's, its job. */
+static rmsnorm_status setup_fused(rmsnorm_plan *p, rmsnorm_plan_op op, rn_fused_call *c) {
+  if (!p) return RMSNORM_ERROR_NULL_POINTER;
+  p->ready = 0;
+  if (!p->shaped || p->op != op) return RMSNORM_ERROR_BAD_ARGUMENT;
+  rn_entry e = plan_entry(p);
+  c->rows = p->rows, c->d = p->d, c->ldx = p->ldx, c->ldu = p->ldu;
+  if (op != RMSNORM_PLAN_FORWARD_QUANTIZED && op != RMSNORM_PLAN_ADD_FORWARD_QUANTIZED)
+    c->ldy = p->ldy;
+  rmsnorm_status st = p->fused->check(&e, c);
+  if (st != RMSNORM_OK) return st;
+  if (p->rows == 0) return p->ready = 1, RMSNORM_OK;
+  char *mem;
+  if ((st = plan_params(p, &e, p->fused->bytes(&e, c, p->split), &mem)) != RMSNORM_OK)
+    return st;
+  p->job = p->fused->prepare(&e, c, p->split, mem);
+  p->ready = 1;
+  return RMSNORM_OK;
+}
+
+rmsnorm_status rmsnorm_plan_setup_sandwich(rmsnorm_plan *p, const void *a, void *h,
+                                           const void *weight_post, const void *weight_pre,
+                                           void *x_next, void *rstd_post, void *rstd_pre) {
+  rn_fused_call c;
+  rn_fused_call_init(&c, 0, 0);
+  c.x = a, c.u = h, c.y = x_next, c.weight = weight_post, c.weight_pre = weight_pre;
+  c.rstd = rstd_post, c.rstd_pre = rstd_pre;
+  return setup_fused(p, RMSNORM_PLAN_SANDWICH_FORWARD, &c);
+}
+
+rmsnorm_status rmsnorm_plan_setup_quantized(rmsnorm_plan *p, const void *x, const void *weight,
+                                            const void *bias, const rmsnorm_quant *q,
+                                            void *codes, size_t ldc, void *scales, size_t lds,
+                                            void *rstd) {
+  rn_fused_call c;
+  rn_fused_call_init(&c, 0, 0);
+  c.x = x, c.y = codes, c.ldy = ldc, c.scales = scales, c.lds = lds, c.quant_arg = q;
+  c.weight = weight, c.bias = bias, c.rstd = rstd;
+  return setup_fused(p, RMSNORM_PLAN_FORWARD_QUANTIZED, &c);
+}
+
+rmsnorm_status rmsnorm_plan_setup_add_quantized(rmsnorm_plan *p, void *h, const void *u,
+                                                const void *weight, const void *bias,
+                                                const rmsnorm_quant *q, void *codes, size_t ldc,
+                                                void *scales, size_t lds, void *rstd) {
+  rn_fused_call c;
+  rn_fused_call_init(&c, 0, 0);
+  c.x = h, c.u = (void *)(uintptr_t)u, c.y = codes, c.ldy = ldc, c.scales = scales, c.lds = lds;
+  c.quant_arg = q, c.weight = weight, c.bias = bias, c.rstd = rstd;
+  return setup_fused(p, RMSNORM_PLAN_ADD_FORWARD_QUANTIZED, &c);
+}
+
+rmsnorm_status rmsnorm_plan_setup_gated(rmsnorm_plan *p, const rmsnorm_gate *gate,
+                                        const void *x, const void *z, const void *weight,
+                                        void *y, void *rstd) {
+  rn_fused_call c;
+  rn_fused_call_init(&c, 0, 0);
+  c.x = x, c.u = (void *)(uintptr_t)z, c.y = y, c.weight = weight, c.rstd = rstd;
+  c.gate_arg = gate;
+  return setup_fused(p, RMSNORM_PLAN_GATED_FORWARD, &c);
+}
+
 rmsnorm_status rmsnorm_plan_run(rmsnorm_plan *p) {
   if (!p) return RMSNORM_ERROR_NULL_POINTER;
   if (!p->ready) return RMSNORM_ERROR_BAD_ARGUMENT;
   if (p->rows == 0) return RMSNORM_OK;
   int add = p->op == RMSNORM_PLAN_ADD_FORWARD;
+  if (p->fused) {
+    if (p->direct) { /* the caller's thread alone, on the plan's memory */
+      p->job.fn(p->job.arg, 0, p->rows, 0);
+    } else {
+      rn_context_lock(p->ctx);
+      rn_run_rows(p->ctx, p->split, p->rows, p->job.fn, p->job.arg);
+      rn_context_unlock(p->ctx);
+    }
+    return RMSNORM_OK;
+  }
   if (op_backward(p->op)) {
     const rn_backward_args *a = &p->bwd.args;
     if (p->one_call) { /* what rn_backward_run would call, with nothing around it */

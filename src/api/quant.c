@@ -133,75 +133,119 @@ static int param_nonfinite(const rn_kernel_set *k, const void *p, size_t d, int 
   return all != 0;
 }
 
+/* rows x d of the dtype in, a byte each out; with the add, h read and
+ * written and u read first */
+static rn_split quantized_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
+  return rn_split_for(ctx, rows, rows * d * (es + 1), rows);
+}
+
+static rn_split add_quantized_split(const rmsnorm_context *ctx, size_t rows, size_t d,
+                                    size_t es) {
+  return rn_split_for(ctx, rows, rows * d * (es * 4 + 1), rows);
+}
+
+/* Whether the call adds u to h first (its u's stride is 0 without). */
+static int with_add(const rn_fused_call *c) { return c->ldu != 0; }
+
+/* The descriptor, the codes' and scales' strides and the static scale, then
+ * the buffers. With the add, c->x is h (updated) and c->u is u. */
+static rmsnorm_status quantized_check(rn_entry *e, rn_fused_call *c) {
+  size_t rows = c->rows, d = c->d, es = e->es;
+  rmsnorm_quant *q = &c->quant;
+  rn_qlayout *l = &c->layout;
+  rmsnorm_status st = rn_qlayout_read(c->quant_arg, d, q, l);
+  if (st == RMSNORM_OK) st = rn_check_matrix(rows, l->row_bytes, c->ldy, 1);
+  if (st == RMSNORM_OK && l->row_scales)
+    st = rn_check_matrix(rows, l->row_scales, c->lds, l->scale_es);
+  if (st != RMSNORM_OK) return st;
+  float s0 = q->static_scale ? rn_ld_f32(q->static_scale, 0) : 0.0f;
+  if (q->static_scale && !(s0 > 0 && s0 <= FLT_MAX)) return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (!l->row_scales && c->scales) return RMSNORM_ERROR_BAD_ARGUMENT;
+  if (rows == 0) return RMSNORM_OK;
+  int add = with_add(c);
+  if (!c->x || (add && !c->u) || !c->y || (l->row_scales && !c->scales))
+    return RMSNORM_ERROR_NULL_POINTER;
+  rn_buffers b = {.in = {rn_matrix(c->u, rows, d, c->ldu, es), rn_vector(q->static_scale, 1, 4)},
+                  .out = {rn_matrix(c->y, rows, l->row_bytes, c->ldy, 1),
+                          rn_matrix(c->scales, rows, l->row_scales, c->lds, l->scale_es),
+                          rn_vector(c->rstd, rows, e->as)},
+                  .weight = c->weight, .bias = c->bias, .nparam = d};
+  if (add)
+    b.out[3] = rn_matrix(c->x, rows, d, c->ldx, es);
+  else
+    b.in[0] = rn_matrix(c->x, rows, d, c->ldx, es);
+  return rn_entry_check(e, &b);
+}
+
+/* [the job][each task's row scratch] */
+static size_t quantized_bytes(rn_entry *e, const rn_fused_call *c, rn_split split) {
+  (void)e;
+  return rn_align64(sizeof(quant_job)) + (size_t)split.tasks * RN_QUANT_SCRATCH(c->d);
+}
+
+static rn_rows_job quantized_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
+                                     char *mem) {
+  (void)split;
+  size_t d = c->d, es = e->es, rows = c->rows;
+  rmsnorm_dtype dt = e->cfg.dtype;
+  const rmsnorm_quant *q = &c->quant;
+  int add = with_add(c);
+  void *x = (void *)(uintptr_t)c->x; /* h, updated, with the add */
+  quant_job *job = (quant_job *)(void *)mem;
+  job->task_bytes = RN_QUANT_SCRATCH(d);
+  job->task_scratch = mem + rn_align64(sizeof *job);
+  job->kernel = e->kernels->quant[dt];
+  job->add_kernel = add ? e->kernels->add[dt] : NULL;
+  job->add = (rn_add_args){dt, d, x, c->ldx, c->u, c->ldu, x, c->ldx};
+  job->block = rn_block_rows(d, es);
+  memset(&job->args, 0, sizeof job->args);
+  job->args.f = rn_entry_forward_args(e, RN_RMSNORM, d, x, c->ldx, NULL, 0);
+  job->args.f.rstd = c->rstd;
+  /* rn_stream_ok's tiers on the input's size (bytes: no alignment to meet);
+   * kernels prefetch from 1, repeatedly from 2 (DRAM-sized). After the add,
+   * the block's h is in the caches: not DRAM-sized. */
+  job->args.f.stream = rn_stream_ok(1, c->y, 1, rows * d * es);
+  if (add) job->args.f.stream = job->args.f.stream != 0;
+  job->args.fp8 = q->format == RMSNORM_QF_FP8_E4M3;
+  job->args.q = c->y;
+  job->args.ldq = c->ldy;
+  job->args.static_scale = q->static_scale ? rn_ld_f32(q->static_scale, 0) : 0.0f;
+  job->args.e8m0 = (q->flags & RMSNORM_QUANT_SCALE_E8M0) != 0; /* implies POW2 */
+  job->args.pow2 = (q->flags & RMSNORM_QUANT_SCALE_POW2) != 0 || job->args.e8m0;
+  job->args.format = q->format;
+  job->args.group = q->group;
+  job->args.scales = c->scales;
+  job->args.lds = c->lds;
+  job->args.nan_rows = param_nonfinite(e->kernels, e->weight, d, rn_acc_is_f64(dt)) ||
+                       param_nonfinite(e->kernels, e->bias, d, rn_acc_is_f64(dt));
+  if (q->group || (q->format != RMSNORM_QF_INT8 && q->format != RMSNORM_QF_FP8_E4M3))
+    job->args.encode = e->kernels->encode;
+  else
+    job->args.scale = c->scales; /* per row: one float (or E8M0 byte) per row, stride lds */
+  return (rn_rows_job){quant_rows, job};
+}
+
+const rn_fused_op rn_quantized_op = {quantized_split, quantized_check, quantized_bytes,
+                                     quantized_prepare};
+const rn_fused_op rn_add_quantized_op = {add_quantized_split, quantized_check, quantized_bytes,
+                                         quantized_prepare};
+
 /* Both entry points: x is h (updated to h + u first) when u is given. */
 static rmsnorm_status quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg, size_t rows,
                                 size_t d, void *x, size_t ldx, int add, const void *u, size_t ldu,
                                 const void *weight, const void *bias, const rmsnorm_quant *qp,
                                 void *codes, size_t ldc, void *scales, size_t lds, void *rstd) {
   rn_entry e;
-  rmsnorm_quant q;
-  rn_qlayout l;
   rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE, d);
   if (st == RMSNORM_OK)
     st = add ? rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldu)) : rn_entry_matrices(&e, rows, d, RN_LDS(ldx));
-  if (st == RMSNORM_OK) st = rn_qlayout_read(qp, d, &q, &l);
-  if (st == RMSNORM_OK) st = rn_check_matrix(rows, l.row_bytes, ldc, 1);
-  if (st == RMSNORM_OK && l.row_scales) st = rn_check_matrix(rows, l.row_scales, lds, l.scale_es);
   if (st != RMSNORM_OK) return st;
-  float s0 = q.static_scale ? rn_ld_f32(q.static_scale, 0) : 0.0f;
-  if (q.static_scale && !(s0 > 0 && s0 <= FLT_MAX)) return RMSNORM_ERROR_BAD_ARGUMENT;
-  if (!l.row_scales && scales) return RMSNORM_ERROR_BAD_ARGUMENT;
-  if (rows == 0) return RMSNORM_OK;
-  if (!x || (add && !u) || !codes || (l.row_scales && !scales)) return RMSNORM_ERROR_NULL_POINTER;
-  size_t es = e.es;
-  rn_buffers b = {.in = {rn_matrix(u, rows, d, ldu, es), rn_vector(q.static_scale, 1, 4)},
-                  .out = {rn_matrix(codes, rows, l.row_bytes, ldc, 1),
-                          rn_matrix(scales, rows, l.row_scales, lds, l.scale_es),
-                          rn_vector(rstd, rows, e.as)},
-                  .weight = weight, .bias = bias, .nparam = d};
-  if (add)
-    b.out[3] = rn_matrix(x, rows, d, ldx, es);
-  else
-    b.in[0] = rn_matrix(x, rows, d, ldx, es);
-  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
-
-  /* scratch: [weight, bias copies][each task's row scratch] */
-  rn_entry_lock(&e);
-  rn_split sp = rn_split_for(ctx, rows, rows * d * (es * (add ? 4 : 1) + 1), rows);
-  quant_job job;
-  job.task_bytes = RN_QUANT_SCRATCH(d);
-  if (!(job.task_scratch = rn_entry_scratch(&e, (size_t)sp.tasks * job.task_bytes)))
-    return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
-  job.kernel = e.kernels->quant[cfg->dtype];
-  job.add_kernel = add ? e.kernels->add[cfg->dtype] : NULL;
-  job.add = (rn_add_args){cfg->dtype, d, x, ldx, u, ldu, x, ldx};
-  job.block = rn_block_rows(d, es);
-  memset(&job.args, 0, sizeof job.args);
-  job.args.f = rn_entry_forward_args(&e, RN_RMSNORM, d, x, ldx, NULL, 0);
-  job.args.f.rstd = rstd;
-  /* rn_stream_ok's tiers on the input's size (bytes: no alignment to meet);
-   * kernels prefetch from 1, repeatedly from 2 (DRAM-sized). After the add,
-   * the block's h is in the caches: not DRAM-sized. */
-  job.args.f.stream = rn_stream_ok(1, codes, 1, rows * d * es);
-  if (add) job.args.f.stream = job.args.f.stream != 0;
-  job.args.fp8 = q.format == RMSNORM_QF_FP8_E4M3;
-  job.args.q = codes;
-  job.args.ldq = ldc;
-  job.args.static_scale = s0;
-  job.args.e8m0 = (q.flags & RMSNORM_QUANT_SCALE_E8M0) != 0; /* implies POW2 */
-  job.args.pow2 = (q.flags & RMSNORM_QUANT_SCALE_POW2) != 0 || job.args.e8m0;
-  job.args.format = q.format;
-  job.args.group = q.group;
-  job.args.scales = scales;
-  job.args.lds = lds;
-  job.args.nan_rows = param_nonfinite(e.kernels, e.weight, d, rn_acc_is_f64(cfg->dtype)) ||
-                      param_nonfinite(e.kernels, e.bias, d, rn_acc_is_f64(cfg->dtype));
-  if (q.group || (q.format != RMSNORM_QF_INT8 && q.format != RMSNORM_QF_FP8_E4M3))
-    job.args.encode = e.kernels->encode;
-  else
-    job.args.scale = scales; /* per row: one float (or E8M0 byte) per row, stride lds */
-  rn_run_rows(ctx, sp, rows, quant_rows, &job);
-  return rn_entry_unlock(&e, RMSNORM_OK);
+  rn_fused_call c;
+  rn_fused_call_init(&c, rows, d);
+  c.x = x, c.ldx = ldx, c.u = (void *)(uintptr_t)u, c.ldu = add ? ldu : 0;
+  c.y = codes, c.ldy = ldc, c.scales = scales, c.lds = lds, c.quant_arg = qp;
+  c.weight = weight, c.bias = bias, c.rstd = rstd;
+  return rn_fused_oneshot(&e, add ? &rn_add_quantized_op : &rn_quantized_op, &c);
 }
 
 rmsnorm_status rmsnorm_forward_quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg,

@@ -57,6 +57,67 @@ static void sw_fwd_rows(const void *p, size_t r0, size_t r1, int task) {
   }
 }
 
+/* rows x d, four operands of es bytes an element */
+static rn_split sw_fwd_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
+  return rn_split_for(ctx, rows, rows * d * 4 * es, rows);
+}
+
+static rmsnorm_status sw_fwd_check(rn_entry *e, rn_fused_call *c) {
+  if (c->rows == 0) return RMSNORM_OK;
+  if (!c->x || !c->u || !c->y) return RMSNORM_ERROR_NULL_POINTER;
+  size_t rows = c->rows, d = c->d, es = e->es;
+  /* h is updated: it must not meet anything; x' may be exactly a. The entry
+   * machinery converts weight_post; weight_pre is an input like a. */
+  rn_buffers b = {.in = {rn_inplace(rn_matrix(c->x, rows, d, c->ldx, es)),
+                         rn_vector(c->weight_pre, d, e->ps)},
+                  .out = {rn_matrix(c->y, rows, d, c->ldy, es),
+                          rn_matrix(c->u, rows, d, c->ldu, es), rn_vector(c->rstd, rows, e->as),
+                          rn_vector(c->rstd_pre, rows, e->as)},
+                  .weight = c->weight, .nparam = d};
+  return rn_entry_check(e, &b);
+}
+
+/* [the job][weight_pre copy][each task's block of y] */
+static size_t sw_fwd_bytes(rn_entry *e, const rn_fused_call *c, rn_split split) {
+  size_t d = c->d, task_bytes = rn_align64(rn_block_rows(d, e->es) * d * e->es);
+  return rn_align64(sizeof(sw_fwd_job)) + second_weight_bytes(e, c->weight_pre, d) +
+         (size_t)split.tasks * task_bytes;
+}
+
+static rn_rows_job sw_fwd_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
+                                  char *mem) {
+  (void)split;
+  size_t d = c->d, es = e->es, rows = c->rows;
+  rmsnorm_dtype dt = e->cfg.dtype;
+  sw_fwd_job *job = (sw_fwd_job *)(void *)mem;
+  char *s = mem + rn_align64(sizeof *job);
+  size_t wpre_bytes = second_weight_bytes(e, c->weight_pre, d);
+  job->ks = e->kernels;
+  job->post = rn_entry_forward_args(e, RN_RMSNORM, d, c->x, c->ldx, NULL, d);
+  job->post.rstd = c->rstd;
+  job->post.stream = RN_CACHED; /* y is read back at once */
+  job->add = (rn_add_args){dt, d, c->u, c->ldu, NULL, d, c->u, c->ldu};
+  job->pre = rn_entry_forward_args(e, RN_RMSNORM, d, c->u, c->ldu, c->y, c->ldy);
+  job->pre.w = rn_param_as_acc(&e->cfg, e->kernels, c->weight_pre, 1, d, s);
+  job->pre.rstd = c->rstd_pre;
+  /* streamed, but not as DRAM-sized (2): the add has just brought the block's
+   * h' into the caches */
+  job->pre.stream = rn_stream_ok(c->y != c->x, c->y, es, rows * d * es) != 0;
+  job->block = rn_block_rows(d, es);
+  job->task_bytes = rn_align64(job->block * d * es);
+  job->task_scratch = s + wpre_bytes;
+  /* the one-pass kernel takes what Gemma runs: whole-row statistics, both
+   * weights */
+  int fits = job->post.k == d && job->post.w && job->pre.w;
+  job->fused = fits ? e->kernels->sandwich_forward[dt] : NULL;
+  /* it reads a and h from memory: DRAM-sized calls prefetch as such */
+  if (job->fused) job->pre.stream = rn_stream_ok(c->y != c->x, c->y, es, rows * d * es);
+  return (rn_rows_job){sw_fwd_rows, job};
+}
+
+const rn_fused_op rn_sandwich_forward_op = {sw_fwd_split, sw_fwd_check, sw_fwd_bytes,
+                                            sw_fwd_prepare};
+
 rmsnorm_status rmsnorm_sandwich_forward(rmsnorm_context *ctx, const rmsnorm_config *cfg,
                                         size_t rows, size_t d, const void *a, size_t lda,
                                         void *h, size_t ldh, const void *weight_post,
@@ -65,48 +126,12 @@ rmsnorm_status rmsnorm_sandwich_forward(rmsnorm_context *ctx, const rmsnorm_conf
   rn_entry e;
   rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE, d);
   if (st == RMSNORM_OK) st = rn_entry_matrices(&e, rows, d, RN_LDS(lda, ldh, ldxn));
-  if (st != RMSNORM_OK || rows == 0) return st;
-  if (!a || !h || !x_next) return RMSNORM_ERROR_NULL_POINTER;
-  size_t es = e.es;
-  /* h is updated: it must not meet anything; x' may be exactly a. The entry
-   * machinery converts weight_post; weight_pre is an input like a. */
-  rn_buffers b = {.in = {rn_inplace(rn_matrix(a, rows, d, lda, es)),
-                         rn_vector(weight_pre, d, e.ps)},
-                  .out = {rn_matrix(x_next, rows, d, ldxn, es), rn_matrix(h, rows, d, ldh, es),
-                          rn_vector(rstd_post, rows, e.as), rn_vector(rstd_pre, rows, e.as)},
-                  .weight = weight_post, .nparam = d};
-  if ((st = rn_entry_check(&e, &b)) != RMSNORM_OK) return st;
-
-  /* scratch: [weight_post copy][weight_pre copy][each task's block of y] */
-  rn_entry_lock(&e);
-  size_t block = rn_block_rows(d, es), task_bytes = rn_align64(block * d * es);
-  size_t wpre_bytes = second_weight_bytes(&e, weight_pre, d);
-  rn_split split = rn_split_for(ctx, rows, rows * d * 4 * es, rows);
-  char *s = rn_entry_scratch(&e, wpre_bytes + (size_t)split.tasks * task_bytes);
-  if (!s) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
-  sw_fwd_job job;
-  job.ks = e.kernels;
-  job.post = rn_entry_forward_args(&e, RN_RMSNORM, d, a, lda, NULL, d);
-  job.post.rstd = rstd_post;
-  job.post.stream = RN_CACHED; /* y is read back at once */
-  job.add = (rn_add_args){cfg->dtype, d, h, ldh, NULL, d, h, ldh};
-  job.pre = rn_entry_forward_args(&e, RN_RMSNORM, d, h, ldh, x_next, ldxn);
-  job.pre.w = rn_param_as_acc(&e.cfg, e.kernels, weight_pre, 1, d, s);
-  job.pre.rstd = rstd_pre;
-  /* streamed, but not as DRAM-sized (2): the add has just brought the block's
-   * h' into the caches */
-  job.pre.stream = rn_stream_ok(x_next != a, x_next, es, rows * d * es) != 0;
-  job.block = block;
-  job.task_bytes = task_bytes;
-  job.task_scratch = s + wpre_bytes;
-  /* the one-pass kernel takes what Gemma runs: whole-row statistics, both
-   * weights */
-  int fits = job.post.k == d && job.post.w && job.pre.w;
-  job.fused = fits ? e.kernels->sandwich_forward[cfg->dtype] : NULL;
-  /* it reads a and h from memory: DRAM-sized calls prefetch as such */
-  if (job.fused) job.pre.stream = rn_stream_ok(x_next != a, x_next, es, rows * d * es);
-  rn_run_rows(ctx, split, rows, sw_fwd_rows, &job);
-  return rn_entry_unlock(&e, RMSNORM_OK);
+  if (st != RMSNORM_OK) return st;
+  rn_fused_call c;
+  rn_fused_call_init(&c, rows, d);
+  c.x = a, c.ldx = lda, c.u = h, c.ldu = ldh, c.y = x_next, c.ldy = ldxn;
+  c.weight = weight_post, c.weight_pre = weight_pre, c.rstd = rstd_post, c.rstd_pre = rstd_pre;
+  return rn_fused_oneshot(&e, &rn_sandwich_forward_op, &c);
 }
 
 /* ---- backward ----------------------------------------------------------- */
