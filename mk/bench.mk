@@ -6,8 +6,8 @@
 # RMSNorm against the copy limit of its own bytes (bench_fused gated),
 # QK-norm + RoPE against QK-norm then a rotation pass (bench_fused rope),
 # and decode-sized calls (1-64 rows, one thread, in cache) against plain
-# two-pass loops of the same SIMD set, one-shot and plan, and the fused
-# ops' one-shot calls (bench_decode).
+# two-pass loops of the same SIMD set, one-shot and plan (QK-norm: one-shot
+# only) (bench_decode).
 # The command's measuring code and the plot script are in bench/c/; the CSV and
 # the plot are written to BENCH_DIR.
 BENCH_DIR ?= bench

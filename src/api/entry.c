@@ -189,18 +189,6 @@ char *rn_entry_grad_scratch(rn_entry *e, rn_grad_plan *plan, size_t units, size_
   return rn_entry_scratch(e, plan->bytes + (size_t)plan->ntasks * task_bytes);
 }
 
-rmsnorm_status rn_fused_oneshot(rn_entry *e, const rn_fused_op *op, rn_fused_call *c) {
-  rmsnorm_status st = op->check(e, c);
-  if (st != RMSNORM_OK || c->rows == 0) return st;
-  rn_entry_lock(e);
-  rn_split split = op->split(e->ctx, c->rows, c->d, e->es);
-  char *mem = rn_entry_scratch(e, op->bytes(e, c, split));
-  if (!mem) return rn_entry_unlock(e, RMSNORM_ERROR_OUT_OF_MEMORY);
-  rn_rows_job job = op->prepare(e, c, split, mem);
-  rn_run_rows(e->ctx, split, c->rows, job.fn, job.arg);
-  return rn_entry_unlock(e, RMSNORM_OK);
-}
-
 rmsnorm_status rn_entry_unlock(rn_entry *e, rmsnorm_status st) {
   rn_context_unlock(e->ctx);
   return st;

@@ -75,10 +75,10 @@ static rn_split gated_fwd_split(const rmsnorm_context *ctx, size_t rows, size_t 
   return rn_split_for(ctx, rows, rows * d * GATED_FWD_BYTES, rows);
 }
 
-/* The gate (again, for a plan: the one-shot call read it first), then the
- * buffers. */
+/* The gate (a plan's; the one-shot call reads it first, into c->gate, and
+ * passes no gate_arg), then the buffers. */
 static rmsnorm_status gated_fwd_check(rn_entry *e, rn_fused_call *c) {
-  rmsnorm_status st = read_gate(c->gate_arg, c->d, &c->gate);
+  rmsnorm_status st = c->gate_arg ? read_gate(c->gate_arg, c->d, &c->gate) : RMSNORM_OK;
   if (st != RMSNORM_OK || c->rows == 0) return st;
   if (!c->x || !c->u || !c->y) return RMSNORM_ERROR_NULL_POINTER;
   size_t rows = c->rows, d = c->d, es = e->es;
@@ -125,14 +125,13 @@ rmsnorm_status rmsnorm_gated_forward(rmsnorm_context *ctx, const rmsnorm_config 
                                      const void *x, size_t ldx, const void *z, size_t ldz,
                                      const void *weight, void *y, size_t ldy, void *rstd) {
   rn_entry e;
-  rmsnorm_gate g;
-  rmsnorm_status st = begin(&e, ctx, &cfg, RMSNORM_FLAG_ACCUMULATE, gate, d, &g);
+  rn_fused_call c;
+  rmsnorm_status st = begin(&e, ctx, &cfg, RMSNORM_FLAG_ACCUMULATE, gate, d, &c.gate);
   if (st == RMSNORM_OK) st = rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldz, ldy));
   if (st != RMSNORM_OK) return st;
-  rn_fused_call c;
-  rn_fused_call_init(&c, rows, d);
+  rn_fused_call_init(&c, rows, d); /* the gate read: no gate_arg */
   c.x = x, c.ldx = ldx, c.u = (void *)(uintptr_t)z, c.ldu = ldz, c.y = y, c.ldy = ldy;
-  c.weight = weight, c.rstd = rstd, c.gate_arg = gate;
+  c.weight = weight, c.rstd = rstd;
   return rn_fused_oneshot(&e, &rn_gated_forward_op, &c);
 }
 

@@ -331,6 +331,10 @@ rmsnorm_status rmsnorm_plan_setup_add_quantized(rmsnorm_plan *p, void *h, const 
 rmsnorm_status rmsnorm_plan_setup_gated(rmsnorm_plan *p, const rmsnorm_gate *gate,
                                         const void *x, const void *z, const void *weight,
                                         void *y, void *rstd) {
+  if (!gate) { /* the op reads gate_arg where one is given */
+    if (p) p->ready = 0;
+    return RMSNORM_ERROR_NULL_POINTER;
+  }
   rn_fused_call c;
   rn_fused_call_init(&c, 0, 0);
   c.x = x, c.u = (void *)(uintptr_t)z, c.y = y, c.weight = weight, c.rstd = rstd;
