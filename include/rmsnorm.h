@@ -1051,7 +1051,8 @@ RMSNORM_API rmsnorm_status rmsnorm_plan_create(rmsnorm_context *ctx, const rmsno
  * x, y; add: h, y; backward: x, dx; sandwich: a, x_next; gated: x, y;
  * quantized: x or h, and 0: the codes' stride comes at setup) and ldu
  * (add's and add + quantized's u, the backward's dy, sandwich's h, gated's
- * z; 0 for the others). rows may be 0 (run then writes nothing). A failed reshape leaves the plan unshaped.
+ * z; 0 for the others). rows may be 0 (run then writes nothing). A failed
+ * reshape leaves the plan unshaped.
  * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_SIZE,
  * RMSNORM_ERROR_BAD_STRIDE, RMSNORM_ERROR_BAD_ARGUMENT (ldu set for an
  * operation without u). */

@@ -1,10 +1,10 @@
 /* plan.c - plans (rmsnorm.h, "Plans"): a forward, add + forward, backward,
- * sandwich, quantized or gated forward call checked and prepared once (create, reshape, setup), then run many
- * times through the one-shot calls' own run functions (entry.h), so the bits
- * are theirs. What a run skips: the config and size checks, the overlap rule,
- * the weight conversion, the thread decision, the backward's reduction plan
- * and, when the work stays on the caller's thread, the context's lock (the
- * backward's scratch being the plan's own). */
+ * sandwich, gated or quantized forward call checked and prepared once
+ * (create, reshape, setup), then run many times through the one-shot calls'
+ * own run functions (entry.h), so the bits are theirs. What a run skips:
+ * the config and size checks, the overlap rule, the weight conversion, the
+ * thread decision, the backward's reduction plan and, when the work stays on
+ * the caller's thread, the context's lock (the scratch being the plan's own). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +53,12 @@ static const rn_fused_op *op_fused(rmsnorm_plan_op op) {
   case RMSNORM_PLAN_GATED_FORWARD: return &rn_gated_forward_op;
   default: return NULL;
   }
+}
+
+/* The quantized plans: their codes are not rows x d of the dtype, so their
+ * stride comes with the format, at setup (reshape's ldy is 0). */
+static int op_quantized(rmsnorm_plan_op op) {
+  return op == RMSNORM_PLAN_FORWARD_QUANTIZED || op == RMSNORM_PLAN_ADD_FORWARD_QUANTIZED;
 }
 
 /* Whether the op reads a second input of rows x d (reshape's ldu). */
@@ -118,10 +124,7 @@ rmsnorm_status rmsnorm_plan_reshape(rmsnorm_plan *p, size_t rows, size_t d, size
   p->shaped = p->ready = 0;
   if (d == 0) return RMSNORM_ERROR_BAD_SIZE;
   int add = p->op == RMSNORM_PLAN_ADD_FORWARD, second = op_second_input(p->op);
-  /* the quantized plans' codes are not rows x d of the dtype: their
-   * stride comes with the format, at setup */
-  int quantized = p->op == RMSNORM_PLAN_FORWARD_QUANTIZED ||
-                  p->op == RMSNORM_PLAN_ADD_FORWARD_QUANTIZED;
+  int quantized = op_quantized(p->op);
   if ((!second && ldu != 0) || (quantized && ldy != 0)) return RMSNORM_ERROR_BAD_ARGUMENT;
   rn_entry e = plan_entry(p);
   rmsnorm_status st;
@@ -283,8 +286,7 @@ static rmsnorm_status setup_fused(rmsnorm_plan *p, rmsnorm_plan_op op, rn_fused_
   if (!p->shaped || p->op != op) return RMSNORM_ERROR_BAD_ARGUMENT;
   rn_entry e = plan_entry(p);
   c->rows = p->rows, c->d = p->d, c->ldx = p->ldx, c->ldu = p->ldu;
-  if (op != RMSNORM_PLAN_FORWARD_QUANTIZED && op != RMSNORM_PLAN_ADD_FORWARD_QUANTIZED)
-    c->ldy = p->ldy;
+  if (!op_quantized(op)) c->ldy = p->ldy;
   rmsnorm_status st = p->fused->check(&e, c);
   if (st != RMSNORM_OK) return st;
   if (p->rows == 0) return p->ready = 1, RMSNORM_OK;

@@ -238,14 +238,17 @@ static rmsnorm_status quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg,
   rn_entry e;
   rmsnorm_status st = rn_entry_begin(&e, ctx, &cfg, RN_RMSNORM, RMSNORM_FLAG_ACCUMULATE, d);
   if (st == RMSNORM_OK)
-    st = add ? rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldu)) : rn_entry_matrices(&e, rows, d, RN_LDS(ldx));
+    st = add ? rn_entry_matrices(&e, rows, d, RN_LDS(ldx, ldu))
+             : rn_entry_matrices(&e, rows, d, RN_LDS(ldx));
   if (st != RMSNORM_OK) return st;
   rn_fused_call c;
   rn_fused_call_init(&c, rows, d);
   c.x = x, c.ldx = ldx, c.u = (void *)(uintptr_t)u, c.ldu = add ? ldu : 0;
   c.y = codes, c.ldy = ldc, c.scales = scales, c.lds = lds, c.quant_arg = qp;
   c.weight = weight, c.bias = bias, c.rstd = rstd;
-  return rn_fused_oneshot(&e, add ? &rn_add_quantized_op : &rn_quantized_op, &c);
+  /* each branch a constant table, so that its steps are called directly */
+  return add ? rn_fused_oneshot(&e, &rn_add_quantized_op, &c)
+             : rn_fused_oneshot(&e, &rn_quantized_op, &c);
 }
 
 rmsnorm_status rmsnorm_forward_quantized(rmsnorm_context *ctx, const rmsnorm_config *cfg,
