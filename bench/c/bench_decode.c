@@ -25,7 +25,10 @@
  *             32 by the operations of src/ref/blocks_ref.c) and
  *             rmsnorm_forward_quantized with RMSNORM_QF_Q8_0
  *             (RMSNORM_PLAN_FORWARD_QUANTIZED)
- * at d 128, 576, 2048, 4096 (qk: its two layouts). Every loop takes a row's
+ * at d 128, 576, 2048, 4096 (qk: its two layouts); and an order table: the
+ * fp32 forward's plain loop against the spec-order loop and the order
+ * docs/numerics.md proposes for short rows (r in double, and in float), at
+ * rows 1, 16, 64 x d 128, 256, 576, 1024. Every loop takes a row's
  * statistics in one pass (four fp32 FMA accumulators), then writes its
  * outputs. The loops are in bench_decode_loops.inc, compiled per set with
  * its own target attributes and run only where the CPU has the set. Before
@@ -37,7 +40,7 @@
  * loop/lib >= 0.8 below 16 rows, >= 0.9 from 16.
  * usage: bench_decode [rounds] [--quick]
  *   rounds: 11 by default; --quick: rows 1, 16 and d 576, 4096 only (qk:
- *   both layouts) */
+ *   both layouts; the order table: one row of 128 and 576) */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
@@ -377,6 +380,8 @@ typedef struct loop_set {
                    const float *rstd, void *dx, void *dw, float *dwacc);
   void (*forward_spec_f32)(size_t rows, size_t d, const float *x, const float *w, float *y,
                            double eps);
+  void (*forward_prop_f32)(size_t rows, size_t d, const float *x, const float *w, float *y,
+                           double eps, int r_float);
   void (*backward_spec_f32)(size_t rows, size_t d, const float *x, const float *dy,
                             const float *w, const float *rstd, float *dx, float *dw,
                             float *dwacc);
@@ -393,7 +398,7 @@ typedef struct loop_set {
 /* A set's loops in loop_set's order. */
 #define LOOPS(s)                                                                     \
   forward_##s, add_forward_##s, backward_##s, forward_spec_f32_##s,                 \
-      backward_spec_f32_##s, qk_forward_##s, gated_forward_##s, sandwich_forward_##s, \
+      forward_prop_f32_##s, backward_spec_f32_##s, qk_forward_##s, gated_forward_##s, sandwich_forward_##s, \
       q8_0_forward_##s
 
 static const loop_set sets[] = {
@@ -408,7 +413,7 @@ static const loop_set sets[] = {
 #if defined(__aarch64__)
     {"neon", RMSNORM_ISA_NEON, RMSNORM_CPU_NEON, LOOPS(neon)},
 #endif
-    {NULL, RMSNORM_ISA_AUTO, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}};
+    {NULL, RMSNORM_ISA_AUTO, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}};
 
 /* ---- data --------------------------------------------------------------- */
 
@@ -521,7 +526,9 @@ static void fill(buffers *b, int dt) {
 enum { OP_FWD, OP_ADD, OP_BWD, OP_QK, OP_GATED, OP_SANDWICH, OP_Q8_0, OPS };
 static const char *const op_names[OPS] = {"fwd", "add+fwd", "bwd", "qk", "gated", "sandwich",
                                           "q8_0"};
-enum { C_LOOP, C_SPEC, C_LIB, C_PLAN, CONTENDERS };
+/* C_PROP, C_PROP_RF: the fp32 forward in the order docs/numerics.md
+ * proposes for short rows, r in double and in float (the order table) */
+enum { C_LOOP, C_SPEC, C_LIB, C_PLAN, C_PROP, C_PROP_RF, CONTENDERS };
 
 /* QK-norm's head layouts: rows are tokens, d is head_dim (one layout per
  * head_dim); a case is the library's two calls, Q then K, against one loop
@@ -564,6 +571,10 @@ static rmsnorm_status run(const bcase *c, int who) {
   size_t rows = c->rows, d = c->d;
   int dt = c->dt, loop = who == C_LOOP;
   if (who == C_PLAN) return rmsnorm_plan_run(c->plan);
+  if (who == C_PROP || who == C_PROP_RF) {
+    c->set->forward_prop_f32(rows, d, b->x, b->w, b->y, EPS, who == C_PROP_RF);
+    return RMSNORM_OK;
+  }
   if (who == C_SPEC && c->op == OP_BWD) {
     c->set->backward_spec_f32(rows, d, b->x, b->dy, b->w, b->rstd, b->dx, b->dw, b->dwacc);
     return RMSNORM_OK;
@@ -883,6 +894,46 @@ static void print_tally(const char *set, int op, const tally *s) {
 
 /* ---- main ------------------------------------------------------------------ */
 
+/* The order table: the fp32 forward's plain loop, the spec-order loop and the
+ * proposed order's two loops (docs/numerics.md, "A faster order for short
+ * rows") on short rows, their outputs checked against the plain loop's to
+ * 1e-5. @return the mismatches. */
+static int order_table(const loop_set *set, rmsnorm_context *ctx, buffers *b, int rounds,
+                       int quick, double *t, double *ratio) {
+  static const size_t rows_all[] = {1, 16, 64}, ds_all[] = {128, 256, 576, 1024};
+  static const size_t ds_quick[] = {128, 576};
+  size_t nrows = quick ? 1 : 3, nd = quick ? 2 : 4;
+  const size_t *ds = quick ? ds_quick : ds_all;
+  int bad = 0;
+  fill(b, RMSNORM_F32);
+  printf("%-6s %-8s %4s %5s %9s %9s %9s %9s %9s %9s %9s\n", "set", "order", "rows", "d",
+         "loop ns", "spec ns", "prop ns", "prop-rf", "loop/spec", "loop/prop", "loop/p-rf");
+  for (size_t ri = 0; ri < nrows; ri++)
+    for (size_t di = 0; di < nd; di++) {
+      bcase c;
+      memset(&c, 0, sizeof c);
+      c.set = set, c.ctx = ctx, c.b = b, c.op = OP_FWD, c.dt = RMSNORM_F32;
+      c.rows = rows_all[ri], c.d = ds[di];
+      rmsnorm_config_init(&c.cfg, RMSNORM_F32);
+      c.has[C_LOOP] = c.has[C_SPEC] = c.has[C_PROP] = c.has[C_PROP_RF] = 1;
+      size_t n = c.rows * c.d;
+      run(&c, C_LOOP);
+      memcpy(b->yref, b->y, n * sizeof(float));
+      for (int who = C_PROP; who <= C_PROP_RF; who++) {
+        memset(b->y, 0, n * sizeof(float));
+        run(&c, who);
+        bad += check(&c, who == C_PROP ? "proposed order" : "proposed order, r in float", "y",
+                     b->y, b->yref, n);
+      }
+      result res;
+      time_case(&c, rounds, t, ratio, &res);
+      printf("%-6s %-8s %4zu %5zu %9.1f %9.1f %9.1f %9.1f %9.2f %9.2f %9.2f\n", set->name,
+             "fwd f32", c.rows, c.d, res.ns[C_LOOP], res.ns[C_SPEC], res.ns[C_PROP],
+             res.ns[C_PROP_RF], res.ratio[C_SPEC], res.ratio[C_PROP], res.ratio[C_PROP_RF]);
+    }
+  return bad;
+}
+
 int main(int argc, char **argv) {
   int rounds = 11, quick = 0;
   for (int i = 1; i < argc; i++) {
@@ -999,6 +1050,7 @@ int main(int argc, char **argv) {
       }
       print_tally(set->name, op, &s);
     }
+    mismatches += order_table(set, ctx, &b, rounds, quick, t, ratio);
   }
   if (mismatches)
     printf("!!! %d outputs of the library disagree with the plain loops' (see above)\n",
