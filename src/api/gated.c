@@ -33,20 +33,21 @@ static rmsnorm_status begin(rn_entry *e, rmsnorm_context *ctx, const rmsnorm_con
   return read_gate(gate, d, g);
 }
 
-static rn_gated_args gated_args(const rn_entry *e, const rmsnorm_gate *g, size_t d,
-                                const void *x, size_t ldx, const void *z, size_t ldz) {
-  rn_gated_args a;
-  memset(&a, 0, sizeof a);
-  a.dtype = e->cfg.dtype;
-  a.d = d;
-  a.group = g->group;
-  a.sigmoid = g->act == RMSNORM_GATE_SIGMOID;
-  a.norm_first = (g->flags & RMSNORM_GATE_NORM_FIRST) != 0;
-  a.x = x, a.ldx = ldx, a.z = z, a.ldz = ldz;
-  a.w = e->weight;
-  a.eps = e->cfg.eps;
-  a.flags = e->cfg.flags;
-  return a;
+/* The kernels' arguments of the config, the gate and the inputs into *a
+ * (the rest zero), in place: returned by value, the struct was copied into
+ * the job in scratch memory (45 instructions a call). */
+static void gated_args(rn_gated_args *a, const rn_entry *e, const rmsnorm_gate *g, size_t d,
+                       const void *x, size_t ldx, const void *z, size_t ldz) {
+  memset(a, 0, sizeof *a);
+  a->dtype = e->cfg.dtype;
+  a->d = d;
+  a->group = g->group;
+  a->sigmoid = g->act == RMSNORM_GATE_SIGMOID;
+  a->norm_first = (g->flags & RMSNORM_GATE_NORM_FIRST) != 0;
+  a->x = x, a->ldx = ldx, a->z = z, a->ldz = ldz;
+  a->w = e->weight;
+  a->eps = e->cfg.eps;
+  a->flags = e->cfg.flags;
 }
 
 /* The gate's e^x and division make this op compute-bound: about 1 ns an
@@ -70,14 +71,14 @@ static void gated_fwd_rows(const void *p, size_t r0, size_t r1, int task) {
   job->kernel(&job->args, r0, r1, job->task_scratch + (size_t)task * job->task_bytes);
 }
 
-static rn_split gated_fwd_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
+RN_FUSED_STEP rn_split gated_fwd_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
   (void)es;
   return rn_split_for(ctx, rows, rows * d * GATED_FWD_BYTES, rows);
 }
 
 /* The gate (a plan's; the one-shot call reads it first, into c->gate, and
  * passes no gate_arg), then the buffers. */
-static rmsnorm_status gated_fwd_check(rn_entry *e, rn_fused_call *c) {
+RN_FUSED_STEP rmsnorm_status gated_fwd_check(rn_entry *e, rn_fused_call *c) {
   rmsnorm_status st = c->gate_arg ? read_gate(c->gate_arg, c->d, &c->gate) : RMSNORM_OK;
   if (st != RMSNORM_OK || c->rows == 0) return st;
   if (!c->x || !c->u || !c->y) return RMSNORM_ERROR_NULL_POINTER;
@@ -92,12 +93,12 @@ static rmsnorm_status gated_fwd_check(rn_entry *e, rn_fused_call *c) {
 }
 
 /* [the job][each task's row scratch] */
-static size_t gated_fwd_bytes(rn_entry *e, const rn_fused_call *c, rn_split split) {
+RN_FUSED_STEP size_t gated_fwd_bytes(rn_entry *e, const rn_fused_call *c, rn_split split) {
   rn_entry_weight_direct(e, c->rows, c->d, 0);
   return rn_align64(sizeof(gated_fwd_job)) + (size_t)split.tasks * RN_GATED_SCRATCH(c->d);
 }
 
-static rn_rows_job gated_fwd_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
+RN_FUSED_STEP rn_rows_job gated_fwd_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
                                      char *mem) {
   (void)split;
   size_t rows = c->rows, d = c->d, es = e->es;
@@ -105,7 +106,7 @@ static rn_rows_job gated_fwd_prepare(const rn_entry *e, const rn_fused_call *c, 
   job->task_bytes = RN_GATED_SCRATCH(d);
   job->task_scratch = mem + rn_align64(sizeof *job);
   job->kernel = e->kernels->gated_forward[e->cfg.dtype];
-  job->args = gated_args(e, &c->gate, d, c->x, c->ldx, c->u, c->ldu);
+  gated_args(&job->args, e, &c->gate, d, c->x, c->ldx, c->u, c->ldu);
   job->args.w_data = e->weight_data;
   job->args.w_offset = e->cfg.flags & RMSNORM_FLAG_WEIGHT_OFFSET ? 1.0f : 0.0f;
   job->args.y = c->y;
@@ -189,7 +190,7 @@ rmsnorm_status rmsnorm_gated_backward(rmsnorm_context *ctx, const rmsnorm_config
   if (!sums) return rn_entry_unlock(&e, RMSNORM_ERROR_OUT_OF_MEMORY);
   gated_bwd_job job;
   job.kernel = e.kernels->gated_backward[cfg->dtype];
-  job.args = gated_args(&e, &g, d, x, ldx, z, ldz);
+  gated_args(&job.args, &e, &g, d, x, ldx, z, ldz);
   job.args.dy = dy, job.args.lddy = lddy;
   job.args.dx = dx, job.args.lddx = lddx;
   job.args.dz = dz, job.args.lddz = lddz;

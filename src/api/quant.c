@@ -135,11 +135,11 @@ static int param_nonfinite(const rn_kernel_set *k, const void *p, size_t d, int 
 
 /* rows x d of the dtype in, a byte each out; with the add, h read and
  * written and u read first */
-static rn_split quantized_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
+RN_FUSED_STEP rn_split quantized_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
   return rn_split_for(ctx, rows, rows * d * (es + 1), rows);
 }
 
-static rn_split add_quantized_split(const rmsnorm_context *ctx, size_t rows, size_t d,
+RN_FUSED_STEP rn_split add_quantized_split(const rmsnorm_context *ctx, size_t rows, size_t d,
                                     size_t es) {
   return rn_split_for(ctx, rows, rows * d * (es * 4 + 1), rows);
 }
@@ -149,7 +149,7 @@ static int with_add(const rn_fused_call *c) { return c->ldu != 0; }
 
 /* The descriptor, the codes' and scales' strides and the static scale, then
  * the buffers. With the add, c->x is h (updated) and c->u is u. */
-static rmsnorm_status quantized_check(rn_entry *e, rn_fused_call *c) {
+RN_FUSED_STEP rmsnorm_status quantized_check(rn_entry *e, rn_fused_call *c) {
   size_t rows = c->rows, d = c->d, es = e->es;
   rmsnorm_quant *q = &c->quant;
   rn_qlayout *l = &c->layout;
@@ -178,12 +178,12 @@ static rmsnorm_status quantized_check(rn_entry *e, rn_fused_call *c) {
 }
 
 /* [the job][each task's row scratch] */
-static size_t quantized_bytes(rn_entry *e, const rn_fused_call *c, rn_split split) {
+RN_FUSED_STEP size_t quantized_bytes(rn_entry *e, const rn_fused_call *c, rn_split split) {
   (void)e;
   return rn_align64(sizeof(quant_job)) + (size_t)split.tasks * RN_QUANT_SCRATCH(c->d);
 }
 
-static rn_rows_job quantized_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
+RN_FUSED_STEP rn_rows_job quantized_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
                                      char *mem) {
   (void)split;
   size_t d = c->d, es = e->es, rows = c->rows;

@@ -58,11 +58,11 @@ static void sw_fwd_rows(const void *p, size_t r0, size_t r1, int task) {
 }
 
 /* rows x d, four operands of es bytes an element */
-static rn_split sw_fwd_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
+RN_FUSED_STEP rn_split sw_fwd_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
   return rn_split_for(ctx, rows, rows * d * 4 * es, rows);
 }
 
-static rmsnorm_status sw_fwd_check(rn_entry *e, rn_fused_call *c) {
+RN_FUSED_STEP rmsnorm_status sw_fwd_check(rn_entry *e, rn_fused_call *c) {
   if (c->rows == 0) return RMSNORM_OK;
   if (!c->x || !c->u || !c->y) return RMSNORM_ERROR_NULL_POINTER;
   size_t rows = c->rows, d = c->d, es = e->es;
@@ -78,13 +78,13 @@ static rmsnorm_status sw_fwd_check(rn_entry *e, rn_fused_call *c) {
 }
 
 /* [the job][weight_pre copy][each task's block of y] */
-static size_t sw_fwd_bytes(rn_entry *e, const rn_fused_call *c, rn_split split) {
+RN_FUSED_STEP size_t sw_fwd_bytes(rn_entry *e, const rn_fused_call *c, rn_split split) {
   size_t d = c->d, task_bytes = rn_align64(rn_block_rows(d, e->es) * d * e->es);
   return rn_align64(sizeof(sw_fwd_job)) + second_weight_bytes(e, c->weight_pre, d) +
          (size_t)split.tasks * task_bytes;
 }
 
-static rn_rows_job sw_fwd_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
+RN_FUSED_STEP rn_rows_job sw_fwd_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
                                   char *mem) {
   (void)split;
   size_t d = c->d, es = e->es, rows = c->rows;
