@@ -195,27 +195,37 @@ static inline unsigned vf_outside_mask(vf v, float lo, float hi) {
 /* One reduction tree for eight vectors (op: max of floats, or sum of int32
  * lanes), lane b of the result holding m[b]'s lanes reduced. Level 1 puts
  * m[2k]'s partial results at even places and m[2k+1]'s at odd ones, level 2
- * four vectors' in each 128-bit half, level 3 joins the halves. */
-static inline __m256 lanes_tree(const __m256 *m, int add_i32) {
+ * four vectors' in each 128-bit half, level 3 joins the halves. `pairs` (2
+ * or 4, a constant): the pairs m[2k], m[2k+1] that may be nonzero; the
+ * steps on the zero ones are left out (they give zero lanes, the same bits). */
+static inline __attribute__((always_inline)) __m256 lanes_tree(const __m256 *m, int add_i32,
+                                                             int pairs) {
 #define RN_OP(a, b)                                                                  \
   (add_i32 ? _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(a), _mm256_castps_si256(b))) \
            : _mm256_max_ps(a, b))
-  __m256 p[4], r[2];
+  __m256 p[4], r[2], z = _mm256_setzero_ps();
   for (int k = 0; k < 4; k++)
-    p[k] = RN_OP(_mm256_unpacklo_ps(m[2 * k], m[2 * k + 1]), _mm256_unpackhi_ps(m[2 * k], m[2 * k + 1]));
+    p[k] = k >= pairs ? z
+                      : RN_OP(_mm256_unpacklo_ps(m[2 * k], m[2 * k + 1]),
+                              _mm256_unpackhi_ps(m[2 * k], m[2 * k + 1]));
   for (int k = 0; k < 2; k++)
-    r[k] = RN_OP(_mm256_shuffle_ps(p[2 * k], p[2 * k + 1], 0x44),
-                 _mm256_shuffle_ps(p[2 * k], p[2 * k + 1], 0xee));
+    r[k] = 2 * k >= pairs ? z
+                          : RN_OP(_mm256_shuffle_ps(p[2 * k], p[2 * k + 1], 0x44),
+                                  _mm256_shuffle_ps(p[2 * k], p[2 * k + 1], 0xee));
   return RN_OP(_mm256_permute2f128_ps(r[0], r[1], 0x20), _mm256_permute2f128_ps(r[0], r[1], 0x31));
 #undef RN_OP
 }
-/* lane b = the max of m[b]'s lanes (no NaN) */
-static inline vf vf_max_lanes(const vf *m) { return lanes_tree(m, 0); }
-/* lane b = the sum of c[b]'s lanes */
-static inline vi vi_sum_lanes(const vi *c) {
+/* The tree over the vectors that may be nonzero: m[b] from nb on are zero. */
+static inline __m256 lanes_tree_nb(const __m256 *m, int add_i32, int nb) {
+  return nb <= 4 ? lanes_tree(m, add_i32, 2) : lanes_tree(m, add_i32, 4);
+}
+/* lane b = the max of m[b]'s lanes (no NaN); m[b] from nb on are zero */
+static inline vf vf_max_lanes(const vf *m, int nb) { return lanes_tree_nb(m, 0, nb); }
+/* lane b = the sum of c[b]'s lanes; c[b] from nb on are zero */
+static inline vi vi_sum_lanes(const vi *c, int nb) {
   __m256 m[VF_W];
   for (int b = 0; b < VF_W; b++) m[b] = _mm256_castsi256_ps(c[b]);
-  return _mm256_castps_si256(lanes_tree(m, 1));
+  return _mm256_castps_si256(lanes_tree_nb(m, 1, nb));
 }
 
 

@@ -172,30 +172,44 @@ static inline unsigned vf_outside_mask(vf v, float lo, float hi) {
  * lanes), lane b of the result holding m[b]'s lanes reduced. Level 1 puts
  * m[2k]'s partial results at even places and m[2k+1]'s at odd ones, level 2
  * four vectors' in each 128-bit quarter, level 3 eight vectors' in each
- * half (quarters 0-1, 2-3), level 4 joins the quarters. */
-static inline __m512 lanes_tree(const __m512 *m, int add_i32) {
+ * half (quarters 0-1, 2-3), level 4 joins the quarters. `pairs` (2, 4 or 8,
+ * a constant): the pairs m[2k], m[2k+1] that may be nonzero; the steps on
+ * the zero ones are left out (they give zero lanes, the same bits). */
+static inline __attribute__((always_inline)) __m512 lanes_tree(const __m512 *m, int add_i32,
+                                                             int pairs) {
 #define RN_OP(a, b)                                                                  \
   (add_i32 ? _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b))) \
            : _mm512_max_ps(a, b))
-  __m512 p[8], r[4], t[2];
+  __m512 p[8], r[4], t[2], z = _mm512_setzero_ps();
   for (int k = 0; k < 8; k++)
-    p[k] = RN_OP(_mm512_unpacklo_ps(m[2 * k], m[2 * k + 1]), _mm512_unpackhi_ps(m[2 * k], m[2 * k + 1]));
+    p[k] = k >= pairs ? z
+                      : RN_OP(_mm512_unpacklo_ps(m[2 * k], m[2 * k + 1]),
+                              _mm512_unpackhi_ps(m[2 * k], m[2 * k + 1]));
   for (int k = 0; k < 4; k++)
-    r[k] = RN_OP(_mm512_shuffle_ps(p[2 * k], p[2 * k + 1], 0x44),
-                 _mm512_shuffle_ps(p[2 * k], p[2 * k + 1], 0xee));
+    r[k] = 2 * k >= pairs ? z
+                          : RN_OP(_mm512_shuffle_ps(p[2 * k], p[2 * k + 1], 0x44),
+                                  _mm512_shuffle_ps(p[2 * k], p[2 * k + 1], 0xee));
   for (int k = 0; k < 2; k++) /* quarters 0, 2 of each, then 1, 3 */
-    t[k] = RN_OP(_mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0x88),
-                 _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0xdd));
+    t[k] = 4 * k >= pairs ? z
+                          : RN_OP(_mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0x88),
+                                  _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0xdd));
   return RN_OP(_mm512_shuffle_f32x4(t[0], t[1], 0x88), _mm512_shuffle_f32x4(t[0], t[1], 0xdd));
 #undef RN_OP
 }
-/* lane b = the max of m[b]'s lanes (no NaN) */
-static inline vf vf_max_lanes(const vf *m) { return lanes_tree(m, 0); }
-/* lane b = the sum of c[b]'s lanes */
-static inline vi vi_sum_lanes(const vi *c) {
+/* The tree over the vectors that may be nonzero: m[b] from nb on are zero
+ * (a row of 128 has 4 blocks: a quarter of the full tree's steps). */
+static inline __m512 lanes_tree_nb(const __m512 *m, int add_i32, int nb) {
+  if (nb <= 4) return lanes_tree(m, add_i32, 2);
+  if (nb <= 8) return lanes_tree(m, add_i32, 4);
+  return lanes_tree(m, add_i32, 8);
+}
+/* lane b = the max of m[b]'s lanes (no NaN); m[b] from nb on are zero */
+static inline vf vf_max_lanes(const vf *m, int nb) { return lanes_tree_nb(m, 0, nb); }
+/* lane b = the sum of c[b]'s lanes; c[b] from nb on are zero */
+static inline vi vi_sum_lanes(const vi *c, int nb) {
   __m512 m[VF_W];
   for (int b = 0; b < VF_W; b++) m[b] = _mm512_castsi512_ps(c[b]);
-  return _mm512_castps_si512(lanes_tree(m, 1));
+  return _mm512_castps_si512(lanes_tree_nb(m, 1, nb));
 }
 
 

@@ -148,12 +148,15 @@ static inline unsigned vf_outside_mask(vf v, float lo, float hi) {
   uint32x4_t in = vandq_u32(vcgeq_f32(v, vdupq_n_f32(lo)), vcleq_f32(v, vdupq_n_f32(hi)));
   return vaddvq_u32(vbicq_u32(vld1q_u32(bits), in));
 }
-/* lane b = the max of m[b]'s lanes (no NaN): two pairwise steps */
-static inline vf vf_max_lanes(const vf *m) {
+/* lane b = the max of m[b]'s lanes (no NaN): two pairwise steps (m[b] from
+ * nb on are zero: four vectors leave nothing to skip) */
+static inline vf vf_max_lanes(const vf *m, int nb) {
+  (void)nb;
   return vpmaxq_f32(vpmaxq_f32(m[0], m[1]), vpmaxq_f32(m[2], m[3]));
 }
-/* lane b = the sum of c[b]'s lanes */
-static inline vi vi_sum_lanes(const vi *c) {
+/* lane b = the sum of c[b]'s lanes (c[b] from nb on are zero) */
+static inline vi vi_sum_lanes(const vi *c, int nb) {
+  (void)nb;
   return vpaddq_s32(vpaddq_s32(c[0], c[1]), vpaddq_s32(c[2], c[3]));
 }
 
