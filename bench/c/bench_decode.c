@@ -396,9 +396,9 @@ typedef struct loop_set {
 } loop_set;
 
 /* A set's loops in loop_set's order. */
-#define LOOPS(s)                                                                     \
-  forward_##s, add_forward_##s, backward_##s, forward_spec_f32_##s,                 \
-      forward_prop_f32_##s, backward_spec_f32_##s, qk_forward_##s, gated_forward_##s, sandwich_forward_##s, \
+#define LOOPS(s)                                                                   \
+  forward_##s, add_forward_##s, backward_##s, forward_spec_f32_##s, forward_prop_f32_##s, \
+      backward_spec_f32_##s, qk_forward_##s, gated_forward_##s, sandwich_forward_##s,    \
       q8_0_forward_##s
 
 static const loop_set sets[] = {

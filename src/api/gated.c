@@ -71,7 +71,8 @@ static void gated_fwd_rows(const void *p, size_t r0, size_t r1, int task) {
   job->kernel(&job->args, r0, r1, job->task_scratch + (size_t)task * job->task_bytes);
 }
 
-RN_FUSED_STEP rn_split gated_fwd_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
+RN_FUSED_STEP rn_split gated_fwd_split(const rmsnorm_context *ctx, size_t rows, size_t d,
+                                       size_t es) {
   (void)es;
   return rn_split_for(ctx, rows, rows * d * GATED_FWD_BYTES, rows);
 }
@@ -98,8 +99,8 @@ RN_FUSED_STEP size_t gated_fwd_bytes(rn_entry *e, const rn_fused_call *c, rn_spl
   return rn_align64(sizeof(gated_fwd_job)) + (size_t)split.tasks * RN_GATED_SCRATCH(c->d);
 }
 
-RN_FUSED_STEP rn_rows_job gated_fwd_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
-                                     char *mem) {
+RN_FUSED_STEP rn_rows_job gated_fwd_prepare(const rn_entry *e, const rn_fused_call *c,
+                                            rn_split split, char *mem) {
   (void)split;
   size_t rows = c->rows, d = c->d, es = e->es;
   gated_fwd_job *job = (gated_fwd_job *)(void *)mem;

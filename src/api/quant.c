@@ -135,12 +135,13 @@ static int param_nonfinite(const rn_kernel_set *k, const void *p, size_t d, int 
 
 /* rows x d of the dtype in, a byte each out; with the add, h read and
  * written and u read first */
-RN_FUSED_STEP rn_split quantized_split(const rmsnorm_context *ctx, size_t rows, size_t d, size_t es) {
+RN_FUSED_STEP rn_split quantized_split(const rmsnorm_context *ctx, size_t rows, size_t d,
+                                       size_t es) {
   return rn_split_for(ctx, rows, rows * d * (es + 1), rows);
 }
 
 RN_FUSED_STEP rn_split add_quantized_split(const rmsnorm_context *ctx, size_t rows, size_t d,
-                                    size_t es) {
+                                           size_t es) {
   return rn_split_for(ctx, rows, rows * d * (es * 4 + 1), rows);
 }
 
@@ -183,8 +184,8 @@ RN_FUSED_STEP size_t quantized_bytes(rn_entry *e, const rn_fused_call *c, rn_spl
   return rn_align64(sizeof(quant_job)) + (size_t)split.tasks * RN_QUANT_SCRATCH(c->d);
 }
 
-RN_FUSED_STEP rn_rows_job quantized_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
-                                     char *mem) {
+RN_FUSED_STEP rn_rows_job quantized_prepare(const rn_entry *e, const rn_fused_call *c,
+                                            rn_split split, char *mem) {
   (void)split;
   size_t d = c->d, es = e->es, rows = c->rows;
   rmsnorm_dtype dt = e->cfg.dtype;

@@ -85,7 +85,7 @@ RN_FUSED_STEP size_t sw_fwd_bytes(rn_entry *e, const rn_fused_call *c, rn_split 
 }
 
 RN_FUSED_STEP rn_rows_job sw_fwd_prepare(const rn_entry *e, const rn_fused_call *c, rn_split split,
-                                  char *mem) {
+                                         char *mem) {
   (void)split;
   size_t d = c->d, es = e->es, rows = c->rows;
   rmsnorm_dtype dt = e->cfg.dtype;
