@@ -1055,7 +1055,7 @@ RMSNORM_API rmsnorm_status rmsnorm_plan_create(rmsnorm_context *ctx, const rmsno
  * reshape leaves the plan unshaped.
  * @return RMSNORM_OK, RMSNORM_ERROR_NULL_POINTER, RMSNORM_ERROR_BAD_SIZE,
  * RMSNORM_ERROR_BAD_STRIDE, RMSNORM_ERROR_BAD_ARGUMENT (ldu set for an
- * operation without u). */
+ * operation without u, ldy set for a quantized plan). */
 RMSNORM_API rmsnorm_status rmsnorm_plan_reshape(rmsnorm_plan *plan, size_t rows, size_t d,
                                                 size_t ldx, size_t ldu, size_t ldy);
 /* Buffers of a forward plan (RMSNorm or LayerNorm): as rmsnorm_forward /
