@@ -13,20 +13,6 @@ typedef struct pcase {
   int bias, inplace, stats;
 } pcase;
 
-/* scale * a near-normal value (the sum of four uniforms, centred and
- * scaled to variance 1), rounded to the dtype: plan and call get the same
- * data, so no exact distribution is needed, and tu_fill_normal's log and
- * cos took half of this test's time. */
-static void fill(tu_tensor *t, double scale) {
-  for (size_t i = 0; i < t->rows; i++)
-    for (size_t j = 0; j < t->d; j++) {
-      uint64_t u = tu_next();
-      double v = (double)(u & 0xffff) + (double)((u >> 16) & 0xffff) +
-                 (double)((u >> 32) & 0xffff) + (double)(u >> 48);
-      tu_set(t, i, j, scale * (v - 131070.0) * (1.7320508075688772 / 65536.0));
-    }
-}
-
 static int same_bytes(const tu_tensor *a, const tu_tensor *b) {
   return a->bytes == b->bytes && memcmp(a->data, b->data, a->bytes) == 0;
 }
@@ -80,8 +66,8 @@ static void check_case(rmsnorm_context *ctx, const pcase *c, size_t rows, size_t
   tu_tensor u1 = tu_alloc(c->dt, rows, d, ld + 1), u2 = tu_alloc(c->dt, rows, d, ld + 1);
   tu_tensor y1 = tu_alloc(c->dt, rows, d, ld + 3), y2 = tu_alloc(c->dt, rows, d, ld + 3);
   tu_tensor w = tu_alloc(c->pdt, 1, d, d), b = tu_alloc(c->pdt, 1, d, d);
-  fill(&w, 0.5);
-  fill(&b, 0.1);
+  tu_fill_sum4(&w, 0.5);
+  tu_fill_sum4(&b, 0.1);
   char *stats1 = calloc(2 * rows + 1, as), *stats2 = calloc(2 * rows + 1, as);
   void *mean1 = c->stats && c->op == RMSNORM_PLAN_LAYERNORM_FORWARD ? stats1 : NULL;
   void *mean2 = mean1 ? stats2 : NULL;
@@ -95,8 +81,8 @@ static void check_case(rmsnorm_context *ctx, const pcase *c, size_t rows, size_t
   TU_OK(rmsnorm_plan_reshape(p, rows, d, ld, add ? ld + 1 : 0, ldy));
   TU_OK(plan_setup(p, c, &x2, &u2, w.data, bias, &y2, mean2, rstd2));
   for (int s = 0; s < steps; s++) {
-    fill(&x1, s == 1 ? 1e-3 : 1.0);
-    fill(&u1, 1.0);
+    tu_fill_sum4(&x1, s == 1 ? 1e-3 : 1.0);
+    tu_fill_sum4(&u1, 1.0);
     if (rows && d > 2) tu_set(&x1, 0, d / 2, 40.0); /* an outlier channel */
     memcpy(x2.data, x1.data, x1.bytes);
     memcpy(u2.data, u1.data, u1.bytes);
@@ -161,8 +147,8 @@ static void check_backward_case(rmsnorm_context *ctx, const pcase *c, size_t row
   tu_tensor w = tu_alloc(c->pdt, 1, d, d), y = tu_alloc(c->dt, rows, d, d);
   /* dweight and dbias at an odd element offset too (d + 1 elements, from 1) */
   tu_tensor g1 = tu_alloc(c->pdt, 2, d + 1, d + 1), g2 = tu_alloc(c->pdt, 2, d + 1, d + 1);
-  fill(&w, 0.5);
-  fill(&g1, 1.0);
+  tu_fill_sum4(&w, 0.5);
+  tu_fill_sum4(&g1, 1.0);
   memcpy(g2.data, g1.data, g1.bytes);
   size_t off = (rows + d) % 2, ps = rn_dtype_size(c->pdt);
   char *dw1 = grads ? (char *)g1.data + off * ps : NULL;
@@ -180,8 +166,8 @@ static void check_backward_case(rmsnorm_context *ctx, const pcase *c, size_t row
   TU_OK(rmsnorm_plan_setup_backward(p, x2.data, dy2.data, weight, mean, rstd,
                                     c->inplace ? dy2.data : dx2.data, dw2, db2));
   for (int s = 0; s < steps; s++) {
-    fill(&x1, s == 1 ? 1e-3 : 1.0);
-    fill(&dy1, 1.0);
+    tu_fill_sum4(&x1, s == 1 ? 1e-3 : 1.0);
+    tu_fill_sum4(&dy1, 1.0);
     if (rows && d > 2) tu_set(&x1, 0, d / 2, 40.0); /* an outlier channel */
     if (rows > 2 && d > 2) tu_set(&dy1, rows - 1, 1, s == 2 ? INFINITY : 3.0); /* rescued */
     memcpy(x2.data, x1.data, x1.bytes);

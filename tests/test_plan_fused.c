@@ -16,17 +16,6 @@ typedef struct fcase {
   rmsnorm_gate gate; /* gated plans */
 } fcase;
 
-/* The sum of four uniforms, centred (near-normal), times scale. */
-static void fill(tu_tensor *t, double scale) {
-  for (size_t i = 0; i < t->rows; i++)
-    for (size_t j = 0; j < t->d; j++) {
-      uint64_t u = tu_next();
-      double v = (double)(u & 0xffff) + (double)((u >> 16) & 0xffff) +
-                 (double)((u >> 32) & 0xffff) + (double)(u >> 48);
-      tu_set(t, i, j, scale * (v - 131070.0) * (1.7320508075688772 / 65536.0));
-    }
-}
-
 /* One side's buffers: x and u (sandwich: a and h; add: h and u; gated: x and
  * z), y (x_next, y) or codes and scales, two statistics arrays. */
 typedef struct side {
@@ -69,54 +58,58 @@ static int sides_equal(const side *a, const side *b, const shape *s) {
          same(a->stats, b->stats, 2 * s->nstats * s->as);
 }
 
-/* Where the output goes: y, or in place over x (sandwich: a; gated: x) or
- * u (gated: z). */
-static void *out_of(const fcase *c, side *b, size_t *ld) {
-  if (c->inplace == 1) return *ld = b->x.ld, b->x.data;
-  if (c->inplace == 2) return *ld = b->u.ld, b->u.data;
-  return *ld = b->y.ld, b->y.data;
+/* A side's outputs for case c: y, or in place over x (sandwich: a; gated:
+ * x) or u (gated: z), with its stride; the statistics (two arrays) where
+ * the case keeps them; the scales where the format has them. */
+typedef struct outs {
+  void *y, *r1, *r2, *scales;
+  size_t ldy;
+} outs;
+
+static outs outs_of(const fcase *c, const shape *s, side *b) {
+  outs o;
+  const tu_tensor *t = c->inplace == 1 ? &b->x : c->inplace == 2 ? &b->u : &b->y;
+  o.y = t->data, o.ldy = t->ld;
+  o.r1 = c->stats ? b->stats : NULL;
+  o.r2 = c->stats ? b->stats + s->nstats * s->as : NULL;
+  o.scales = s->lds ? b->scales : NULL;
+  return o;
 }
 
 static rmsnorm_status one_shot(rmsnorm_context *ctx, const rmsnorm_config *cfg, const fcase *c,
                                const shape *s, side *b, const void *w, const void *w2) {
-  size_t ldo;
-  void *out = out_of(c, b, &ldo);
-  void *r1 = c->stats ? b->stats : NULL, *r2 = c->stats ? b->stats + s->nstats * s->as : NULL;
-  void *scales = s->lds ? b->scales : NULL;
+  outs o = outs_of(c, s, b);
   switch (c->op) {
   case RMSNORM_PLAN_SANDWICH_FORWARD:
     return rmsnorm_sandwich_forward(ctx, cfg, s->rows, s->d, b->x.data, b->x.ld, b->u.data,
-                                    b->u.ld, w, w2, out, ldo, r1, r2);
+                                    b->u.ld, w, w2, o.y, o.ldy, o.r1, o.r2);
   case RMSNORM_PLAN_FORWARD_QUANTIZED:
     return rmsnorm_forward_quantized(ctx, cfg, s->rows, s->d, b->x.data, b->x.ld, w, w2, &c->q,
-                                     b->codes, s->ldc, scales, s->lds, r1);
+                                     b->codes, s->ldc, o.scales, s->lds, o.r1);
   case RMSNORM_PLAN_ADD_FORWARD_QUANTIZED:
     return rmsnorm_add_forward_quantized(ctx, cfg, s->rows, s->d, b->x.data, b->x.ld, b->u.data,
-                                         b->u.ld, w, w2, &c->q, b->codes, s->ldc, scales,
-                                         s->lds, r1);
+                                         b->u.ld, w, w2, &c->q, b->codes, s->ldc, o.scales,
+                                         s->lds, o.r1);
   default:
     return rmsnorm_gated_forward(ctx, cfg, &c->gate, s->rows, s->d, b->x.data, b->x.ld,
-                                 b->u.data, b->u.ld, w, out, ldo, r1);
+                                 b->u.data, b->u.ld, w, o.y, o.ldy, o.r1);
   }
 }
 
 static rmsnorm_status plan_setup(rmsnorm_plan *p, const fcase *c, const shape *s, side *b,
                                  const void *w, const void *w2) {
-  size_t ldo;
-  void *out = out_of(c, b, &ldo);
-  void *r1 = c->stats ? b->stats : NULL, *r2 = c->stats ? b->stats + s->nstats * s->as : NULL;
-  void *scales = s->lds ? b->scales : NULL;
+  outs o = outs_of(c, s, b);
   switch (c->op) {
   case RMSNORM_PLAN_SANDWICH_FORWARD:
-    return rmsnorm_plan_setup_sandwich(p, b->x.data, b->u.data, w, w2, out, r1, r2);
+    return rmsnorm_plan_setup_sandwich(p, b->x.data, b->u.data, w, w2, o.y, o.r1, o.r2);
   case RMSNORM_PLAN_FORWARD_QUANTIZED:
-    return rmsnorm_plan_setup_quantized(p, b->x.data, w, w2, &c->q, b->codes, s->ldc, scales,
-                                        s->lds, r1);
+    return rmsnorm_plan_setup_quantized(p, b->x.data, w, w2, &c->q, b->codes, s->ldc, o.scales,
+                                        s->lds, o.r1);
   case RMSNORM_PLAN_ADD_FORWARD_QUANTIZED:
     return rmsnorm_plan_setup_add_quantized(p, b->x.data, b->u.data, w, w2, &c->q, b->codes,
-                                            s->ldc, scales, s->lds, r1);
+                                            s->ldc, o.scales, s->lds, o.r1);
   default:
-    return rmsnorm_plan_setup_gated(p, &c->gate, b->x.data, b->u.data, w, out, r1);
+    return rmsnorm_plan_setup_gated(p, &c->gate, b->x.data, b->u.data, w, o.y, o.r1);
   }
 }
 
@@ -141,22 +134,21 @@ static void check_case(rmsnorm_context *ctx, const fcase *c, size_t rows, size_t
   if (c->op == RMSNORM_PLAN_GATED_FORWARD && c->gate.group) s.nstats = rows * (d / c->gate.group);
   side b1 = side_alloc(c, &s), b2 = side_alloc(c, &s);
   tu_tensor w = tu_alloc(c->pdt, 1, d, d), w2 = tu_alloc(c->pdt, 1, d, d);
-  fill(&w, 0.5);
-  fill(&w2, 0.3);
+  tu_fill_sum4(&w, 0.5);
+  tu_fill_sum4(&w2, 0.3);
   /* sandwich: weight_pre; quantized: the bias (every other case) */
   const void *second = c->op == RMSNORM_PLAN_SANDWICH_FORWARD || (quantized && (rows + d) % 2)
                            ? w2.data : NULL;
 
   rmsnorm_plan *p;
   TU_OK(rmsnorm_plan_create(ctx, &cfg, c->op, &p));
-  size_t ldo;
-  out_of(c, &b2, &ldo);
+  size_t ldo = outs_of(c, &s, &b2).ldy;
   int second_input = c->op != RMSNORM_PLAN_FORWARD_QUANTIZED;
   TU_OK(rmsnorm_plan_reshape(p, rows, d, s.ld, second_input ? s.ld + 1 : 0, quantized ? 0 : ldo));
   TU_OK(plan_setup(p, c, &s, &b2, w.data, second));
   for (int step = 0; step < steps; step++) {
-    fill(&b1.x, step == 1 ? 1e-3 : 1.0);
-    fill(&b1.u, 2.0);
+    tu_fill_sum4(&b1.x, step == 1 ? 1e-3 : 1.0);
+    tu_fill_sum4(&b1.u, 2.0);
     if (rows && d > 2) tu_set(&b1.x, 0, d / 2, 40.0); /* an outlier channel */
     memcpy(b2.x.data, b1.x.data, b1.x.bytes);
     memcpy(b2.u.data, b1.u.data, b1.u.bytes);

@@ -107,6 +107,20 @@ static inline void tu_set(tu_tensor *t, size_t i, size_t j, double v) {
   rn_store(t->data, t->dt, i * t->ld + j, v);
 }
 
+/* scale * a near-normal value (the sum of four 16-bit uniforms, centred and
+ * scaled to variance 1) in every element, rounded to the dtype: for tests
+ * that compare two paths on the same data, where no exact distribution is
+ * needed and tu_fill_normal's log and cos would be most of their time. */
+static inline void tu_fill_sum4(tu_tensor *t, double scale) {
+  for (size_t i = 0; i < t->rows; i++)
+    for (size_t j = 0; j < t->d; j++) {
+      uint64_t u = tu_next();
+      double v = (double)(u & 0xffff) + (double)((u >> 16) & 0xffff) +
+                 (double)((u >> 32) & 0xffff) + (double)(u >> 48);
+      tu_set(t, i, j, scale * (v - 131070.0) * (1.7320508075688772 / 65536.0));
+    }
+}
+
 /* Fills with scale * N(0, 1) values rounded to the dtype. */
 static inline void tu_fill_normal(tu_tensor *t, double scale) {
   for (size_t i = 0; i < t->rows; i++)
